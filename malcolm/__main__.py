@@ -1,0 +1,3 @@
+from malcolm.cli import main
+
+main()

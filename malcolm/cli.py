@@ -1,0 +1,36 @@
+"""The ``malcolm`` command line. Each subcommand lives in ``malcolm/commands/<name>.py`` and is
+imported only when it is used, so ``malcolm --help`` stays fast and a broken optional part
+(the RDMA transport, say) cannot take the whole CLI down."""
+
+import importlib
+
+import click
+
+from malcolm import __version__
+
+# name -> (module, attribute, one-line help)
+COMMANDS = {
+    "bench": ("malcolm.commands.bench", "bench", "Microbenchmarks of the native core and runtime."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in COMMANDS:
+            return None
+        mod, attr, _ = COMMANDS[name]
+        return getattr(importlib.import_module(mod), attr)
+
+    def format_commands(self, ctx, formatter):
+        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="malcolm")
+def main():
+    """Malcolm balances load across the servers of a rack at microsecond scale."""

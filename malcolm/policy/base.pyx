@@ -1,0 +1,120 @@
+# cython: language_level=3
+"""Default implementations of the policy interface (see ``base.pxd`` for the contract)."""
+from libc.stdint cimport int64_t
+from libc.string cimport memset
+
+from malcolm._core cimport rng_below, rng_seed
+
+
+cdef class Policy:
+    """Base class: accept every task, never steal.
+
+    Parameters
+    ----------
+    n : int
+        Number of servers in the rack (1..64).
+    me : int
+        Index of the server this policy instance runs on.
+    seed : int
+        Seed of the gateway's random generator; ``me`` selects the stream.
+    """
+
+    def __init__(self, int n, int me, unsigned long long seed=0):
+        if not 1 <= n <= MAX_SERVERS:
+            raise ValueError(f"rack size n={n} must be in 1..{MAX_SERVERS}")
+        if not 0 <= me < n:
+            raise ValueError(f"server index me={me} must be in 0..{n - 1}")
+        self.n = n
+        self.me = me
+        self.migrations = 0
+        self.steals = 0
+        rng_seed(&self.rng, seed, <unsigned long long>me + 1)
+
+    cdef int decide_arrival(self, int64_t now, int task_type) noexcept nogil:
+        return self.me
+
+    cdef int decide_steal(self, int64_t now) noexcept nogil:
+        return -1
+
+    cdef void observe_local(self, int64_t now, double load, double queue_len,
+                            double rate) noexcept nogil:
+        pass
+
+    cdef void observe_peer(self, int64_t now, const Heartbeat* hb) noexcept nogil:
+        pass
+
+    cdef void end_window(self, int64_t now) noexcept nogil:
+        pass
+
+    cdef void fill_heartbeat(self, Heartbeat* hb) noexcept nogil:
+        memset(hb, 0, sizeof(Heartbeat))
+        hb.src = self.me
+        hb.migrations = self.migrations
+        hb.steals = self.steals
+
+    # Python entry points, for tests and tools; the drivers use the cdef methods.
+    def py_decide_arrival(self, int64_t now=0, int task_type=0):
+        """Return the server a new task should go to (``me`` accepts it)."""
+        return self.decide_arrival(now, task_type)
+
+    def py_decide_steal(self, int64_t now=0):
+        """Return the victim to steal from after a completion, or -1."""
+        return self.decide_steal(now)
+
+    def py_observe_local(self, int64_t now, double load, double queue_len, double rate):
+        self.observe_local(now, load, queue_len, rate)
+
+    def py_observe_peer(self, int64_t now, int src, double load, double queue_len=0.0,
+                        double rate=0.0, theta=None):
+        """Feed a heartbeat from peer ``src``."""
+        cdef Heartbeat hb
+        cdef int k
+        memset(&hb, 0, sizeof(Heartbeat))
+        if not 0 <= src < self.n:
+            raise ValueError(f"peer index {src} out of range 0..{self.n - 1}")
+        hb.src = src
+        hb.sent_ns = now
+        hb.load = load
+        hb.queue_len = queue_len
+        hb.rate = rate
+        if theta is not None:
+            if len(theta) > MAX_THETA:
+                raise ValueError(f"at most {MAX_THETA} critic parameters")
+            hb.n_theta = len(theta)
+            for k in range(hb.n_theta):
+                hb.theta[k] = theta[k]
+        self.observe_peer(now, &hb)
+
+    def py_end_window(self, int64_t now):
+        self.end_window(now)
+
+    def py_heartbeat(self):
+        """Return this server's heartbeat as a dict."""
+        cdef Heartbeat hb
+        self.fill_heartbeat(&hb)
+        return dict(src=hb.src, load=hb.load, queue_len=hb.queue_len, rate=hb.rate,
+                    migrations=hb.migrations, steals=hb.steals,
+                    theta=[hb.theta[k] for k in range(hb.n_theta)])
+
+
+cdef class ClientPolicy:
+    """Base client-side policy: uniform random server."""
+
+    def __init__(self, int n, unsigned long long seed=0, unsigned long long stream=0):
+        if not 1 <= n <= MAX_SERVERS:
+            raise ValueError(f"rack size n={n} must be in 1..{MAX_SERVERS}")
+        self.n = n
+        rng_seed(&self.rng, seed, 1000003 + stream)
+
+    cdef int pick(self, int64_t now) noexcept nogil:
+        return <int>rng_below(&self.rng, self.n)
+
+    cdef void on_response(self, int64_t now, int server, double load,
+                          double queue_len) noexcept nogil:
+        pass
+
+    def py_pick(self, int64_t now=0):
+        return self.pick(now)
+
+    def py_on_response(self, int64_t now, int server, double load, double queue_len=0.0):
+        self.on_response(now, server, load, queue_len)
