@@ -38,6 +38,8 @@ cdef extern from "_native.h" nogil:
     uint64_t mc_rdtsc()
     int64_t mc_now_ns()
     void* mc_aligned_alloc(size_t align, size_t size)
+    double mc_exp_nonpos(double x)
+    void mc_axpy(double* f, const double* col, double dx, int n)
 
 
 cdef enum:
@@ -92,18 +94,23 @@ cdef inline uint64_t rng_below(Rng* r, uint64_t n) noexcept nogil:
 ctypedef struct CdfTable:
     uint64_t seq                # seqlock: odd while the writer is filling this half
     int32_t n
-    int32_t _pad
-    double cdf[MAX_OUT]         # cdf[n-1] == 1.0 exactly
+    int32_t npad                # n rounded up to a multiple of 4
+    double cdf[MAX_OUT]         # cdf[n-1] == 1.0 exactly; cdf[n:npad] == 2.0 (never drawn)
 
 
 ctypedef struct Categorical:
+    # Outcome vectors are padded to npad (a multiple of 4) so that every loop runs in whole
+    # SIMD blocks with no scalar tail; padding lanes have weight 0 and bias/logit -1e300, so
+    # they get probability exactly 0.
     int32_t n_out
     int32_t n_in
-    double* W                   # column-major n_out x n_in: column j is W[j*n_out : (j+1)*n_out]
-    double* b                   # n_out
+    int32_t npad                # n_out rounded up to a multiple of 4: the column stride of W
+    int32_t _pad
+    double* W                   # column-major npad x n_in: column j is W[j*npad : j*npad+n_out]
+    double* b                   # npad
     double* x                   # n_in, the inputs the logits currently reflect
-    double* f                   # n_out, logits f = W x + b
-    double* scratch             # n_out
+    double* f                   # npad, logits f = W x + b
+    double* scratch             # npad
     CdfTable* tables            # two halves, each on its own cache lines
     uint64_t current            # publish generation; tables[current & 1] is the live half
 
@@ -118,26 +125,25 @@ cdef void cat_publish_probs(Categorical* c, const double* p) noexcept nogil
 cdef void cat_snapshot(Categorical* c, double* cdf_out) noexcept nogil
 cdef void cat_probs(Categorical* c, double* p_out) noexcept nogil
 cdef void softmax(const double* f, double* p, int n) noexcept nogil
-cdef void softmax_cdf(const double* f, double* cdf, double* tmp, int n) noexcept nogil
+cdef void softmax_cdf(const double* f, double* cdf, double* tmp, int n, int npad) noexcept nogil
 
 
 cdef inline void cat_update(Categorical* c, int j, double xj) noexcept nogil:
     """Thesis eq. 6.1: input j changed, so f += (xj - x_j) * col_j(W). O(n_out)."""
     cdef double dx = xj - c.x[j]
-    cdef const double* col = c.W + <Py_ssize_t>j * c.n_out
-    cdef double* f = c.f
-    cdef int i
     c.x[j] = xj
-    for i in range(c.n_out):
-        f[i] += dx * col[i]
+    mc_axpy(c.f, c.W + <Py_ssize_t>j * c.npad, dx, c.npad)
 
 
-cdef inline int cdf_search(const double* cdf, int n, double u) noexcept nogil:
-    """Branch-free linear scan: the number of CDF entries <= u (u in [0, 1))."""
-    cdef int i, idx = 0
-    for i in range(n - 1):
+cdef inline int cdf_search(const double* cdf, int npad, double u) noexcept nogil:
+    """Branch-free scan: the number of CDF entries <= u, for u in [0, 1). The last real
+    entry is 1.0 and the padding is 2.0, so neither is ever counted. The 64-bit counter
+    matches the width of the double compares, which lets the loop vectorize cleanly."""
+    cdef int i
+    cdef int64_t idx = 0
+    for i in range(npad):
         idx += u >= cdf[i]
-    return idx
+    return <int>idx
 
 
 cdef inline int cat_sample(Categorical* c, Rng* r) noexcept nogil:
@@ -153,7 +159,7 @@ cdef inline int cat_sample(Categorical* c, Rng* r) noexcept nogil:
         if s1 & 1:
             mc_cpu_relax()
             continue
-        idx = cdf_search(t.cdf, t.n, u)
+        idx = cdf_search(t.cdf, t.npad, u)
         mc_fence_acq()
         if mc_load_relaxed(&t.seq) == s1:
             return idx

@@ -6,7 +6,7 @@ The ``cdef`` functions (declared in ``_core.pxd``) are what the gateway, workers
 thread and simulator use, without the GIL. The Python classes at the bottom wrap them for
 configuration, tests and tools; they validate their arguments, the ``cdef`` functions do not.
 """
-from libc.math cimport exp, isfinite, log
+from libc.math cimport isfinite, log
 from libc.stdint cimport int64_t, uint64_t
 from libc.stdlib cimport free
 from libc.string cimport memcpy, memset
@@ -46,33 +46,44 @@ cdef double rng_exponential(Rng* r, double mean) noexcept nogil:
 
 # ---------------------------------------------------------------- categorical distribution
 
+# Logit of a padding lane: far below anything real, yet finite so that f - max stays finite.
+cdef double PAD_LOGIT = -1e300
+
+
 cdef int cat_init(Categorical* c, int n_out, int n_in) noexcept nogil:
     """Allocate a distribution over ``n_out`` outcomes with ``n_in`` inputs. Starts with zero
     weights (uniform). Returns 0, or -1 when out of memory or sizes are out of range."""
+    cdef int i, k, npad
     memset(c, 0, sizeof(Categorical))
     if n_out < 1 or n_out > MAX_OUT or n_in < 1 or n_in > MAX_IN:
         return -1
+    npad = (n_out + 3) & ~3
     c.n_out = n_out
     c.n_in = n_in
-    c.W = <double*>mc_aligned_alloc(CACHELINE, sizeof(double) * n_out * n_in)
-    c.b = <double*>mc_aligned_alloc(CACHELINE, sizeof(double) * n_out)
+    c.npad = npad
+    c.W = <double*>mc_aligned_alloc(CACHELINE, sizeof(double) * npad * n_in)
+    c.b = <double*>mc_aligned_alloc(CACHELINE, sizeof(double) * npad)
     c.x = <double*>mc_aligned_alloc(CACHELINE, sizeof(double) * n_in)
-    c.f = <double*>mc_aligned_alloc(CACHELINE, sizeof(double) * n_out)
-    c.scratch = <double*>mc_aligned_alloc(CACHELINE, sizeof(double) * n_out)
+    c.f = <double*>mc_aligned_alloc(CACHELINE, sizeof(double) * npad)
+    c.scratch = <double*>mc_aligned_alloc(CACHELINE, sizeof(double) * npad)
     c.tables = <CdfTable*>mc_aligned_alloc(CACHELINE, sizeof(CdfTable) * 2)
     if (c.W == NULL or c.b == NULL or c.x == NULL or c.f == NULL or c.scratch == NULL
             or c.tables == NULL):
         cat_free(c)
         return -1
-    memset(c.W, 0, sizeof(double) * n_out * n_in)
-    memset(c.b, 0, sizeof(double) * n_out)
+    memset(c.W, 0, sizeof(double) * npad * n_in)
     memset(c.x, 0, sizeof(double) * n_in)
-    memset(c.f, 0, sizeof(double) * n_out)
     memset(c.tables, 0, sizeof(CdfTable) * 2)
-    c.tables[0].n = n_out
-    c.tables[1].n = n_out
+    for i in range(npad):
+        c.b[i] = 0.0 if i < n_out else PAD_LOGIT
+        c.f[i] = c.b[i]
+    for k in range(2):
+        c.tables[k].n = n_out
+        c.tables[k].npad = npad
+        for i in range(MAX_OUT):
+            c.tables[k].cdf[i] = 2.0
     c.current = 0
-    softmax_cdf(c.f, c.tables[0].cdf, c.scratch, n_out)
+    softmax_cdf(c.f, c.tables[0].cdf, c.scratch, n_out, npad)
     return 0
 
 
@@ -88,8 +99,12 @@ cdef void cat_free(Categorical* c) noexcept nogil:
 
 
 cdef void cat_set_params(Categorical* c, const double* W, const double* b) noexcept nogil:
-    """Copy new weights (column-major) and biases, then recompute the logits."""
-    memcpy(c.W, W, sizeof(double) * c.n_out * c.n_in)
+    """Copy new weights (column-major, column stride ``n_out``: the padding is added here)
+    and biases, then recompute the logits."""
+    cdef int j
+    for j in range(c.n_in):
+        memcpy(c.W + <Py_ssize_t>j * c.npad, W + <Py_ssize_t>j * c.n_out,
+               sizeof(double) * c.n_out)
     memcpy(c.b, b, sizeof(double) * c.n_out)
     cat_recompute(c)
 
@@ -102,7 +117,7 @@ cdef void cat_set_inputs(Categorical* c, const double* x) noexcept nogil:
 cdef void cat_recompute(Categorical* c) noexcept nogil:
     """Full recompute f = W x + b (column by column, so the inner loop is contiguous)."""
     cdef int i, j
-    cdef int n = c.n_out
+    cdef int n = c.npad
     cdef double xj
     cdef const double* col
     cdef double* f = c.f
@@ -122,23 +137,28 @@ cdef void softmax(const double* f, double* p, int n) noexcept nogil:
     for i in range(1, n):
         m = f[i] if f[i] > m else m
     for i in range(n):
-        p[i] = exp(f[i] - m)
+        p[i] = mc_exp_nonpos(f[i] - m)
+    for i in range(n):
         z += p[i]
     z = 1.0 / z
     for i in range(n):
         p[i] *= z
 
 
-cdef void softmax_cdf(const double* f, double* cdf, double* tmp, int n) noexcept nogil:
-    """Softmax of the logits, accumulated into a CDF whose last entry is exactly 1."""
+cdef void softmax_cdf(const double* f, double* cdf, double* tmp, int n, int npad) noexcept nogil:
+    """Softmax of the logits, accumulated into a CDF whose last entry is exactly 1.
+
+    ``f`` and ``tmp`` have ``npad`` entries (padding logits -1e300 give exactly 0); only
+    ``cdf[:n]`` is written, so the padding of a table (2.0) is left alone."""
     cdef int i
     cdef double m = f[0]
     cdef double z = 0.0
     cdef double acc = 0.0
-    for i in range(1, n):
+    for i in range(1, npad):
         m = f[i] if f[i] > m else m
-    for i in range(n):
-        tmp[i] = exp(f[i] - m)
+    for i in range(npad):
+        tmp[i] = mc_exp_nonpos(f[i] - m)
+    for i in range(npad):
         z += tmp[i]
     z = 1.0 / z
     for i in range(n):
@@ -160,7 +180,7 @@ cdef inline void _publish_cdf(Categorical* c, const double* src_f,
     mc_store_relaxed(&t.seq, s + 1)
     mc_fence_rel()
     if src_p == NULL:
-        softmax_cdf(src_f, t.cdf, c.scratch, c.n_out)
+        softmax_cdf(src_f, t.cdf, c.scratch, c.n_out, c.npad)
     else:
         for i in range(c.n_out):
             acc += src_p[i]

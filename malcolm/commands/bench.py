@@ -1,0 +1,106 @@
+"""``malcolm bench``: microbenchmarks timed inside native loops, beside a plain-C floor."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from importlib import resources
+
+import click
+
+SIZES = (4, 8, 16, 32)
+# Thesis Tables 6.1 and 6.2 (C++ with SIMD, 2.6 GHz EPYC), ns.
+THESIS = {
+    "incremental_ns": {4: 7, 8: 12, 16: 22, 32: 43},
+    "rebuild_ns": {4: 100, 8: 100, 16: 200, 32: 500},
+    "dist_update_ns": {4: 100, 8: 100, 16: 200, 32: 500},
+    "param_update_ns": {4: 500, 8: 900, 16: 2000, 32: 8000},
+}
+
+
+def run_floor():
+    """Compile and run the plain-C floor with ``-O3 -march=native``; returns its JSON dict.
+
+    Raises ``click.ClickException`` when no C compiler is available."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise click.ClickException("--floor needs a C compiler (install gcc)")
+    src = resources.files("malcolm.data").joinpath("floor.c")
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = os.path.join(tmp, "floor")
+        with resources.as_file(src) as path:
+            subprocess.run([cc, "-O3", "-march=native", "-o", exe, str(path), "-lm"],
+                           check=True)
+        out = subprocess.run([exe], check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def micro_results(quick=False, policy=True):
+    """Run the core (and, when built, the policy) microbenchmarks; flat dict of ns/op."""
+    from malcolm import _microbench
+
+    iters, rebuild_iters, repeats = (200_000, 50_000, 3) if quick else (2_000_000, 500_000, 7)
+    res = _microbench.core(SIZES, iters, rebuild_iters, repeats)
+    if policy:
+        try:
+            from malcolm.policy import actor_critic
+        except ImportError as exc:
+            click.echo(f"malcolm bench: policy benchmarks skipped: {exc}", err=True)
+        else:
+            for n in SIZES:
+                res.update(actor_critic.bench_policy(n, 20_000 if quick else 200_000))
+    return res
+
+
+def _table(res, floor):
+    rows = []
+    for key in ("sample_ns", "incremental_ns", "rebuild_ns", "dist_update_ns",
+                "param_update_ns"):
+        for n in SIZES:
+            k = f"{key}.{n}"
+            if k not in res:
+                continue
+            f = floor.get(k) if floor else None
+            rows.append((k, res[k], f, THESIS.get(key, {}).get(n)))
+    for k in ("queue_pushpop_ns", "spsc_pushpop_ns"):
+        if k in res:
+            rows.append((k, res[k], None, None))
+    lines = [f"{'operation':<22}{'malcolm ns':>12}{'C floor ns':>12}{'ratio':>8}{'thesis ns':>11}"]
+    for k, v, f, t in rows:
+        fs = f"{f:12.2f}" if f else f"{'':>12}"
+        rs = f"{v / f:8.2f}" if f else f"{'':>8}"
+        ts = f"{t:11.0f}" if t else f"{'':>11}"
+        lines.append(f"{k:<22}{v:12.2f}{fs}{rs}{ts}")
+    return "\n".join(lines)
+
+
+@click.group()
+def bench():
+    """Benchmarks. Each figure is measured inside a native loop (best of several runs)."""
+
+
+@bench.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one flat JSON object (ns/op).")
+@click.option("--floor/--no-floor", default=True, show_default=True,
+              help="Also compile and run the plain-C floor in the same run.")
+@click.option("--quick", is_flag=True, help="Fewer iterations (for smoke tests).")
+def micro(as_json, floor, quick):
+    """Sampling, incremental logit update, softmax+CDF rebuild and queue push+pop.
+
+    Sizes N = 4, 8, 16, 32. With --json, keys look like ``sample_ns.8``; floor figures
+    appear as ``floor.sample_ns.8``.
+    """
+    floor_res = run_floor() if floor else {}
+    res = micro_results(quick=quick)
+    if as_json:
+        out = dict(res)
+        out.update({f"floor.{k}": v for k, v in floor_res.items()})
+        click.echo(json.dumps(out))
+    else:
+        click.echo(_table(res, floor_res))
+        if floor_res:
+            click.echo("\nratio = malcolm / plain-C floor measured just before, same machine.",
+                       err=False)
+    sys.stdout.flush()
