@@ -11,6 +11,7 @@ from malcolm import __version__
 # name -> (module, attribute, one-line help)
 COMMANDS = {
     "bench": ("malcolm.commands.bench", "bench", "Microbenchmarks of the native core and runtime."),
+    "sim": ("malcolm.commands.sim", "sim", "Simulate a rack under a load-balancing policy."),
 }
 
 

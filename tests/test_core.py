@@ -181,8 +181,8 @@ def test_estimator_matches_reference_on_synthetic_trace(n_workers, n_types):
     for t in types:
         est.note_arrival(int(t))
     est.observe_many(workers, types, service)
-    inv_ref, rate_ref = reference_estimator(zip(workers, types, service, strict=True), n_workers, n_types,
-                                            0.02, 50_000, types)
+    trace = zip(workers, types, service, strict=True)
+    inv_ref, rate_ref = reference_estimator(trace, n_workers, n_types, 0.02, 50_000, types)
     assert np.allclose(est.inverse_service_times(), inv_ref, rtol=1e-12)
     assert est.rate() == pytest.approx(rate_ref, rel=1e-12)
     assert est.load(10) == pytest.approx(10 / rate_ref, rel=1e-12)
