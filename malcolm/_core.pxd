@@ -39,6 +39,7 @@ cdef extern from "_native.h" nogil:
     int64_t mc_now_ns()
     void* mc_aligned_alloc(size_t align, size_t size)
     double mc_exp_nonpos(double x)
+    void mc_assert(bint cond)
     void mc_axpy(double* f, const double* col, double dx, int n)
 
 
@@ -130,6 +131,7 @@ cdef void softmax_cdf(const double* f, double* cdf, double* tmp, int n, int npad
 
 cdef inline void cat_update(Categorical* c, int j, double xj) noexcept nogil:
     """Thesis eq. 6.1: input j changed, so f += (xj - x_j) * col_j(W). O(n_out)."""
+    mc_assert(0 <= j < c.n_in)
     cdef double dx = xj - c.x[j]
     c.x[j] = xj
     mc_axpy(c.f, c.W + <Py_ssize_t>j * c.npad, dx, c.npad)
@@ -160,6 +162,7 @@ cdef inline int cat_sample(Categorical* c, Rng* r) noexcept nogil:
             mc_cpu_relax()
             continue
         idx = cdf_search(t.cdf, t.npad, u)
+        mc_assert(0 <= idx < t.n)
         mc_fence_acq()
         if mc_load_relaxed(&t.seq) == s1:
             return idx

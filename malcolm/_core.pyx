@@ -263,6 +263,7 @@ cdef void est_observe(Estimator* e, int worker, int task_type, double service_ns
     """Worker ``worker`` finished a task of ``task_type`` in ``service_ns``."""
     cdef Py_ssize_t k = <Py_ssize_t>worker * e.stride + task_type
     cdef double inv
+    mc_assert(0 <= worker < e.n_workers and 0 <= task_type < e.n_types)
     if service_ns < 1.0:
         service_ns = 1.0      # a zero-length task would make the rate infinite
     inv = 1.0 / service_ns
@@ -351,6 +352,7 @@ cdef bint mpmc_push(Mpmc* q, uint64_t v) noexcept nogil:
     cdef MpmcCell* cells = _mpmc_cells(q)
     cdef MpmcCell* cell
     cdef uint64_t pos = mc_load_relaxed(&q.enq)
+    mc_assert(q.capacity >= 2 and q.mask == q.capacity - 1)
     cdef uint64_t seq
     cdef int64_t dif
     while True:

@@ -9,6 +9,15 @@
 #include <x86intrin.h>
 #endif
 
+/* MALCOLM_DEBUG=1 builds check the cdef API's preconditions (which the Python wrappers check
+   anyway); release builds compile the checks away. */
+#ifdef MALCOLM_DEBUG
+#include <assert.h>
+#define mc_assert(cond) assert(cond)
+#else
+#define mc_assert(cond) ((void)0)
+#endif
+
 static inline uint64_t mc_load_acq(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 static inline uint64_t mc_load_relaxed(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
 static inline void mc_store_rel(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
