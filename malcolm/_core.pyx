@@ -238,39 +238,52 @@ cdef int est_init(Estimator* e, int n_workers, int n_types, double alpha,
     e.stride = ((n_types + 7) // 8) * 8
     e.alpha = alpha
     e.prior_rate = 1.0 / prior_service_ns
-    e.inv = <double*>mc_aligned_alloc(CACHELINE, sizeof(double) * n_workers * e.stride)
+    e.ew = <double*>mc_aligned_alloc(CACHELINE, sizeof(double) * n_workers * e.stride)
     e.count = <uint64_t*>mc_aligned_alloc(CACHELINE, sizeof(uint64_t) * n_workers * e.stride)
     e.mix = <double*>mc_aligned_alloc(CACHELINE, sizeof(double) * e.stride)
-    if e.inv == NULL or e.count == NULL or e.mix == NULL:
+    if e.ew == NULL or e.count == NULL or e.mix == NULL:
         est_free(e)
         return -1
-    memset(e.inv, 0, sizeof(double) * n_workers * e.stride)
+    memset(e.ew, 0, sizeof(double) * n_workers * e.stride)
     memset(e.count, 0, sizeof(uint64_t) * n_workers * e.stride)
     memset(e.mix, 0, sizeof(double) * e.stride)
     return 0
 
 
 cdef void est_free(Estimator* e) noexcept nogil:
-    free(e.inv)
+    free(e.ew)
     free(e.count)
     free(e.mix)
-    e.inv = NULL
+    e.ew = NULL
     e.count = NULL
     e.mix = NULL
+
+
+cdef int est_set_mode(Estimator* e, int mode) noexcept nogil:
+    """Choose what the EWMA averages (before the first sample). Returns -1 if unknown.
+
+    ``EST_MEAN`` (the default) averages service times and inverts the average. The thesis
+    words it as an EWMA of inverse service times (``EST_INVERSE``), but that estimates
+    E[1/S], which is not the rate 1/E[S] and is infinite for exponential service times: it is
+    dominated by the shortest recent tasks and overstates the rate several times over."""
+    if mode != EST_MEAN and mode != EST_INVERSE:
+        return -1
+    e.mode = mode
+    return 0
 
 
 cdef void est_observe(Estimator* e, int worker, int task_type, double service_ns) noexcept nogil:
     """Worker ``worker`` finished a task of ``task_type`` in ``service_ns``."""
     cdef Py_ssize_t k = <Py_ssize_t>worker * e.stride + task_type
-    cdef double inv
+    cdef double v
     mc_assert(0 <= worker < e.n_workers and 0 <= task_type < e.n_types)
     if service_ns < 1.0:
         service_ns = 1.0      # a zero-length task would make the rate infinite
-    inv = 1.0 / service_ns
+    v = service_ns if e.mode == EST_MEAN else 1.0 / service_ns
     if e.count[k] == 0:
-        mc_store_f64(&e.inv[k], inv)   # the first sample replaces the prior outright
+        mc_store_f64(&e.ew[k], v)   # the first sample replaces the prior outright
     else:
-        mc_store_f64(&e.inv[k], e.inv[k] + e.alpha * (inv - e.inv[k]))
+        mc_store_f64(&e.ew[k], e.ew[k] + e.alpha * (v - e.ew[k]))
     e.count[k] += 1
 
 
@@ -283,15 +296,17 @@ cdef void est_note_arrival(Estimator* e, int task_type) noexcept nogil:
 
 cdef double _worker_type_rate(Estimator* e, int w, int t) noexcept nogil:
     cdef Py_ssize_t k = <Py_ssize_t>w * e.stride + t
-    cdef double r = mc_load_f64(&e.inv[k])
-    return r if r > 0.0 else e.prior_rate
+    cdef double v = mc_load_f64(&e.ew[k])
+    if v <= 0.0:
+        return e.prior_rate
+    return 1.0 / v if e.mode == EST_MEAN else v
 
 
 cdef double est_worker_rate(Estimator* e, int worker) noexcept nogil:
     """Tasks per ns of one worker on the current type mix: 1 / sum_t share_t / rate_t.
 
-    With one type this is the EWMA of inverse service times (thesis §3.2). With several, the
-    expected service time of a random task is the mix-weighted mean of the per-type ones."""
+    With several types, the expected service time of a random task is the mix-weighted mean
+    of the per-type ones."""
     cdef int t
     cdef double z = 0.0
     cdef double s = 0.0
@@ -634,12 +649,16 @@ cdef class LoadEstimator:
         Weight of a new sample in the EWMA, in (0, 1].
     prior_service_ns : float
         Service time assumed for a worker and type before its first sample.
+    mode : {"mean", "inverse"}
+        ``"mean"`` (default): EWMA of service times, rate = 1 / EWMA. ``"inverse"``: EWMA of
+        inverse service times read as the rate, as the thesis words it; biased (see
+        ``est_set_mode``), kept for comparison.
     """
     cdef Estimator e
     cdef bint ok
 
     def __cinit__(self, int n_workers, int n_types=1, double alpha=0.01,
-                  double prior_service_ns=50_000.0):
+                  double prior_service_ns=50_000.0, str mode="mean"):
         self.ok = False
         if n_workers < 1:
             raise ValueError(f"n_workers={n_workers}: a server needs at least one worker")
@@ -649,9 +668,12 @@ cdef class LoadEstimator:
             raise ValueError(f"alpha={alpha} must be in (0, 1]")
         if not (prior_service_ns > 0 and isfinite(prior_service_ns)):
             raise ValueError(f"prior_service_ns={prior_service_ns} must be positive")
+        if mode not in ("mean", "inverse"):
+            raise ValueError(f"mode={mode!r} must be 'mean' or 'inverse'")
         if est_init(&self.e, n_workers, n_types, alpha, prior_service_ns) != 0:
             raise MemoryError("cannot allocate the estimator")
         self.ok = True
+        est_set_mode(&self.e, EST_MEAN if mode == "mean" else EST_INVERSE)
 
     def __dealloc__(self):
         if self.ok:
@@ -701,9 +723,10 @@ cdef class LoadEstimator:
         """Expected wait of the last queued task, in ns."""
         return est_load(&self.e, queue_len)
 
-    def inverse_service_times(self):
-        """EWMA of 1/service time, shape (n_workers, n_types); 0 where nothing was seen."""
-        a = np.array(<double[:self.e.n_workers * self.e.stride]>self.e.inv, copy=True)
+    def ewma(self):
+        """The EWMA per worker and type, shape (n_workers, n_types): of service times (ns)
+        in ``"mean"`` mode, of their inverses in ``"inverse"`` mode; 0 where nothing was seen."""
+        a = np.array(<double[:self.e.n_workers * self.e.stride]>self.e.ew, copy=True)
         return a.reshape(self.e.n_workers, self.e.stride)[:, :self.e.n_types].copy()
 
     def type_mix(self):

@@ -104,3 +104,16 @@ def micro(as_json, floor, quick):
             click.echo("\nratio = malcolm / plain-C floor measured just before, same machine.",
                        err=False)
     sys.stdout.flush()
+
+
+@bench.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--quick", is_flag=True, help="Shorter runs (for smoke tests).")
+@click.option("--transport", "transports", multiple=True, type=click.Choice(["udp", "shm"]),
+              help="Transports to measure (default both).")
+def runtime(as_json, quick, transports):
+    """Round trip, gateway throughput and decision overhead, each beside its plain-C floor
+    measured in the same run (implementation: malcolm/loadgen/runtime_bench.py)."""
+    from malcolm.loadgen import runtime_bench
+    res = runtime_bench.run_all(quick=quick, transports=transports or ("udp", "shm"))
+    click.echo(json.dumps(res) if as_json else runtime_bench.table(res))

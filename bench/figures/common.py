@@ -1,0 +1,116 @@
+"""Shared plumbing of the thesis-figure scripts: run a grid of simulations, write CSV + PNG.
+
+Each script is runnable as ``python3 bench/figures/figX_Y.py [--out DIR] [--tasks N]
+[--quick]`` from the repository root and writes ``DIR/figX_Y.csv`` and ``DIR/figX_Y.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from malcolm.sim import simulate  # noqa: E402
+
+FIELDS = ("series", "workload", "load", "p50_us", "p99_us", "p999_us", "p9999_us", "mean_us",
+          "throughput", "offered", "migrations", "generated", "sim_time_s", "wall_s")
+
+
+def parser(description, tasks):
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--out", default=os.path.join("out", "figures"),
+                    help="output directory (default out/figures)")
+    ap.add_argument("--tasks", type=int, default=tasks, help="tasks per point")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--quick", action="store_true", help="fewer loads and tasks")
+    return ap
+
+
+def run_grid(points, quiet=False):
+    """Run ``points``: a list of (series label, simulate kwargs). Returns CSV rows."""
+    rows = []
+    t0 = time.time()
+    for i, (label, kw) in enumerate(points):
+        r = simulate(**kw)
+        row = dict(series=label, workload=kw.get("workload"), load=kw.get("load"),
+                   p50_us=r.p50_us, p99_us=r.p99_us, p999_us=r.p999_us, p9999_us=r.p9999_us,
+                   mean_us=r.mean_us, throughput=r.throughput, offered=r.offered,
+                   migrations=r.migrations, generated=r.generated, sim_time_s=r.sim_time_s,
+                   wall_s=r.wall_s)
+        rows.append(row)
+        if not quiet:
+            print(f"[{i + 1}/{len(points)} {time.time() - t0:6.1f}s] {label:>22} "
+                  f"{kw.get('workload'):>8} load {kw.get('load'):.2f}  "
+                  f"p99 {r.p99_us:10.1f} µs", file=sys.stderr)
+    return rows
+
+
+def write_csv(rows, path):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r.get(k) for k in FIELDS})
+
+
+def plot_panels(rows, path, panels, metric="p99_us", ylabel="p99 latency (µs)", title=None,
+                ylim=None):
+    """One subplot per entry of ``panels`` (a list of (title, filter(row) -> bool, metric)).
+
+    Lines are the distinct ``series`` values, x is load, y is log-scale latency.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
+    for ax, (ptitle, keep, m) in zip(axes[0], panels, strict=False):
+        sel = [r for r in rows if keep(r)]
+        for s in dict.fromkeys(r["series"] for r in sel):
+            pts = sorted((r["load"], r[m or metric]) for r in sel if r["series"] == s)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=s)
+        ax.set_yscale("log")
+        ax.set_xlabel("load")
+        names = {"p50_us": "p50", "p99_us": "p99", "p999_us": "p99.9", "p9999_us": "p99.99"}
+        ax.set_ylabel(ylabel if m in (None, metric) else f"{names.get(m, m)} latency (µs)")
+        ax.set_title(ptitle)
+        if ylim:
+            ax.set_ylim(*ylim)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def summary(rows, key="series", factor=3.0):
+    """Print, per series and workload, the highest load whose p99 stays within ``factor``
+    times the lowest p99 seen for that workload (a knee detector: "max sustainable load")."""
+    best = {}
+    for r in rows:
+        best[r["workload"]] = min(best.get(r["workload"], float("inf")), r["p99_us"])
+    out = {}
+    for r in sorted(rows, key=lambda r: r["load"]):
+        k = (r[key], r["workload"])
+        out.setdefault(k, (0.0, True))
+        ld, ok = out[k]
+        if ok and r["p99_us"] <= factor * best[r["workload"]]:
+            out[k] = (r["load"], True)
+        else:
+            out[k] = (ld, False)
+    for (s, w), (ld, _) in out.items():
+        print(f"{s:>24} {w:>8}: max load with p99 <= {factor:g} x best "
+              f"({factor * best[w]:.0f} µs): {ld:.2f}")
+    return {k: v[0] for k, v in out.items()}

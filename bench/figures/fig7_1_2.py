@@ -1,0 +1,118 @@
+"""Thesis Figs 7.1 and 7.2: p99 latency against load, Malcolm versus the baselines.
+
+Fig 7.1: homogeneous rack, 8 servers x 8 workers. Fig 7.2: heterogeneous rack, 2 fast
+servers x 14 workers + 9 slow x 4. Workloads Exp(50), Bimodal(90:50, 10:500),
+HyperExp-1(50:50, 50:500), HyperExp-2(75:50, 20:500, 5:5000). Policies: Malcolm (learning
+online from a random initialisation during the run), JSQ and JBT (periodic heartbeats, the
+same window as Malcolm), client power-of-2, and the ideal references cFCFS and RackSched.
+
+Every policy runs with its registry defaults and the same simulator settings (2 µs one-way
+delay, 100 µs window); the first ``--warmup`` fraction of tasks is not measured, for every
+policy alike (Malcolm learns during it, and keeps learning after it). Malcolm's
+``load_scale`` is set to the workload's mean service time (its documented normalisation).
+
+Writes ``fig7_1.{csv,png}``, ``fig7_2.{csv,png}`` and ``fig7_1_2_summary.csv`` (the highest
+load at which each policy keeps p99 <= 10x the mean service time).
+
+    python3 bench/figures/fig7_1_2.py [--out out/figures] [--quick] [--rack homo|hetero|both]
+"""
+
+import csv
+import os
+import sys
+
+from common import parser, run_grid
+
+RACKS = {"homo": ("fig7_1", "8x8", "homogeneous 8x8"),
+         "hetero": ("fig7_2", "2x14,9x4", "heterogeneous 2x14 + 9x4")}
+WORKLOADS = ("exp:50", "bimodal", "hyperexp1", "hyperexp2")
+MEAN_US = {"exp:50": 50.0, "bimodal": 95.0, "hyperexp1": 275.0, "hyperexp2": 387.5}
+
+
+def policies(wl):
+    scale = int(MEAN_US[wl] * 1000)
+    return [("Malcolm", f"malcolm:load_scale={scale}"), ("JSQ", "jsq"), ("JBT", "jbt"),
+            ("client po2", "po2"), ("cFCFS (ideal)", "cfcfs"),
+            ("RackSched (ideal)", "racksched")]
+
+
+def max_load(rows, factor=10.0):
+    """Per (series, workload): the highest load up to which p99 <= factor x mean service."""
+    out = {}
+    for r in sorted(rows, key=lambda r: r["load"]):
+        k = (r["series"], r["workload"])
+        ld, ok = out.get(k, (0.0, True))
+        if ok and r["p99_us"] <= factor * MEAN_US[r["workload"]]:
+            out[k] = (r["load"], True)
+        else:
+            out[k] = (ld, False)
+    return {k: v[0] for k, v in out.items()}
+
+
+def plot(rows, path, title):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(WORKLOADS), figsize=(5 * len(WORKLOADS), 3.9))
+    for ax, wl in zip(axes, WORKLOADS, strict=True):
+        sel = [r for r in rows if r["workload"] == wl]
+        for s in dict.fromkeys(r["series"] for r in sel):
+            pts = sorted((r["load"], r["p99_us"]) for r in sel if r["series"] == s)
+            style = "--" if "ideal" in s else "-"
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", ms=3,
+                    label=s, lw=2.2 if s == "Malcolm" else 1.2)
+        ax.axhline(10 * MEAN_US[wl], color="grey", lw=0.8, ls=":", label="10x mean service")
+        ax.set_yscale("log")
+        ax.set_ylim(top=max(100 * MEAN_US[wl], 1))
+        ax.set_xlabel("load")
+        ax.set_ylabel("p99 latency (µs)")
+        ax.set_title(wl)
+        ax.grid(alpha=0.3, which="both")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main():
+    ap = parser(__doc__, tasks=400_000)
+    ap.add_argument("--rack", choices=("homo", "hetero", "both"), default="both")
+    ap.add_argument("--warmup", type=float, default=0.5)
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    a = ap.parse_args()
+    loads = [0.6, 0.8, 0.9] if a.quick else [0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95]
+    tasks = min(a.tasks, 100_000) if a.quick else a.tasks
+    wls = [w for w in a.workloads.split(",") if w]
+    os.makedirs(a.out, exist_ok=True)
+    summary = []
+    for key in (("homo", "hetero") if a.rack == "both" else (a.rack,)):
+        name, rack, title = RACKS[key]
+        points = [(label, dict(rack=rack, policy=pol, workload=wl, load=ld, tasks=tasks,
+                               seed=a.seed, warmup=a.warmup))
+                  for wl in wls for label, pol in policies(wl) for ld in loads]
+        rows = run_grid(points)
+        with open(os.path.join(a.out, f"{name}.csv"), "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["rack"] + list(rows[0]))
+            w.writeheader()
+            for r in rows:
+                w.writerow(dict(rack=rack, **r))
+        plot(rows, os.path.join(a.out, f"{name}.png"),
+             f"{name.replace('fig', 'Fig ').replace('_', '.')}: p99 vs load, {title} "
+             f"({tasks} tasks/point, first {a.warmup:.0%} not measured)")
+        for (s, wl), ld in max_load(rows).items():
+            summary.append(dict(rack=rack, series=s, workload=wl, max_load_p99_10x=ld))
+    with open(os.path.join(a.out, "fig7_1_2_summary.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["rack", "series", "workload", "max_load_p99_10x"])
+        w.writeheader()
+        w.writerows(summary)
+    print("max load with p99 <= 10x mean service time", file=sys.stderr)
+    for r in summary:
+        print(f"  {r['rack']:>9} {r['workload']:>9} {r['series']:>18}: "
+              f"{r['max_load_p99_10x']:.2f}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""Thesis Fig 7.9: adaptivity to a traffic shift, a rate increase and a slowdown.
+
+Rack of 12 servers: 4 fast (8 workers), 4 medium (6), 4 slow (4); Exp(50). Three runs, each
+with one change at ``--t-change`` ms (Malcolm has been learning from a random
+initialisation until then):
+
+(a) shift: 540 KTPS throughout, evenly spread, then 60% of it sent to the fast servers;
+(b) rate: 360 KTPS evenly spread, then 540 KTPS with the extra 180 KTPS sent to the fast
+    servers;
+(c) slowdown: 540 KTPS evenly spread, then the fast servers run at half speed.
+
+The rack's capacity is 1440 KTPS, so these rates are light (37.5%); ``--rate-mult`` scales
+all of them (1.6 gives 60% before the change).
+
+The plot shows the mean load (expected wait) of each server type, 1 ms bins. "Time to
+re-converge" is the time from the change until the 5 ms moving average of the spread between
+the types' mean loads first comes back within 1.5x its pre-change mean (plus 1 µs);
+``inf`` if it never does within the run.
+
+Writes ``fig7_9.csv`` (curves), ``fig7_9_reconverge.csv`` and ``fig7_9.png``.
+
+    python3 bench/figures/fig7_9.py [--out out/figures] [--quick] [--policy malcolm]
+"""
+
+import csv
+import os
+import sys
+
+import numpy as np
+from common import parser
+
+from malcolm.sim import simulate
+from malcolm.sim.run import Change
+
+RACK = "4x8,4x6,4x4"
+TYPES = {"fast": [0, 1, 2, 3], "medium": [4, 5, 6, 7], "slow": [8, 9, 10, 11]}
+
+
+def scenarios(t_us, mult=1.0):
+    even = [1.0] * 12
+    lo, hi = 360e3 * mult, 540e3 * mult
+    return {
+        "(a) traffic shift": dict(rate_tps=hi, shares=even,
+                                  changes=[Change(t_us, shares=tuple([0.6 / 4] * 4
+                                                                     + [0.4 / 8] * 8))]),
+        "(b) rate increase": dict(rate_tps=lo, shares=even,
+                                  changes=[Change(t_us, rate_tps=hi),
+                                           Change(t_us, shares=tuple([hi / 12 * 2 - lo / 12]
+                                                                     * 4 + [lo / 12] * 8))]),
+        "(c) fast servers slow down": dict(rate_tps=hi, shares=even,
+                                           changes=[Change(t_us, server=s, speed=0.5)
+                                                    for s in TYPES["fast"]]),
+    }
+
+
+def bins(t_us, y, ms):
+    b = (t_us // (ms * 1000)).astype(int)
+    nb = b.max() + 1
+    return (np.arange(nb) + 0.5) * ms, np.bincount(b, y, nb) / np.maximum(
+        np.bincount(b, None, nb), 1)
+
+
+def reconverge_ms(tm, spread, t_change_ms):
+    before = spread[(tm < t_change_ms) & (tm > t_change_ms / 2)]
+    if not len(before):
+        return float("nan")
+    thr = 1.5 * before.mean() + 1.0
+    ma = np.convolve(spread, np.ones(5) / 5, mode="same")
+    after = np.nonzero((tm > t_change_ms) & (ma <= thr))[0]
+    return float(tm[after[0]] - t_change_ms) if len(after) else float("inf")
+
+
+def main():
+    ap = parser(__doc__, tasks=0)
+    ap.add_argument("--t-change", type=float, default=500.0, help="ms")
+    ap.add_argument("--duration", type=float, default=1000.0, help="ms of arrivals")
+    ap.add_argument("--rate-mult", type=float, default=1.0,
+                    help="scale the thesis rates (540/360 KTPS = 37.5%%/25%% of capacity)")
+    ap.add_argument("--policy", action="append", default=None,
+                    help="policies (repeatable; default malcolm, jsq, jbt)")
+    a = ap.parse_args()
+    pols = a.policy or ["malcolm", "jsq", "jbt"]
+    if a.quick:
+        a.t_change, a.duration = 200.0, 400.0
+    rows, recon, curves = [], [], {}
+    for name, sc in scenarios(a.t_change * 1000, a.rate_mult).items():
+        for pol in pols:
+            # tasks from the average rate over the run, so arrivals last about `duration`
+            rate = sc["rate_tps"] if "rate" not in name else 450e3 * a.rate_mult
+            tasks = int(rate * a.duration / 1000)
+            r = simulate(rack=RACK, policy=pol, workload="exp:50", tasks=tasks, seed=a.seed,
+                         warmup=0.0, record_loads=True, **sc)
+            t = r.loads["t_us"]
+            L = r.loads.get("true_load_us", r.loads["load_us"])
+            keep = t <= a.duration * 1000
+            t, L = t[keep], L[keep]
+            per = {}
+            for ty, idx in TYPES.items():
+                tm, per[ty] = bins(t, L[:, idx].mean(axis=1), 1)
+            stack = np.vstack(list(per.values()))
+            spread = stack.max(axis=0) - stack.min(axis=0)
+            rc = reconverge_ms(tm, spread, a.t_change)
+            recon.append(dict(scenario=name, policy=pol, reconverge_ms=rc,
+                              spread_before_us=float(spread[tm < a.t_change].mean()),
+                              spread_after_us=float(spread[tm > a.t_change + 50].mean()),
+                              peak_spread_after_us=float(spread[tm > a.t_change].max()),
+                              p99_us=r.p99_us))
+            curves[(name, pol)] = (tm, per)
+            for i in range(len(tm)):
+                rows.append(dict(scenario=name, policy=pol, t_ms=tm[i],
+                                 **{f"{k}_load_us": v[i] for k, v in per.items()}))
+            print(f"{name:>28} {pol:>8}: re-converged after {rc:.0f} ms; p99 "
+                  f"{r.p99_us:.0f} µs", file=sys.stderr)
+    os.makedirs(a.out, exist_ok=True)
+    for fname, data in (("fig7_9.csv", rows), ("fig7_9_reconverge.csv", recon)):
+        with open(os.path.join(a.out, fname), "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(data[0]))
+            w.writeheader()
+            w.writerows(data)
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(scenarios(0))
+    fig, axes = plt.subplots(len(pols), len(names), figsize=(5 * len(names), 2.8 * len(pols)),
+                             squeeze=False, sharex=True)
+    for i, pol in enumerate(pols):
+        for j, name in enumerate(names):
+            ax = axes[i][j]
+            tm, per = curves[(name, pol)]
+            for ty, y in per.items():
+                ax.plot(tm, y, lw=1, label=ty)
+            ax.axvline(a.t_change, color="k", lw=0.8, ls="--")
+            ax.set_yscale("symlog", linthresh=10)
+            ax.set_title(f"{pol}: {name}", fontsize=9)
+            ax.grid(alpha=0.3)
+            if j == 0:
+                ax.set_ylabel("load (µs)")
+            if i == len(pols) - 1:
+                ax.set_xlabel("time (ms)")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"Fig 7.9: adaptivity, rack {RACK}, Exp(50), rates x{a.rate_mult:g} "
+                 f"of the thesis's")
+    fig.tight_layout()
+    fig.savefig(os.path.join(a.out, "fig7_9.png"), dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

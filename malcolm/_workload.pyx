@@ -1,0 +1,98 @@
+# cython: language_level=3
+"""Native, nogil sampler of a service-time mixture. Build it from Python with
+``malcolm.workloads.parse_workload(spec).native()``."""
+from libc.math cimport cos, exp, log, sqrt, M_PI
+
+import numpy as np
+
+from malcolm._core cimport Rng, rng_seed, rng_uniform
+
+
+cdef double wl_sample(const WorkloadC* w, Rng* r, int* task_type) noexcept nogil:
+    """Draw one task: its type into ``task_type``, its service time (ns) as the result."""
+    cdef double u = rng_uniform(r)
+    cdef int t = 0, i, k
+    cdef double z
+    for i in range(w.n - 1):        # branch-free scan; n <= 16
+        t += u >= w.cdf[i]
+    task_type[0] = t
+    k = w.kind[t]
+    if k == WL_EXP:
+        # inline rather than _core.rng_exponential: cross-module cdef calls are indirect
+        return -w.a[t] * log(1.0 - rng_uniform(r))
+    if k == WL_CONST:
+        return w.a[t]
+    if k == WL_UNIFORM:
+        return w.a[t] + (w.b[t] - w.a[t]) * rng_uniform(r)
+    # Lognormal: Box-Muller for the normal (one of the pair is dropped; cheap enough).
+    z = sqrt(-2.0 * log(1.0 - rng_uniform(r))) * cos(2.0 * M_PI * rng_uniform(r))
+    return exp(w.a[t] + w.b[t] * z)
+
+
+cdef class NativeWorkload:
+    """A mixture in C memory. Parameters as in ``malcolm.workloads.Component`` (µs).
+
+    Parameters
+    ----------
+    weights : sequence of float
+    kinds : sequence of int
+        0 const, 1 exp, 2 uniform, 3 lognormal.
+    a, b : sequence of float
+        Component parameters in µs (lognormal: mean in µs and shape sigma).
+    """
+
+    def __init__(self, weights, kinds, a, b):
+        cdef int n = len(weights), i
+        if not 1 <= n <= WL_MAX:
+            raise ValueError(f"a workload has 1..{WL_MAX} components, got {n}")
+        if not (len(kinds) == len(a) == len(b) == n):
+            raise ValueError("weights, kinds, a and b must have the same length")
+        tot = float(sum(weights))
+        if not tot > 0 or any(not x > 0 for x in weights):
+            raise ValueError("weights must be positive")
+        self.c.n = n
+        acc = 0.0
+        mean = 0.0
+        for i in range(n):
+            acc += weights[i] / tot
+            self.c.cdf[i] = acc
+            k = int(kinds[i])
+            if not 0 <= k <= 3:
+                raise ValueError(f"unknown component kind {k}")
+            self.c.kind[i] = k
+            if k == WL_LOGNORMAL:
+                s = float(b[i])
+                self.c.a[i] = log(float(a[i]) * 1e3) - 0.5 * s * s
+                self.c.b[i] = s
+                m = float(a[i])
+            else:
+                self.c.a[i] = float(a[i]) * 1e3
+                self.c.b[i] = float(b[i]) * 1e3
+                m = 0.5 * (a[i] + b[i]) if k == WL_UNIFORM else float(a[i])
+            mean += weights[i] / tot * m
+        self.c.cdf[n - 1] = 1.0
+        self.c.mean_ns = mean * 1e3
+
+    @property
+    def n_types(self):
+        return self.c.n
+
+    @property
+    def mean_ns(self):
+        return self.c.mean_ns
+
+    def sample(self, Py_ssize_t n, unsigned long long seed=0, unsigned long long stream=0):
+        """Draw ``n`` tasks: returns ``(types int32, service_ns float64)``."""
+        cdef Rng r
+        cdef Py_ssize_t i
+        cdef int t
+        types = np.empty(n, dtype=np.int32)
+        svc = np.empty(n, dtype=np.float64)
+        cdef int[::1] tv = types
+        cdef double[::1] sv = svc
+        rng_seed(&r, seed, stream)
+        with nogil:
+            for i in range(n):
+                sv[i] = wl_sample(&self.c, &r, &t)
+                tv[i] = t
+        return types, svc

@@ -1,0 +1,191 @@
+"""``malcolm rack``: start a whole rack on this machine, or check a rack file."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import click
+
+
+@click.group()
+def rack():
+    """Local racks: ``up`` runs every server of a rack file as a process on this host."""
+
+
+@rack.command()
+@click.argument("rack_path", type=click.Path(dir_okay=False))
+def check(rack_path):
+    """Validate RACK_PATH and print what it describes."""
+    from malcolm.config import ConfigError, load_rack
+    try:
+        cfg = load_rack(rack_path)
+    except ConfigError as e:
+        raise click.ClickException(str(e)) from None
+    params = f" {cfg.policy_params}" if cfg.policy_params else ""
+    click.echo(f"rack {cfg.name}: {len(cfg.servers)} servers over {cfg.transport}, "
+               f"policy {cfg.policy}{params}, window {cfg.window_us} µs, "
+               f"poll {cfg.poll}")
+    for s in cfg.servers:
+        click.echo(f"  server {s.index}: {s.address}  {s.workers} workers  {s.handler}")
+
+
+class LocalRack:
+    """Servers of a rack file as child processes of this one (used by ``rack up`` and tests).
+
+    Parameters
+    ----------
+    rack_path : str
+    extra_args : list of str
+        Passed to every ``malcolm serve``.
+    logdir : str or None
+        Where each server's stdout/stderr go (``server-K.out``); a temporary one by default.
+    """
+
+    def __init__(self, rack_path, extra_args=(), logdir=None, ids=None):
+        from malcolm.config import load_rack
+        self.cfg = load_rack(rack_path)
+        self.path = rack_path
+        self.extra = list(extra_args)
+        self.logdir = logdir or tempfile.mkdtemp(prefix="malcolm-rack-")
+        self.ids = list(range(len(self.cfg.servers))) if ids is None else list(ids)
+        self.procs = {}
+
+    def out_path(self, k):
+        return os.path.join(self.logdir, f"server-{k}.out")
+
+    def stats_path(self, k):
+        return os.path.join(self.logdir, f"server-{k}.json")
+
+    def start(self, k, wait=True, timeout=30.0):
+        out = open(self.out_path(k), "w")
+        cmd = [sys.executable, "-m", "malcolm", "serve", "--rack", self.path, "--id", str(k),
+               "--stats-json", self.stats_path(k)] + self.extra
+        self.procs[k] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL)
+        out.close()
+        if wait:
+            self.wait_ready([k], timeout)
+
+    def up(self, timeout=30.0):
+        """Start every server and wait until each says it is ready."""
+        for k in self.ids:
+            self.start(k, wait=False)
+        self.wait_ready(self.ids, timeout)
+        return self
+
+    def wait_ready(self, ids, timeout=30.0):
+        t_end = time.monotonic() + timeout
+        pending = set(ids)
+        while pending:
+            for k in list(pending):
+                with open(self.out_path(k)) as f:
+                    if " ready on " in f.read():
+                        pending.discard(k)
+                        continue
+                if self.procs[k].poll() is not None:
+                    self.down()
+                    raise RuntimeError(f"server {k} exited with {self.procs[k].returncode}:\n"
+                                       + open(self.out_path(k)).read()[-3000:])
+            if pending and time.monotonic() > t_end:
+                self.down()
+                raise TimeoutError(f"servers {sorted(pending)} not ready in {timeout} s")
+            time.sleep(0.05)
+
+    def kill(self, k, sig=signal.SIGKILL):
+        """Kill one server abruptly (tests of failures)."""
+        p = self.procs[k]
+        p.send_signal(sig)
+        p.wait(10)
+        if self.cfg.transport == "shm":     # a killed owner leaves its ring behind
+            _unlink_shm(self.cfg.servers[k].address)
+
+    def down(self, timeout=None):
+        """SIGTERM every server, wait for the clean stop, SIGKILL what is left.
+
+        Returns {server: exit code}.
+        """
+        timeout = self.cfg.grace_s + 10.0 if timeout is None else timeout
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        t_end = time.monotonic() + timeout
+        codes = {}
+        for k, p in self.procs.items():
+            try:
+                codes[k] = p.wait(max(0.1, t_end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                codes[k] = p.wait(5)
+                if self.cfg.transport == "shm":
+                    _unlink_shm(self.cfg.servers[k].address)
+        return codes
+
+    def output(self, k):
+        with open(self.out_path(k)) as f:
+            return f.read()
+
+    def __enter__(self):
+        return self.up()
+
+    def __exit__(self, *exc):
+        self.down()
+
+
+def _unlink_shm(name):
+    try:
+        os.unlink(f"/dev/shm/malcolm-{name}")
+    except FileNotFoundError:
+        pass
+
+
+@rack.command()
+@click.argument("rack_path", type=click.Path(dir_okay=False))
+@click.option("--stats/--no-stats", default=False, help="Servers print live statistics.")
+@click.option("--duration", type=float, default=None, help="Stop after this many seconds.")
+@click.option("--logdir", type=click.Path(file_okay=False), default=None,
+              help="Directory for each server's output (default: a temporary one).")
+def up(rack_path, stats, duration, logdir):
+    """Start every server of RACK_PATH here; Ctrl-C stops them all cleanly."""
+    from malcolm.config import ConfigError
+    if logdir:
+        os.makedirs(logdir, exist_ok=True)
+    try:
+        lr = LocalRack(rack_path, ["--stats"] if stats else [], logdir)
+    except ConfigError as e:
+        raise click.ClickException(str(e)) from None
+    stop = []
+    signal.signal(signal.SIGINT, lambda *a: stop.append(1))
+    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+    try:
+        lr.up()
+    except (RuntimeError, TimeoutError) as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"rack {lr.cfg.name} up: {len(lr.ids)} servers over {lr.cfg.transport} "
+               f"(output in {lr.logdir}); Ctrl-C stops it")
+    t_end = None if duration is None else time.monotonic() + duration
+    offsets = {k: 0 for k in lr.ids}
+    failed = False
+    while not stop and (t_end is None or time.monotonic() < t_end):
+        time.sleep(0.2)
+        for k in lr.ids:               # relay the servers' output, prefixed
+            text = lr.output(k)
+            for line in text[offsets[k]:].splitlines():
+                click.echo(line)
+            offsets[k] = len(text)
+        dead = [k for k, p in lr.procs.items() if p.poll() is not None]
+        if dead and not stop:           # after Ctrl-C the servers stop by themselves
+            click.echo(f"rack: server(s) {dead} exited; stopping the rack", err=True)
+            failed = True
+            break
+    codes = lr.down()
+    for k in lr.ids:
+        for line in lr.output(k)[offsets[k]:].splitlines():
+            click.echo(line)
+    click.echo(f"rack {lr.cfg.name} down: exit codes {codes}")
+    if failed or any(c != 0 for c in codes.values()):
+        sys.exit(1)

@@ -1,0 +1,131 @@
+"""``malcolm serve``: run one server of a rack until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+import click
+
+log = logging.getLogger("malcolm.server")
+
+
+def _format_line(k, s, prev, dt):
+    done = s["responses"] - prev.get("responses", 0)
+    drops = s["dropped_full"] + s["bad_input"] + s["timed_out"] + s["send_failed"]
+    return (f"[server {k}] {done / dt:8.0f} resp/s  load {s['load_us']:8.1f} µs  "
+            f"queue {s['queue_len']:4d}  rate {s['rate_per_us']:.3f}/µs  "
+            f"migrated {s['migrated_out']}  stolen {s['stolen_in']}  "
+            f"steals-out {s['stolen_out']}  hb {s['hb_sent']}/{s['hb_recv']}  "
+            f"drops {drops}  malformed {s['malformed']}")
+
+
+def log_malformed(k, prev, cur):
+    """Log, at most once per call (the caller calls once a second), new malformed input."""
+    new = cur["malformed"] - prev.get("malformed", 0)
+    if new <= 0:
+        return
+    before = prev.get("malformed_by_reason", {})
+    parts = [f"{n - before.get(r, 0)} {r}" for r, n in cur["malformed_by_reason"].items()
+             if n - before.get(r, 0) > 0]
+    last = cur.get("last_bad")
+    src = f"; last from {last[1]}" if last and last[1] is not None else ""
+    log.warning("server %d dropped %d malformed message(s): %s%s", k, new, ", ".join(parts), src)
+
+
+@click.command()
+@click.option("--rack", "rack_path", required=True, type=click.Path(dir_okay=False),
+              help="Rack description (TOML).")
+@click.option("--id", "server_id", type=int, default=None,
+              help="This server's index; defaults to SLURM_PROCID, OMPI_COMM_WORLD_RANK "
+                   "or PMI_RANK.")
+@click.option("--stats/--no-stats", default=False, help="Print live statistics to stderr.")
+@click.option("--interval", default=1.0, show_default=True, help="Seconds between stat lines.")
+@click.option("--stats-json", type=click.Path(dir_okay=False), default=None,
+              help="Write the final statistics (and every interval's) to this JSON file.")
+@click.option("--duration", type=float, default=None, help="Stop after this many seconds.")
+@click.option("--handler", default=None, help="Override the rack file's handler.")
+def serve(rack_path, server_id, stats, interval, stats_json, duration, handler):
+    """Run server ID of the rack in RACK until SIGINT or SIGTERM.
+
+    On a stop signal the server answers its waiting tasks with "server stopped", lets
+    running ones finish (grace_s), and reports anything it could not finish.
+    """
+    from malcolm.config import ConfigError, build_server, default_server_id, load_rack
+    from malcolm.net.transport import TransportUnavailable
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    try:
+        cfg = load_rack(rack_path)
+        k = server_id if server_id is not None else default_server_id()
+        if k is None:
+            raise ConfigError("no --id given and no rank in SLURM_PROCID, "
+                              "OMPI_COMM_WORLD_RANK or PMI_RANK")
+        srv = build_server(cfg, k, handler=handler)
+    except (ConfigError, TransportUnavailable, ValueError, OSError) as e:
+        raise click.ClickException(str(e)) from None
+
+    stop = threading.Event()
+    got = []
+
+    def _on_signal(signum, frame):
+        got.append(signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+    srv.start()
+    addr = cfg.servers[k].address
+    click.echo(f"malcolm serve: server {k} of {len(cfg.servers)} ready on {addr} "
+               f"({cfg.transport}, {cfg.servers[k].workers} workers, {cfg.servers[k].handler}, "
+               f"policy {cfg.policy}, poll {cfg.poll})", nl=True)
+    sys.stdout.flush()
+    t_end = None if duration is None else time.monotonic() + duration
+    prev, t_prev = srv.stats(), time.monotonic()
+    while not stop.is_set():
+        timeout = interval
+        if t_end is not None:
+            timeout = min(timeout, max(0.0, t_end - time.monotonic()))
+        stop.wait(timeout)
+        now = time.monotonic()
+        cur = srv.stats()
+        log_malformed(k, prev, cur)
+        if stats and now > t_prev:
+            click.echo(_format_line(k, cur, prev, now - t_prev), err=True)
+        if stats_json:
+            _write_json(stats_json, cur)
+        prev, t_prev = cur, now
+        if t_end is not None and now >= t_end:
+            break
+    report = srv.stop()
+    log_malformed(k, prev, report)
+    why = got[0] if got else "duration reached"
+    click.echo(f"malcolm serve: server {k} stopped ({why}): {report['responses']} responses, "
+               f"{report['completed']} completed, {report['stopped']} answered 'server stopped', "
+               f"{report['unfinished']} unfinished (never answered), "
+               f"{report['migrated_out']} migrated, {report['stolen_in']} stolen in, "
+               f"{report['stolen_out']} stolen out, {report['malformed']} malformed dropped")
+    if report["stuck_threads"]:
+        click.echo(f"malcolm serve: threads that did not stop: {report['stuck_threads']}",
+                   err=True)
+    if stats_json:
+        _write_json(stats_json, report)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Leave without the interpreter's teardown: it restores the default signal handlers,
+    # and a second SIGTERM (``rack up`` stopping a server that already got Ctrl-C) would
+    # then turn a clean stop into a kill. Everything is stopped and flushed by now.
+    os._exit(0 if not report["stuck_threads"] else 3)
+
+
+def _write_json(path, data):
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, default=str)
+    os.replace(tmp, path)

@@ -1,0 +1,490 @@
+# cython: language_level=3
+"""The load generator's native client: one open-loop Poisson sender and receiver per thread.
+
+Each :class:`LoadClient` owns a transport endpoint and runs, without the GIL, a loop that
+
+* sends every task at its **intended** time (a Poisson schedule fixed in advance of the
+  network: a late send keeps its intended time, and the generator bursts to catch up), and
+  records how late each send actually was;
+* receives responses and measures latency from the intended send time, so that a stalled
+  server shows up in the percentiles instead of silently slowing the generator down
+  (no coordinated omission);
+* accounts for every task: completed, rejected by a server (by status), or timed out on the
+  client; late and duplicate responses and malformed datagrams are counted too.
+
+Requests are tracked in a power-of-two window indexed by request id (ids are sequential per
+client), which is enough to detect timeouts in order of intended send time.
+"""
+from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdlib cimport free
+from libc.string cimport memset
+
+import numpy as np
+
+from malcolm._core cimport Rng, mc_aligned_alloc, mc_cpu_relax, mc_load_acq, mc_now_ns, \
+    mc_store_rel, rng_exponential, rng_seed, rng_uniform
+from malcolm._workload cimport NativeWorkload, WorkloadC, wl_sample
+from malcolm.loadgen._hist cimport N_BUCKETS, Hist, hist_add
+from malcolm.net._wire cimport *
+from malcolm.net.transport cimport BATCH, MsgBuf, Transport, addr_parse
+from malcolm.policy.base cimport MAX_SERVERS, ClientPolicy
+
+
+cdef extern from "<sys/prctl.h>" nogil:
+    int prctl(int option, unsigned long arg2, unsigned long arg3, unsigned long arg4,
+              unsigned long arg5)
+    enum:
+        PR_SET_TIMERSLACK
+
+
+cdef enum:
+    MAX_PHASES = 64
+    N_STATUS = 6
+    # request states in the window
+    R_FREE = 0
+    R_OUT = 1           # sent in the measured interval, not answered yet
+    R_OUT_WARM = 2      # sent during warm-up
+    R_DONE = 3          # answered (any status)
+    R_TIMED_OUT = 4     # given up on by the client
+
+
+ctypedef struct Counts:
+    uint64_t sent
+    uint64_t sent_warm
+    uint64_t completed              # status ok, measured
+    uint64_t rejected[N_STATUS]     # by status (index 0 unused), measured
+    uint64_t timed_out              # no response within the timeout, measured
+    uint64_t warm_answered
+    uint64_t warm_timed_out
+    uint64_t migrated               # completed tasks that carried the migrated flag
+    uint64_t stolen
+    uint64_t late                   # responses that came after their task timed out
+    uint64_t duplicates
+    uint64_t unknown                # responses to ids this client never sent (or too old)
+    uint64_t foreign                # responses for another client id
+    uint64_t malformed
+    uint64_t unexpected             # valid messages that are not responses
+    uint64_t send_failed
+    uint64_t window_full            # tasks given up early because the window was full
+    uint64_t late_sends             # sends later than lag_threshold behind schedule
+    uint64_t late_episodes          # runs of consecutive late sends
+    uint64_t sent_to[MAX_SERVERS]
+    uint64_t answered_by[MAX_SERVERS]
+
+
+def n_buckets():
+    return N_BUCKETS
+
+
+cdef inline int64_t _i64max() noexcept nogil:
+    return 0x7FFFFFFFFFFFFFFF
+
+
+cdef class LoadClient:
+    """One open-loop client (run it in its own thread: :meth:`run` releases the GIL).
+
+    Parameters
+    ----------
+    transport : Transport
+        An open endpoint; the client owns it from now on.
+    servers : list
+        Server addresses in the transport's Python form.
+    workload : malcolm._workload.NativeWorkload
+    client_id : int
+    seed : int
+    phases : list of (start_s, rate_per_s, shares or None)
+        The schedule relative to the start of the run (warm-up included); the first phase
+        starts at 0. ``shares`` are per-server weights (``None``: uniform).
+    warmup_s, duration_s : float
+        Tasks intended before ``warmup_s`` are sent and accounted, but not measured.
+    timeout_s : float
+        A task with no response this long after its intended send time is timed out.
+    policy : ClientPolicy or None
+        A client-side policy that picks each task's server (overrides shares).
+    busy : bool
+        Spin while idle; otherwise block in the transport until the next send is near.
+    spin_us : float
+        In adaptive mode, spin this long before a send instead of blocking.
+    raw_capacity : int
+        Keep up to this many exact latency samples (0: histogram only).
+    lag_threshold_us : float
+        A send later than this behind its schedule counts as late.
+    """
+    cdef Transport tr
+    cdef NetAddr servers[MAX_SERVERS]
+    cdef int n_servers
+    cdef ClientPolicy pol
+    cdef bint use_pol
+    cdef WorkloadC wl
+    cdef Rng rng
+    cdef uint32_t client_id
+    cdef int n_phases
+    cdef int64_t ph_start[MAX_PHASES]
+    cdef double ph_mean_gap[MAX_PHASES]          # ns; <= 0 means rate 0
+    cdef bint ph_uniform[MAX_PHASES]
+    cdef double ph_cdf[MAX_PHASES][MAX_SERVERS]
+    cdef int64_t warm_ns, dur_ns, timeout_ns, spin_ns, lag_thr_ns
+    cdef bint busy
+    cdef uint64_t cap, mask
+    cdef int64_t* req_t
+    cdef uint8_t* req_state
+    cdef uint64_t next_id, oldest
+    cdef Hist* lat
+    cdef Hist* lag
+    cdef int64_t* raw
+    cdef uint64_t n_raw, raw_cap
+    cdef Counts c
+    cdef uint64_t stop_flag
+    cdef readonly int64_t t0_ns, end_ns, finished_ns
+    cdef readonly double wall_s
+
+    def __init__(self, Transport transport not None, servers, NativeWorkload workload not None,
+                 long long client_id, unsigned long long seed, phases, double warmup_s,
+                 double duration_s, double timeout_s, ClientPolicy policy=None,
+                 bint busy=False, double spin_us=50.0, long long raw_capacity=0,
+                 double lag_threshold_us=50.0, long long window=0):
+        cdef int i, j, n
+        cdef double rate, tot, acc
+        if not 1 <= len(servers) <= MAX_SERVERS:
+            raise ValueError(f"1..{MAX_SERVERS} servers, got {len(servers)}")
+        if not 1 <= len(phases) <= MAX_PHASES:
+            raise ValueError(f"1..{MAX_PHASES} phases, got {len(phases)}")
+        if duration_s <= 0 or warmup_s < 0 or timeout_s <= 0:
+            raise ValueError("duration and timeout must be > 0, warm-up >= 0")
+        self.tr = transport
+        self.n_servers = len(servers)
+        for i, s in enumerate(servers):
+            addr_parse(transport.kind, s, &self.servers[i])
+        self.wl = workload.c
+        if not 0 <= client_id <= 0xFFFFFFFF:
+            raise ValueError(f"client_id {client_id} must fit in 32 bits")
+        self.client_id = <uint32_t>client_id
+        rng_seed(&self.rng, seed, 7919 + client_id)
+        self.use_pol = policy is not None
+        self.pol = policy
+        if policy is not None and policy.n != self.n_servers:
+            raise ValueError(f"client policy built for {policy.n} servers, not {self.n_servers}")
+        self.n_phases = len(phases)
+        for i, (start, rate, shares) in enumerate(phases):
+            if i == 0 and start != 0:
+                raise ValueError("the first phase must start at 0")
+            if i > 0 and start < phases[i - 1][0]:
+                raise ValueError("phases must be in time order")
+            if not rate >= 0:
+                raise ValueError(f"rate {rate} must be >= 0")
+            self.ph_start[i] = <int64_t>(start * 1e9)
+            self.ph_mean_gap[i] = 1e9 / rate if rate > 0 else -1.0
+            self.ph_uniform[i] = shares is None
+            if shares is not None:
+                n = len(shares)
+                if n != self.n_servers:
+                    raise ValueError(f"{n} shares for {self.n_servers} servers")
+                tot = float(sum(shares))
+                if not tot > 0 or any(not x >= 0 for x in shares):
+                    raise ValueError("shares must be >= 0 with a positive sum")
+                acc = 0.0
+                for j in range(n):
+                    acc += shares[j] / tot
+                    self.ph_cdf[i][j] = acc
+                self.ph_cdf[i][n - 1] = 2.0     # never above: the last server catches rounding
+        self.warm_ns = <int64_t>(warmup_s * 1e9)
+        self.dur_ns = <int64_t>(duration_s * 1e9)
+        self.timeout_ns = <int64_t>(timeout_s * 1e9)
+        self.spin_ns = <int64_t>(spin_us * 1e3)
+        self.lag_thr_ns = <int64_t>(lag_threshold_us * 1e3)
+        self.busy = busy
+        # The request window must hold every task that can be outstanding: those sent
+        # within one timeout at the highest rate, with a margin for bursts.
+        if window <= 0:
+            peak = max(float(r) for _, r, _ in phases)
+            window = int(4 * peak * (timeout_s + 0.05)) + 4096
+        self.cap = 1
+        while self.cap < <uint64_t>window:
+            self.cap <<= 1
+        if self.cap > (1 << 26):
+            raise ValueError(f"request window of {self.cap} is too large; lower the rate "
+                             "or the timeout, or use more client threads")
+        self.mask = self.cap - 1
+        self.req_t = <int64_t*>mc_aligned_alloc(64, self.cap * sizeof(int64_t))
+        self.req_state = <uint8_t*>mc_aligned_alloc(64, self.cap)
+        self.lat = <Hist*>mc_aligned_alloc(64, sizeof(Hist))
+        self.lag = <Hist*>mc_aligned_alloc(64, sizeof(Hist))
+        if self.req_t == NULL or self.req_state == NULL or self.lat == NULL or self.lag == NULL:
+            raise MemoryError()
+        memset(self.req_state, 0, self.cap)
+        memset(self.lat, 0, sizeof(Hist))
+        memset(self.lag, 0, sizeof(Hist))
+        memset(&self.c, 0, sizeof(Counts))
+        self.raw_cap = raw_capacity if raw_capacity > 0 else 0
+        if self.raw_cap:
+            self.raw = <int64_t*>mc_aligned_alloc(64, self.raw_cap * sizeof(int64_t))
+            if self.raw == NULL:
+                raise MemoryError()
+
+    def __dealloc__(self):
+        free(self.req_t)
+        free(self.req_state)
+        free(self.lat)
+        free(self.lag)
+        free(self.raw)
+
+    def stop(self):
+        """Ask a running :meth:`run` to stop sending now (it still drains; thread-safe)."""
+        mc_store_rel(&self.stop_flag, 1)
+
+    def run(self, long long t0_ns=0):
+        """Run the schedule from ``t0_ns`` (CLOCK_MONOTONIC; 0: now). Releases the GIL."""
+        if t0_ns <= 0:
+            t0_ns = mc_now_ns()
+        self.t0_ns = t0_ns
+        with nogil:
+            # Blocking waits must end on time: the default 50 µs timer slack would make
+            # every adaptive wait late by up to that much.
+            prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)
+            self._loop()
+        self.wall_s = (self.finished_ns - self.t0_ns) / 1e9
+
+    # ------------------------------------------------------------ the nogil loop
+    cdef int _server_for(self, int ph, int64_t now) noexcept nogil:
+        cdef double u
+        cdef int j
+        if self.use_pol:
+            return self.pol.pick(now)
+        if self.ph_uniform[ph]:
+            return <int>(rng_uniform(&self.rng) * self.n_servers)
+        u = rng_uniform(&self.rng)
+        j = 0
+        while self.ph_cdf[ph][j] <= u:
+            j += 1
+        return j
+
+    cdef int64_t _next_time(self, int64_t t, int* ph) noexcept nogil:
+        """The arrival after intended time ``t`` (absolute ns), moving through phases: the
+        exponential gap is memoryless, so at a phase boundary we restart from it."""
+        cdef double gap = self.ph_mean_gap[ph[0]]
+        cdef int64_t t2
+        if gap > 0:
+            t2 = t + <int64_t>rng_exponential(&self.rng, gap) + 1
+        else:
+            t2 = _i64max()
+        while ph[0] + 1 < self.n_phases and t2 >= self.t0_ns + self.ph_start[ph[0] + 1]:
+            ph[0] += 1
+            t = self.t0_ns + self.ph_start[ph[0]]
+            gap = self.ph_mean_gap[ph[0]]
+            t2 = t + <int64_t>rng_exponential(&self.rng, gap) + 1 if gap > 0 else _i64max()
+        return t2
+
+    cdef void _send(self, int64_t intended, int64_t now, int ph) noexcept nogil:
+        cdef WireTask t
+        cdef MsgBuf* b
+        cdef int s, tt
+        cdef uint64_t slot
+        cdef int64_t lag
+        if self.next_id - self.oldest >= self.cap:
+            # The window is full (should not happen with the default size): give up on the
+            # oldest outstanding task rather than lose track of it.
+            slot = self.oldest & self.mask
+            if self.req_state[slot] == R_OUT:
+                self.c.timed_out += 1
+                self.c.window_full += 1
+            elif self.req_state[slot] == R_OUT_WARM:
+                self.c.warm_timed_out += 1
+                self.c.window_full += 1
+            self.req_state[slot] = R_TIMED_OUT
+            self.oldest += 1
+        s = self._server_for(ph, now)
+        if s < 0 or s >= self.n_servers:
+            s = 0
+        t.service_ns = <int64_t>wl_sample(&self.wl, &self.rng, &tt)
+        t.client_id = self.client_id
+        t.task_type = <uint16_t>tt
+        t.payload_len = 0
+        t.payload = NULL
+        t.request_id = self.next_id
+        t.send_ns = intended
+        slot = self.next_id & self.mask
+        self.req_t[slot] = intended
+        if intended < self.t0_ns + self.warm_ns:
+            self.req_state[slot] = R_OUT_WARM
+            self.c.sent_warm += 1
+        else:
+            self.req_state[slot] = R_OUT
+            self.c.sent += 1
+            lag = now - intended
+            hist_add(self.lag, lag)
+        self.c.sent_to[s] += 1
+        self.next_id += 1
+        b = self.tr.tx_next(&self.servers[s])
+        b.len = wire_put_task(b.data, b.cap, &t)
+
+    cdef void _on_msg(self, MsgBuf* m, int64_t now) noexcept nogil:
+        cdef WireHdr h
+        cdef WireResp r
+        cdef int kind, rc
+        cdef uint64_t slot, rid
+        cdef uint8_t st
+        cdef int64_t lat
+        kind = wire_header(m.data, m.len, &h)
+        if kind < 0:
+            self.c.malformed += 1
+            return
+        if kind != K_RESPONSE:
+            self.c.unexpected += 1
+            return
+        rc = wire_get_resp(m.data, m.len, &r)
+        if rc < 0:
+            self.c.malformed += 1
+            return
+        if r.client_id != self.client_id:
+            self.c.foreign += 1
+            return
+        if self.use_pol:
+            self.pol.on_response(now, r.server, r.load, <double>r.queue_len)
+        rid = r.request_id
+        if rid >= self.next_id or self.next_id - rid > self.cap:
+            self.c.unknown += 1
+            return
+        slot = rid & self.mask
+        st = self.req_state[slot]
+        if st == R_TIMED_OUT:
+            self.c.late += 1
+            return
+        if st != R_OUT and st != R_OUT_WARM:
+            self.c.duplicates += 1
+            return
+        self.req_state[slot] = R_DONE
+        if r.server < MAX_SERVERS:
+            self.c.answered_by[r.server] += 1
+        if st == R_OUT_WARM:
+            self.c.warm_answered += 1
+            return
+        if r.status == ST_OK:
+            self.c.completed += 1
+            lat = now - self.req_t[slot]
+            hist_add(self.lat, lat)
+            if self.n_raw < self.raw_cap:
+                self.raw[self.n_raw] = lat
+                self.n_raw += 1
+            if r.flags & F_MIGRATED:
+                self.c.migrated += 1
+            if r.flags & F_STOLEN:
+                self.c.stolen += 1
+        elif r.status < N_STATUS:
+            self.c.rejected[r.status] += 1
+        else:
+            self.c.malformed += 1
+
+    cdef void _sweep(self, int64_t now) noexcept nogil:
+        cdef uint64_t slot
+        cdef uint8_t st
+        while self.oldest < self.next_id:
+            slot = self.oldest & self.mask
+            st = self.req_state[slot]
+            if st == R_OUT or st == R_OUT_WARM:
+                if now - self.req_t[slot] < self.timeout_ns:
+                    return
+                self.req_state[slot] = R_TIMED_OUT
+                if st == R_OUT:
+                    self.c.timed_out += 1
+                else:
+                    self.c.warm_timed_out += 1
+            self.oldest += 1
+
+    cdef void _loop(self) noexcept nogil:
+        cdef int ph = 0, n, i, burst
+        cdef int64_t now, next_t, send_end, wait
+        cdef bint late_run = False, stopping = False
+        cdef uint64_t sent0 = self.tr.n_send_failed
+        send_end = self.t0_ns + self.warm_ns + self.dur_ns
+        next_t = self._next_time(self.t0_ns, &ph)
+        while True:
+            now = mc_now_ns()
+            if not stopping and mc_load_acq(&self.stop_flag):
+                stopping = True
+                send_end = now
+            burst = 0
+            while next_t <= now and next_t < send_end and burst < BATCH:
+                self._send(next_t, now, ph)
+                if next_t >= self.t0_ns + self.warm_ns:     # measured sends only
+                    if now - next_t > self.lag_thr_ns:
+                        self.c.late_sends += 1
+                        if not late_run:
+                            self.c.late_episodes += 1
+                            late_run = True
+                    else:
+                        late_run = False
+                next_t = self._next_time(next_t, &ph)
+                burst += 1
+            if burst:
+                self.tr.tx_flush()
+            n = self.tr.rx_poll(BATCH)
+            if n:
+                now = mc_now_ns()
+                for i in range(n):
+                    self._on_msg(&self.tr.rx[i], now)
+                self.tr.rx_release(n)
+            self._sweep(now)
+            if next_t >= send_end and self.oldest >= self.next_id:
+                break
+            if n or burst:
+                continue
+            if self.busy:
+                mc_cpu_relax()
+                continue
+            # Adaptive: block until a response arrives or the next send is near.
+            wait = (next_t if next_t < send_end else now + 2_000_000) - now - self.spin_ns
+            if self.oldest < self.next_id:
+                wait = min(wait, self.req_t[self.oldest & self.mask] + self.timeout_ns - now)
+            if wait < 20_000:
+                mc_cpu_relax()
+                continue
+            if wait > 5_000_000:
+                wait = 5_000_000
+            self.tr.wait_prepare()
+            self.tr.wait_idle(wait)
+        self.finished_ns = mc_now_ns()
+        self.end_ns = send_end
+        self.c.send_failed = self.tr.n_send_failed - sent0
+
+    # ------------------------------------------------------------ results
+    def results(self):
+        """Counters, histograms (numpy arrays of bucket counts) and raw samples."""
+        cdef dict c = self.c
+        n = self.n_servers
+        c["sent_to"] = list(c["sent_to"][:n])
+        c["answered_by"] = list(c["answered_by"][:n])
+        c["rejected"] = list(c["rejected"])
+        c["lat"] = _hist_py(self.lat)
+        c["lag"] = _hist_py(self.lag)
+        if self.raw_cap and self.n_raw:
+            c["raw"] = np.array(<int64_t[:self.n_raw]>self.raw, dtype=np.int64)
+        elif self.raw_cap:
+            c["raw"] = np.zeros(0, dtype=np.int64)
+        else:
+            c["raw"] = None
+        c["raw_truncated"] = bool(self.raw_cap and self.n_raw == self.raw_cap
+                                  and c["completed"] > self.n_raw)
+        c["outstanding"] = int(self.next_id - self.oldest)
+        c["t0_ns"] = self.t0_ns
+        c["end_ns"] = self.end_ns
+        c["finished_ns"] = self.finished_ns
+        return c
+
+
+cdef object _hist_py(Hist* h):
+    counts = np.array(<uint64_t[:N_BUCKETS]>h.counts, dtype=np.uint64)
+    return {"n": h.n, "min": h.min, "max": h.max, "sum": h.sum, "counts": counts}
+
+
+def hist_from_values(values):
+    """Fill a native histogram from integer ns values (tests and tools)."""
+    cdef Hist* h = <Hist*>mc_aligned_alloc(64, sizeof(Hist))
+    if h == NULL:
+        raise MemoryError()
+    memset(h, 0, sizeof(Hist))
+    try:
+        for v in values:
+            hist_add(h, <int64_t>v)
+        return _hist_py(h)
+    finally:
+        free(h)

@@ -1,0 +1,468 @@
+"""The load generator's Python front end: parse the run's description, start the native
+client threads, merge what they measured and account for every task.
+
+A run is described by a :class:`LoadSpec`; :func:`run_load` runs one target rate and returns a
+report (a plain dict, the same one ``malcolm loadgen --json`` prints); :func:`sweep` runs a
+list of rates one after the other.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+
+from malcolm.loadgen import hist as H
+from malcolm.net import wire
+
+STATUS_NAMES = {int(s): s.name.lower() for s in wire.Status}
+
+
+class LoadgenError(ValueError):
+    """Bad loadgen input; the message says what and how to fix it."""
+
+
+# ---------------------------------------------------------------- parsing
+
+_SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6}
+
+
+def parse_rate(text: str) -> float:
+    """``"20000"``, ``"20k"``, ``"1.5M"`` -> tasks per second (> 0)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([kKmM]?)\s*(?:/s)?\s*",
+                     str(text))
+    if not m:
+        raise LoadgenError(f"rate {text!r} is not a number (examples: 20000, 20k, 1.5M)")
+    v = float(m.group(1)) * _SUFFIX[m.group(2).lower()]
+    if not v > 0 or not math.isfinite(v):
+        raise LoadgenError(f"rate {text!r} must be > 0")
+    return v
+
+
+def parse_rates(text: str) -> list[float]:
+    """A comma-separated list of rates (a sweep)."""
+    parts = [p for p in str(text).split(",") if p.strip()]
+    if not parts:
+        raise LoadgenError("--rate needs at least one rate")
+    return [parse_rate(p) for p in parts]
+
+
+def parse_duration(text: str) -> float:
+    """``"2"``, ``"2s"``, ``"500ms"``, ``"250us"`` -> seconds (>= 0)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(s|ms|us|µs)?\s*", str(text))
+    if not m:
+        raise LoadgenError(f"time {text!r} must look like 2s, 500ms or 250us")
+    scale = {None: 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}[m.group(2)]
+    return float(m.group(1)) * scale
+
+
+def parse_shares(text, n: int) -> list[float]:
+    """``"1,1,2,2"`` or ``"1/1/2/2"``: one non-negative weight per server."""
+    if isinstance(text, (list, tuple)):
+        vals = list(text)
+    else:
+        vals = [p for p in re.split(r"[,/]", str(text)) if p.strip()]
+    try:
+        vals = [float(v) for v in vals]
+    except ValueError:
+        raise LoadgenError(f"shares {text!r} must be numbers, e.g. 1,1,2,2") from None
+    if len(vals) != n:
+        raise LoadgenError(f"shares {text!r}: {len(vals)} weight(s) for {n} server(s)")
+    if any(not (v >= 0 and math.isfinite(v)) for v in vals) or not sum(vals) > 0:
+        raise LoadgenError(f"shares {text!r}: weights must be >= 0 with a positive sum")
+    return vals
+
+
+@dataclass
+class Change:
+    """At ``at_s`` seconds after the warm-up: set the rate (absolute, or ``factor`` times the
+    run's base rate) and/or the per-server shares."""
+
+    at_s: float
+    rate: float | None = None
+    factor: float | None = None
+    shares: list | None = None
+
+
+def parse_change(text: str, n: int) -> Change:
+    """``TIME:key=value[,key=value]`` with keys ``rate`` (``30000``, ``30k`` or ``2x``) and
+    ``shares`` (``1/1/2/2``). Example: ``2s:rate=2x,shares=1/0/1/1``."""
+    when, sep, rest = str(text).partition(":")
+    if not sep or not rest.strip():
+        raise LoadgenError(f"--change {text!r} must look like 2s:rate=2x or "
+                           "3s:shares=1/1/2/2")
+    ch = Change(parse_duration(when))
+    for item in rest.split(","):
+        key, eq, value = item.partition("=")
+        key = key.strip().lower()
+        if not eq:
+            raise LoadgenError(f"--change {text!r}: {item!r} must be key=value")
+        if key == "rate":
+            v = value.strip().lower()
+            if v.endswith("x"):
+                try:
+                    ch.factor = float(v[:-1])
+                except ValueError:
+                    raise LoadgenError(f"--change {text!r}: factor {value!r} is not a number")\
+                        from None
+                if not ch.factor >= 0:
+                    raise LoadgenError(f"--change {text!r}: factor must be >= 0")
+            elif v in ("0", "0.0"):
+                ch.rate = 0.0
+            else:
+                ch.rate = parse_rate(v)
+        elif key == "shares":
+            ch.shares = parse_shares(value, n)
+        else:
+            raise LoadgenError(f"--change {text!r}: unknown key {key!r} (rate, shares)")
+    return ch
+
+
+# ---------------------------------------------------------------- targets
+
+@dataclass
+class Target:
+    transport: str
+    servers: list
+    source: str          # the rack file, or "--server"
+
+
+def resolve_target(rack=None, servers=(), transport=None) -> Target:
+    """The servers to load, from a rack file or ``--server`` addresses."""
+    if rack and servers:
+        raise LoadgenError("give either --rack or --server, not both")
+    if rack:
+        from malcolm.config import ConfigError, load_rack
+        try:
+            cfg = load_rack(rack)
+        except ConfigError as e:
+            raise LoadgenError(str(e)) from None
+        if transport and transport != cfg.transport:
+            raise LoadgenError(f"--transport {transport} but the rack {rack} uses "
+                               f"{cfg.transport}")
+        return Target(cfg.transport, list(cfg.addresses), rack)
+    if not servers:
+        raise LoadgenError("no servers: give --rack RACK.toml or --server HOST:PORT "
+                           "(repeatable, or comma-separated)")
+    flat = [s.strip() for item in servers for s in str(item).split(",") if s.strip()]
+    kind = transport or "udp"
+    if len(flat) > 64:
+        raise LoadgenError(f"at most 64 servers, got {len(flat)}")
+    return Target(kind, flat, "--server")
+
+
+def _check_transport(kind):
+    if kind not in ("udp", "shm"):
+        raise LoadgenError(f"loadgen supports the udp and shm transports, not {kind!r} "
+                           "(there is no silent fallback to another transport)")
+
+
+def _open(kind, bind, i, servers=()):
+    from malcolm.net.transport import TransportUnavailable, open_transport
+    try:
+        if kind == "udp":
+            v6 = any(str(s).startswith("[") or str(s).count(":") > 1 for s in servers)
+            return open_transport("udp", bind or ("[::]:0" if v6 else "0.0.0.0:0"))
+        return open_transport("shm", None, capacity=4096)
+    except (TransportUnavailable, OSError, ValueError) as e:
+        raise LoadgenError(f"client {i}: cannot open a {kind} endpoint: {e}") from None
+
+
+# ---------------------------------------------------------------- a run
+
+@dataclass
+class LoadSpec:
+    """Everything about a run except its base rate."""
+
+    target: Target
+    workload: str = "exp:50"
+    duration_s: float = 5.0
+    warmup_s: float = 1.0
+    threads: int = 1
+    timeout_s: float = 1.0
+    shares: list | None = None
+    changes: list = field(default_factory=list)
+    policy: str | None = None            # a client policy spec (po2, po2:d=3, random)
+    busy: bool = False
+    spin_us: float = 50.0
+    raw: bool = False
+    raw_max: int = 10_000_000
+    lag_threshold_us: float = 50.0
+    seed: int = 1
+    bind: str | None = None
+
+    def validate(self):
+        from malcolm.workloads import parse_workload
+        _check_transport(self.target.transport)
+        try:
+            parse_workload(self.workload)
+        except ValueError as e:
+            raise LoadgenError(str(e)) from None
+        if not self.duration_s > 0:
+            raise LoadgenError("--duration must be > 0")
+        if self.warmup_s < 0:
+            raise LoadgenError("--warmup must be >= 0")
+        if not 1 <= self.threads <= 64:
+            raise LoadgenError("--threads must be in 1..64")
+        if not self.timeout_s > 0:
+            raise LoadgenError("--timeout must be > 0")
+        if self.policy and self.shares is not None:
+            raise LoadgenError("--shares and --policy exclude each other: a client policy "
+                               "picks each task's server itself")
+        if self.policy and any(c.shares is not None for c in self.changes):
+            raise LoadgenError("--change shares=... cannot be used with a client --policy")
+        if self.policy:
+            self.client_policy(0)        # check it now, with a clear message
+        for c in self.changes:
+            if c.at_s > self.duration_s:
+                raise LoadgenError(f"--change at {c.at_s:g} s is after the end of the run "
+                                   f"({self.duration_s:g} s)")
+
+    def client_policy(self, stream):
+        if not self.policy:
+            return None
+        from malcolm.policy import registry
+        try:
+            name, params = registry.parse_policy(self.policy) if not self.policy.strip() \
+                .lower().startswith("random") else ("random", {})
+            info = registry.POLICIES.get(name)
+            if info is not None and info.kind != "client":
+                where = ("set it in the rack file's [policy] section: it runs in the "
+                         "gateways" if info.kind == "server" else "it exists only in the "
+                         "simulator")
+                raise LoadgenError(f"--policy {name} is a {info.kind} policy; {where}. "
+                                   f"Client policies: random, "
+                                   f"{', '.join(registry.CLIENT_POLICIES)}")
+            return registry.make_client_policy(name, len(self.target.servers), self.seed,
+                                               stream, **params)
+        except LoadgenError:
+            raise
+        except ValueError as e:
+            raise LoadgenError(str(e)) from None
+
+    def phases(self, rate):
+        """(start_s from the run's start, total rate, shares) with the warm-up included."""
+        out = [(0.0, rate, self.shares)]
+        cur_rate, cur_shares = rate, self.shares
+        for c in sorted(self.changes, key=lambda c: c.at_s):
+            if c.rate is not None:
+                cur_rate = c.rate
+            if c.factor is not None:
+                cur_rate = rate * c.factor
+            if c.shares is not None:
+                cur_shares = c.shares
+            out.append((self.warmup_s + c.at_s, cur_rate, cur_shares))
+        return out
+
+
+def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = None):
+    """Run one open-loop load at ``rate`` tasks/s; return the report (a dict)."""
+    from malcolm.loadgen._client import LoadClient
+    from malcolm.workloads import parse_workload
+
+    spec.validate()
+    wl = parse_workload(spec.workload)
+    phases = spec.phases(rate)
+    per = [(t, r / spec.threads, s) for t, r, s in phases]
+    base_id = (os.getpid() * 64 + int(time.monotonic_ns() // 1000)) & 0x3FFFFFF
+    clients, trs = [], []
+    try:
+        for i in range(spec.threads):
+            tr = _open(spec.target.transport, spec.bind, i, spec.target.servers)
+            trs.append(tr)
+            try:
+                servers = [tr.parse(s) for s in spec.target.servers]
+            except ValueError as e:
+                raise LoadgenError(f"bad server address: {e}") from None
+            clients.append(LoadClient(
+                tr, servers, wl.native(), client_id=((base_id << 6) + i) & 0xFFFFFFFF,
+                seed=spec.seed * 1_000_003 + int(rate), phases=per,
+                warmup_s=spec.warmup_s, duration_s=spec.duration_s,
+                timeout_s=spec.timeout_s, policy=spec.client_policy(i), busy=spec.busy,
+                spin_us=spec.spin_us,
+                raw_capacity=(spec.raw_max // spec.threads) if spec.raw else 0,
+                lag_threshold_us=spec.lag_threshold_us))
+        from malcolm._core import now_ns
+        t0 = now_ns() + 20_000_000         # every thread starts on the same schedule
+        threads = [threading.Thread(target=c.run, args=(t0,), daemon=True,
+                                    name=f"loadgen-{i}") for i, c in enumerate(clients)]
+        for t in threads:
+            t.start()
+        limit = spec.warmup_s + spec.duration_s + spec.timeout_s + 10.0
+        t_end = time.monotonic() + limit
+        interrupted = False
+        try:
+            for t in threads:
+                while t.is_alive():
+                    t.join(0.1)
+                    if stop_event is not None and stop_event.is_set():
+                        raise KeyboardInterrupt
+                    if time.monotonic() > t_end:
+                        raise RuntimeError("loadgen: a client thread did not finish in time")
+        except KeyboardInterrupt:
+            interrupted = True
+            for c in clients:
+                c.stop()
+            for t in threads:
+                t.join(spec.timeout_s + 5.0)
+        results = [c.results() for c in clients]
+    finally:
+        for tr in trs:
+            tr.close()
+    rep = report(spec, rate, results, wl)
+    rep["interrupted"] = interrupted
+    return rep
+
+
+def report(spec: LoadSpec, rate, results, wl=None):
+    """Merge the client threads' results into one report."""
+    n = len(spec.target.servers)
+    tot = {}
+    for k in ("sent", "sent_warm", "completed", "timed_out", "warm_answered",
+              "warm_timed_out", "migrated", "stolen", "late", "duplicates", "unknown",
+              "foreign", "malformed", "unexpected", "send_failed", "window_full",
+              "late_sends", "late_episodes", "outstanding"):
+        tot[k] = int(sum(r[k] for r in results))
+    rejected = {STATUS_NAMES[s]: int(sum(r["rejected"][s] for r in results))
+                for s in range(1, len(STATUS_NAMES))}
+    rejected = {k: v for k, v in rejected.items() if v}
+    lat = H.merge([r["lat"] for r in results])
+    lag = H.merge([r["lag"] for r in results])
+    raw = None
+    if spec.raw:
+        import numpy as np
+        raw = np.concatenate([r["raw"] for r in results]) if results else np.zeros(0)
+    qs = (("p50", 50), ("p90", 90), ("p99", 99), ("p99.9", 99.9))
+    if raw is not None and raw.size:
+        lat_us = {k: H.exact_percentile(raw, q) / 1e3 for k, q in qs}
+        lat_us["source"] = "raw samples"
+    else:
+        lat_us = {k: H.percentile(lat, q) / 1e3 for k, q in qs}
+        lat_us["source"] = "histogram"
+    lat_us.update(min=lat["min"] / 1e3 if lat["n"] else float("nan"),
+                  max=lat["max"] / 1e3 if lat["n"] else float("nan"),
+                  mean=H.mean(lat) / 1e3)
+    # The measured interval is the duration, cut short if the run was stopped.
+    ends = [r["end_ns"] - r["t0_ns"] for r in results]
+    dur = max(1e-9, min(spec.duration_s, (max(ends) / 1e9 if ends else 0) - spec.warmup_s))
+    n_rej = sum(rejected.values())
+    accounted = tot["completed"] + n_rej + tot["timed_out"]
+    sent = tot["sent"]
+    rep = {
+        "rate": rate,
+        "offered_per_s": sent / dur,
+        "throughput_per_s": tot["completed"] / dur,
+        "duration_s": dur,
+        "warmup_s": spec.warmup_s,
+        "threads": spec.threads,
+        "transport": spec.target.transport,
+        "servers": [str(s) for s in spec.target.servers],
+        "workload": wl.describe() if wl is not None else spec.workload,
+        "policy": spec.policy or ("shares" if spec.shares else "uniform"),
+        "sent": sent,
+        "completed": tot["completed"],
+        "rejected": rejected,
+        "rejected_total": n_rej,
+        "timed_out": tot["timed_out"],
+        "timeout_s": spec.timeout_s,
+        "accounted": accounted == sent,
+        "unaccounted": sent - accounted,
+        "migrated": tot["migrated"],
+        "stolen": tot["stolen"],
+        "late_responses": tot["late"],
+        "duplicates": tot["duplicates"],
+        "unknown_responses": tot["unknown"] + tot["foreign"],
+        "malformed": tot["malformed"] + tot["unexpected"],
+        "send_failed": tot["send_failed"],
+        "window_full": tot["window_full"],
+        "warmup": {"sent": tot["sent_warm"], "answered": tot["warm_answered"],
+                   "timed_out": tot["warm_timed_out"]},
+        "latency_us": lat_us,
+        "schedule": {
+            "late_sends": tot["late_sends"],
+            "late_fraction": tot["late_sends"] / sent if sent else 0.0,
+            "late_episodes": tot["late_episodes"],
+            "threshold_us": spec.lag_threshold_us,
+            "lag_p50_us": H.percentile(lag, 50) / 1e3,
+            "lag_p99_us": H.percentile(lag, 99) / 1e3,
+            "lag_max_us": lag["max"] / 1e3 if lag["n"] else float("nan"),
+        },
+        "per_server": {"sent": [int(sum(r["sent_to"][j] for r in results)) for j in range(n)],
+                       "answered": [int(sum(r["answered_by"][j] for r in results))
+                                    for j in range(n)]},
+        "phases": [{"at_s": t - spec.warmup_s, "rate": r, "shares": s}
+                   for t, r, s in spec.phases(rate)],
+        "histogram": {"unit": "ns", "n": int(lat["n"]), "buckets": H.buckets(lat)},
+    }
+    if raw is not None:
+        rep["raw_samples"] = int(raw.size)
+        rep["raw_truncated"] = any(r["raw_truncated"] for r in results)
+    rep["_raw"] = raw
+    return rep
+
+
+def sweep(spec: LoadSpec, rates, on_result=None, stop_event=None):
+    """Run each rate in turn; ``on_result(report)`` after each. Returns the reports."""
+    out = []
+    for r in rates:
+        rep = run_load(spec, r, stop_event)
+        out.append(rep)
+        if on_result:
+            on_result(rep)
+        if rep.get("interrupted"):
+            break
+    return out
+
+
+# ---------------------------------------------------------------- text output
+
+def _f(v, w=9, d=1):
+    return f"{v:{w}.{d}f}" if isinstance(v, (int, float)) and math.isfinite(v) else f"{'-':>{w}}"
+
+
+HEADER = (f"{'rate/s':>9} {'offered/s':>9} {'tput/s':>9} {'p50 µs':>9} {'p99 µs':>9} "
+          f"{'p99.9 µs':>9} {'max µs':>9} {'done':>8} {'reject':>7} {'timeout':>7} "
+          f"{'migr':>6} {'stolen':>6} {'late-send':>9}")
+
+
+def row(rep):
+    lu = rep["latency_us"]
+    return (f"{rep['rate']:9.0f} {rep['offered_per_s']:9.0f} {rep['throughput_per_s']:9.0f} "
+            f"{_f(lu['p50'])} {_f(lu['p99'])} {_f(lu['p99.9'])} {_f(lu['max'])} "
+            f"{rep['completed']:8d} {rep['rejected_total']:7d} {rep['timed_out']:7d} "
+            f"{rep['migrated']:6d} {rep['stolen']:6d} "
+            f"{100 * rep['schedule']['late_fraction']:8.2f}%")
+
+
+def notes(rep):
+    """Lines that explain what the row cannot: unaccounted tasks, a lagging generator."""
+    out = []
+    s = rep["schedule"]
+    if s["late_sends"]:
+        out.append(f"  generator fell behind its schedule: {s['late_sends']} sends "
+                   f"({100 * s['late_fraction']:.2f}%) later than {s['threshold_us']:g} µs, "
+                   f"in {s['late_episodes']} episode(s); worst {s['lag_max_us']:.0f} µs "
+                   "(latency is still measured from the intended send time)")
+    if rep["rejected"]:
+        out.append("  rejected by servers: " + ", ".join(f"{v} {k}" for k, v in
+                                                        rep["rejected"].items()))
+    if rep["timed_out"]:
+        out.append(f"  {rep['timed_out']} task(s) timed out (no response within "
+                   f"{rep['timeout_s']:g} s): they are not in the percentiles, so the tail "
+                   "is a lower bound")
+    for key, what in (("late_responses", "responses arrived after their task timed out"),
+                      ("duplicates", "duplicate responses"),
+                      ("unknown_responses", "responses to unknown requests"),
+                      ("malformed", "malformed or unexpected datagrams"),
+                      ("send_failed", "tasks the transport could not send"),
+                      ("window_full", "tasks given up because the request window was full")):
+        if rep.get(key):
+            out.append(f"  {rep[key]} {what}")
+    if not rep["accounted"]:
+        out.append(f"  WARNING: {rep['unaccounted']} task(s) unaccounted for")
+    if rep.get("interrupted"):
+        out.append("  interrupted: the run was cut short")
+    return out

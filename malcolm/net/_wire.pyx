@@ -1,0 +1,505 @@
+# cython: language_level=3
+"""Native encoders and decoders of the wire format; see ``malcolm.net.wire`` for the layout."""
+from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.string cimport memcpy, memset
+
+from malcolm.policy.base cimport MAX_THETA, Heartbeat
+
+
+cdef const char* _ERRNAMES[12]
+_ERRNAMES[0] = b"ok"
+_ERRNAMES[1] = b"shorter than a header"
+_ERRNAMES[2] = b"bad magic"
+_ERRNAMES[3] = b"unsupported version"
+_ERRNAMES[4] = b"unknown message kind"
+_ERRNAMES[5] = b"length does not match"
+_ERRNAMES[6] = b"payload too large"
+_ERRNAMES[7] = b"field out of range"
+_ERRNAMES[8] = b"too many critic parameters"
+_ERRNAMES[9] = b"bad sender index"
+_ERRNAMES[10] = b"sender address outside the rack"
+_ERRNAMES[11] = b"unexpected message kind"
+
+
+cdef const char* wire_error_name(int code) noexcept nogil:
+    if code > 0 or code <= -E_NCODES:
+        return b"unknown error"
+    return _ERRNAMES[-code]
+
+
+cdef inline void _put_hdr(uint8_t* buf, uint8_t kind, uint16_t src, uint32_t length) noexcept nogil:
+    mc_st16(buf, WIRE_MAGIC)
+    buf[2] = WIRE_VERSION
+    buf[3] = kind
+    mc_st16(buf + 4, src)
+    mc_st16(buf + 6, <uint16_t>length)
+
+
+cdef int wire_header(const uint8_t* buf, uint32_t n, WireHdr* h) noexcept nogil:
+    """Check the header; return the kind (> 0) or a negative WireError."""
+    if n < HDR_LEN:
+        return E_SHORT
+    if mc_ld16(buf) != WIRE_MAGIC:
+        return E_MAGIC
+    if buf[2] != WIRE_VERSION:
+        return E_VERSION
+    if buf[3] < 1 or buf[3] > K_MAX:
+        return E_KIND
+    h.kind = buf[3]
+    h.src = mc_ld16(buf + 4)
+    h.length = mc_ld16(buf + 6)
+    if h.length != n:
+        return E_LENGTH
+    return h.kind
+
+
+cdef inline void _get_core(const uint8_t* buf, WireTask* t) noexcept nogil:
+    t.client_id = mc_ld32(buf + 8)
+    t.task_type = mc_ld16(buf + 12)
+    t.payload_len = mc_ld16(buf + 14)
+    t.request_id = mc_ld64(buf + 16)
+    t.service_ns = <int64_t>mc_ld64(buf + 24)
+    t.send_ns = <int64_t>mc_ld64(buf + 32)
+
+
+cdef inline void _put_core(uint8_t* buf, const WireTask* t) noexcept nogil:
+    mc_st32(buf + 8, t.client_id)
+    mc_st16(buf + 12, t.task_type)
+    mc_st16(buf + 14, t.payload_len)
+    mc_st64(buf + 16, t.request_id)
+    mc_st64(buf + 24, <uint64_t>t.service_ns)
+    mc_st64(buf + 32, <uint64_t>t.send_ns)
+
+
+cdef int wire_get_task(const uint8_t* buf, uint32_t n, WireTask* t) noexcept nogil:
+    """Decode a TASK. On E_FIELD/E_PAYLOAD the ids are filled, so the sender can be told."""
+    if n < TASK_LEN:
+        return E_LENGTH
+    _get_core(buf, t)
+    memset(&t.reply, 0, sizeof(NetAddr))
+    t.origin = 0
+    t.flags = 0
+    t.seq = 0
+    t.payload = buf + TASK_LEN
+    if t.payload_len > MAX_PAYLOAD:
+        return E_PAYLOAD
+    if n != TASK_LEN + t.payload_len:
+        return E_LENGTH
+    if t.service_ns < 0:
+        return E_FIELD
+    return E_OK
+
+
+cdef int wire_get_move(const uint8_t* buf, uint32_t n, WireTask* t) noexcept nogil:
+    """Decode a FORWARD (or the task inside a STEAL_REPLY)."""
+    if n < MOVE_LEN:
+        return E_LENGTH
+    _get_core(buf, t)
+    t.reply.family = mc_ld16(buf + 40)
+    t.reply.port = mc_ld16(buf + 42)
+    t.reply.extra = mc_ld32(buf + 44)
+    memcpy(t.reply.addr, buf + 48, 16)
+    t.origin = mc_ld16(buf + 64)
+    t.flags = mc_ld16(buf + 66)
+    t.seq = mc_ld32(buf + 68)
+    t.payload = buf + MOVE_LEN
+    if t.payload_len > MAX_PAYLOAD:
+        return E_PAYLOAD
+    if n != MOVE_LEN + t.payload_len:
+        return E_LENGTH
+    if t.service_ns < 0 or t.reply.family == 0 or (t.flags & ~3) != 0:
+        return E_FIELD
+    return E_OK
+
+
+cdef int wire_get_steal_req(const uint8_t* buf, uint32_t n, uint32_t* seq,
+                            int64_t* sent_ns) noexcept nogil:
+    if n != STEAL_REQ_LEN:
+        return E_LENGTH
+    seq[0] = mc_ld32(buf + 8)
+    sent_ns[0] = <int64_t>mc_ld64(buf + 16)
+    return E_OK
+
+
+cdef int wire_get_steal_reply(const uint8_t* buf, uint32_t n, WireTask* t) noexcept nogil:
+    """Return 0 for an empty reply (only ``t.seq`` is set), 1 when it carries a task."""
+    cdef int rc
+    if n == STEAL_EMPTY_LEN:
+        t.seq = mc_ld32(buf + 8)
+        t.payload_len = 0
+        t.payload = NULL
+        return 0
+    rc = wire_get_move(buf, n, t)
+    return rc if rc < 0 else 1
+
+
+cdef int wire_get_resp(const uint8_t* buf, uint32_t n, WireResp* r) noexcept nogil:
+    if n < RESP_LEN:
+        return E_LENGTH
+    r.client_id = mc_ld32(buf + 8)
+    r.task_type = mc_ld16(buf + 12)
+    r.payload_len = mc_ld16(buf + 14)
+    r.request_id = mc_ld64(buf + 16)
+    r.send_ns = <int64_t>mc_ld64(buf + 24)
+    r.service_ns = <int64_t>mc_ld64(buf + 32)
+    r.load = mc_ldf64(buf + 40)
+    r.queue_len = mc_ld32(buf + 48)
+    r.server = mc_ld16(buf + 52)
+    r.status = buf[54]
+    r.flags = buf[55]
+    r.payload = buf + RESP_LEN
+    if r.payload_len > MAX_PAYLOAD:
+        return E_PAYLOAD
+    if n != RESP_LEN + r.payload_len:
+        return E_LENGTH
+    if r.status > ST_TIMED_OUT or (r.flags & ~3) != 0 or not mc_isfinite(r.load) or r.load < 0:
+        return E_FIELD
+    return E_OK
+
+
+cdef int wire_get_heartbeat(const uint8_t* buf, uint32_t n, Heartbeat* hb) noexcept nogil:
+    cdef uint32_t k, nt
+    if n < HB_LEN:
+        return E_LENGTH
+    nt = mc_ld16(buf + 12)
+    if nt > MAX_THETA:
+        return E_THETA
+    if n != HB_LEN + 8 * nt:
+        return E_LENGTH
+    hb.src = mc_ld16(buf + 4)
+    hb.seq = mc_ld32(buf + 8)
+    hb.n_theta = nt
+    hb._pad = 0
+    hb.sent_ns = <int64_t>mc_ld64(buf + 16)
+    hb.load = mc_ldf64(buf + 24)
+    hb.queue_len = mc_ldf64(buf + 32)
+    hb.rate = mc_ldf64(buf + 40)
+    hb.migrations = mc_ld64(buf + 48)
+    hb.steals = mc_ld64(buf + 56)
+    if not (mc_isfinite(hb.load) and mc_isfinite(hb.queue_len) and mc_isfinite(hb.rate)):
+        return E_FIELD
+    if hb.load < 0 or hb.queue_len < 0 or hb.rate < 0:
+        return E_FIELD
+    for k in range(nt):
+        hb.theta[k] = mc_ldf64(buf + HB_LEN + 8 * k)
+        if not mc_isfinite(hb.theta[k]):
+            return E_FIELD
+    return E_OK
+
+
+cdef uint32_t wire_put_task(uint8_t* buf, uint32_t cap, const WireTask* t) noexcept nogil:
+    """Encode a client's TASK; return its length, or 0 if it does not fit."""
+    cdef uint32_t n = TASK_LEN + t.payload_len
+    if t.payload_len > MAX_PAYLOAD or n > cap:
+        return 0
+    _put_hdr(buf, K_TASK, CLIENT_SRC, n)
+    _put_core(buf, t)
+    if t.payload_len:
+        memcpy(buf + TASK_LEN, t.payload, t.payload_len)
+    return n
+
+
+cdef uint32_t wire_put_move(uint8_t* buf, uint32_t cap, uint16_t src, uint8_t kind,
+                            const WireTask* t) noexcept nogil:
+    """Encode a FORWARD, or a STEAL_REPLY carrying a task (``kind`` says which)."""
+    cdef uint32_t n = MOVE_LEN + t.payload_len
+    if t.payload_len > MAX_PAYLOAD or n > cap:
+        return 0
+    _put_hdr(buf, kind, src, n)
+    _put_core(buf, t)
+    mc_st16(buf + 40, t.reply.family)
+    mc_st16(buf + 42, t.reply.port)
+    mc_st32(buf + 44, t.reply.extra)
+    memcpy(buf + 48, t.reply.addr, 16)
+    mc_st16(buf + 64, t.origin)
+    mc_st16(buf + 66, t.flags)
+    mc_st32(buf + 68, t.seq)
+    if t.payload_len:
+        memcpy(buf + MOVE_LEN, t.payload, t.payload_len)
+    return n
+
+
+cdef uint32_t wire_put_steal_req(uint8_t* buf, uint32_t cap, uint16_t src, uint32_t seq,
+                                 int64_t sent_ns) noexcept nogil:
+    if cap < STEAL_REQ_LEN:
+        return 0
+    _put_hdr(buf, K_STEAL_REQ, src, STEAL_REQ_LEN)
+    mc_st32(buf + 8, seq)
+    mc_st32(buf + 12, 0)
+    mc_st64(buf + 16, <uint64_t>sent_ns)
+    return STEAL_REQ_LEN
+
+
+cdef uint32_t wire_put_steal_empty(uint8_t* buf, uint32_t cap, uint16_t src,
+                                   uint32_t seq) noexcept nogil:
+    if cap < STEAL_EMPTY_LEN:
+        return 0
+    _put_hdr(buf, K_STEAL_REPLY, src, STEAL_EMPTY_LEN)
+    mc_st32(buf + 8, seq)
+    mc_st32(buf + 12, 0)
+    return STEAL_EMPTY_LEN
+
+
+cdef uint32_t wire_put_resp(uint8_t* buf, uint32_t cap, uint16_t src,
+                            const WireResp* r) noexcept nogil:
+    cdef uint32_t n = RESP_LEN + r.payload_len
+    if r.payload_len > MAX_PAYLOAD or n > cap:
+        return 0
+    _put_hdr(buf, K_RESPONSE, src, n)
+    mc_st32(buf + 8, r.client_id)
+    mc_st16(buf + 12, r.task_type)
+    mc_st16(buf + 14, r.payload_len)
+    mc_st64(buf + 16, r.request_id)
+    mc_st64(buf + 24, <uint64_t>r.send_ns)
+    mc_st64(buf + 32, <uint64_t>r.service_ns)
+    mc_stf64(buf + 40, r.load)
+    mc_st32(buf + 48, r.queue_len)
+    mc_st16(buf + 52, r.server)
+    buf[54] = r.status
+    buf[55] = r.flags
+    if r.payload_len:
+        memcpy(buf + RESP_LEN, r.payload, r.payload_len)
+    return n
+
+
+cdef uint32_t wire_put_heartbeat(uint8_t* buf, uint32_t cap, uint16_t src,
+                                 const Heartbeat* hb) noexcept nogil:
+    cdef int32_t k, nt = hb.n_theta
+    cdef uint32_t n
+    if nt < 0 or nt > MAX_THETA:
+        return 0
+    n = HB_LEN + 8 * nt
+    if n > cap:
+        return 0
+    _put_hdr(buf, K_HEARTBEAT, src, n)
+    mc_st32(buf + 8, hb.seq)
+    mc_st16(buf + 12, <uint16_t>nt)
+    mc_st16(buf + 14, 0)
+    mc_st64(buf + 16, <uint64_t>hb.sent_ns)
+    mc_stf64(buf + 24, hb.load)
+    mc_stf64(buf + 32, hb.queue_len)
+    mc_stf64(buf + 40, hb.rate)
+    mc_st64(buf + 48, hb.migrations)
+    mc_st64(buf + 56, hb.steals)
+    for k in range(nt):
+        mc_stf64(buf + HB_LEN + 8 * k, hb.theta[k])
+    return n
+
+
+# ---------------------------------------------------------------- Python entry points
+# For tests, tools and Python clients: the runtime itself calls the cdef functions above.
+
+class BadMessage(ValueError):
+    """A message failed validation; ``code`` is the negative WireError, ``reason`` its name."""
+
+    def __init__(self, code, reason):
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+def error_name(int code):
+    """The reason string of a negative WireError code."""
+    return wire_error_name(code).decode()
+
+
+def _raise(int code):
+    raise BadMessage(code, wire_error_name(code).decode())
+
+
+cdef NetAddr _addr_from(object a) except *:
+    cdef NetAddr out
+    memset(&out, 0, sizeof(NetAddr))
+    if a is None:
+        return out
+    fam, port, extra, raw = a
+    raw = bytes(raw)
+    if len(raw) > 16:
+        raise ValueError("address bytes longer than 16")
+    out.family = fam
+    out.port = port
+    out.extra = extra
+    memcpy(out.addr, <const char*>raw, len(raw))
+    return out
+
+
+cdef object _addr_to(const NetAddr* a):
+    return (a.family, a.port, a.extra, bytes(a.addr[:16]))
+
+
+cdef WireTask _task_from(client_id, request_id, task_type, service_ns, send_ns, payload,
+                         reply, origin, flags, seq) except *:
+    cdef WireTask t
+    memset(&t, 0, sizeof(WireTask))
+    t.client_id = client_id
+    t.request_id = request_id
+    t.task_type = task_type
+    t.service_ns = service_ns
+    t.send_ns = send_ns
+    t.payload_len = len(payload)
+    t.reply = _addr_from(reply)
+    t.origin = origin
+    t.flags = flags
+    t.seq = seq
+    return t
+
+
+def encode_task(uint32_t client_id, uint64_t request_id, uint16_t task_type=0,
+                int64_t service_ns=0, int64_t send_ns=0, bytes payload=b""):
+    """Encode a TASK as a client sends it."""
+    cdef uint8_t buf[MAX_MSG]
+    cdef WireTask t = _task_from(client_id, request_id, task_type, service_ns, send_ns,
+                                 payload, None, 0, 0, 0)
+    t.payload = <const uint8_t*>(<const char*>payload)
+    cdef uint32_t n = wire_put_task(buf, MAX_MSG, &t)
+    if n == 0:
+        raise ValueError(f"payload of {len(payload)} bytes is over {MAX_PAYLOAD}")
+    return bytes(buf[:n])
+
+
+def encode_move(uint16_t src, uint32_t client_id, uint64_t request_id, reply,
+                uint16_t task_type=0, int64_t service_ns=0, int64_t send_ns=0,
+                bytes payload=b"", uint16_t origin=0, uint16_t flags=F_MIGRATED,
+                uint32_t seq=0, bint steal_reply=False):
+    """Encode a FORWARD (or a STEAL_REPLY with a task); ``reply`` is (family, port, extra, addr)."""
+    cdef uint8_t buf[MAX_MSG]
+    cdef WireTask t = _task_from(client_id, request_id, task_type, service_ns, send_ns,
+                                 payload, reply, origin, flags, seq)
+    t.payload = <const uint8_t*>(<const char*>payload)
+    cdef uint32_t n = wire_put_move(buf, MAX_MSG, src,
+                                    K_STEAL_REPLY if steal_reply else K_FORWARD, &t)
+    if n == 0:
+        raise ValueError(f"payload of {len(payload)} bytes is over {MAX_PAYLOAD}")
+    return bytes(buf[:n])
+
+
+def encode_steal_request(uint16_t src, uint32_t seq, int64_t sent_ns=0):
+    cdef uint8_t buf[STEAL_REQ_LEN]
+    wire_put_steal_req(buf, STEAL_REQ_LEN, src, seq, sent_ns)
+    return bytes(buf[:STEAL_REQ_LEN])
+
+
+def encode_steal_empty(uint16_t src, uint32_t seq):
+    cdef uint8_t buf[STEAL_EMPTY_LEN]
+    wire_put_steal_empty(buf, STEAL_EMPTY_LEN, src, seq)
+    return bytes(buf[:STEAL_EMPTY_LEN])
+
+
+def encode_response(uint16_t src, uint32_t client_id, uint64_t request_id,
+                    uint16_t task_type=0, int64_t send_ns=0, int64_t service_ns=0,
+                    double load=0.0, uint32_t queue_len=0, uint16_t server=0,
+                    uint8_t status=ST_OK, uint8_t flags=0, bytes payload=b""):
+    cdef uint8_t buf[MAX_MSG]
+    cdef WireResp r
+    r.client_id = client_id
+    r.request_id = request_id
+    r.task_type = task_type
+    r.send_ns = send_ns
+    r.service_ns = service_ns
+    r.load = load
+    r.queue_len = queue_len
+    r.server = server
+    r.status = status
+    r.flags = flags
+    r.payload_len = len(payload)
+    r.payload = <const uint8_t*>(<const char*>payload)
+    cdef uint32_t n = wire_put_resp(buf, MAX_MSG, src, &r)
+    if n == 0:
+        raise ValueError(f"payload of {len(payload)} bytes is over {MAX_PAYLOAD}")
+    return bytes(buf[:n])
+
+
+def encode_heartbeat(uint16_t src, uint32_t seq=0, int64_t sent_ns=0, double load=0.0,
+                     double queue_len=0.0, double rate=0.0, uint64_t migrations=0,
+                     uint64_t steals=0, theta=()):
+    cdef uint8_t buf[MAX_MSG]
+    cdef Heartbeat hb
+    cdef int k
+    if len(theta) > MAX_THETA:
+        raise ValueError(f"at most {MAX_THETA} critic parameters")
+    memset(&hb, 0, sizeof(Heartbeat))
+    hb.seq = seq
+    hb.sent_ns = sent_ns
+    hb.load = load
+    hb.queue_len = queue_len
+    hb.rate = rate
+    hb.migrations = migrations
+    hb.steals = steals
+    hb.n_theta = len(theta)
+    for k in range(hb.n_theta):
+        hb.theta[k] = theta[k]
+    cdef uint32_t n = wire_put_heartbeat(buf, MAX_MSG, src, &hb)
+    return bytes(buf[:n])
+
+
+_KIND_NAMES = {K_TASK: "task", K_RESPONSE: "response", K_FORWARD: "forward",
+               K_STEAL_REQ: "steal_request", K_STEAL_REPLY: "steal_reply",
+               K_HEARTBEAT: "heartbeat"}
+
+
+def decode(const uint8_t[::1] data not None):
+    """Validate and decode one message into a dict; raise ``BadMessage`` with the reason."""
+    cdef uint32_t n = data.shape[0]
+    cdef const uint8_t* buf = &data[0] if n else NULL
+    cdef uint8_t empty[1]
+    cdef WireHdr h
+    cdef WireTask t
+    cdef WireResp r
+    cdef Heartbeat hb
+    cdef uint32_t seq
+    cdef int64_t sent
+    cdef int rc
+    if n == 0:
+        buf = empty
+    rc = wire_header(buf, n, &h)
+    if rc < 0:
+        _raise(rc)
+    out = {"kind": _KIND_NAMES[h.kind], "src": h.src, "length": h.length}
+    if h.kind == K_TASK or h.kind == K_FORWARD or h.kind == K_STEAL_REPLY:
+        if h.kind == K_TASK:
+            rc = wire_get_task(buf, n, &t)
+        elif h.kind == K_FORWARD:
+            rc = wire_get_move(buf, n, &t)
+        else:
+            rc = wire_get_steal_reply(buf, n, &t)
+            if rc == 0:
+                out.update(seq=t.seq, empty=True)
+                return out
+        if rc < 0:
+            _raise(rc)
+        out.update(client_id=t.client_id, request_id=t.request_id, task_type=t.task_type,
+                   service_ns=t.service_ns, send_ns=t.send_ns,
+                   payload=bytes(t.payload[:t.payload_len]))
+        if h.kind != K_TASK:
+            out.update(reply=_addr_to(&t.reply), origin=t.origin, flags=t.flags, seq=t.seq,
+                       empty=False)
+    elif h.kind == K_STEAL_REQ:
+        rc = wire_get_steal_req(buf, n, &seq, &sent)
+        if rc < 0:
+            _raise(rc)
+        out.update(seq=seq, sent_ns=sent)
+    elif h.kind == K_RESPONSE:
+        rc = wire_get_resp(buf, n, &r)
+        if rc < 0:
+            _raise(rc)
+        out.update(client_id=r.client_id, request_id=r.request_id, task_type=r.task_type,
+                   send_ns=r.send_ns, service_ns=r.service_ns, load=r.load,
+                   queue_len=r.queue_len, server=r.server, status=r.status, flags=r.flags,
+                   payload=bytes(r.payload[:r.payload_len]))
+    else:
+        rc = wire_get_heartbeat(buf, n, &hb)
+        if rc < 0:
+            _raise(rc)
+        out.update(seq=hb.seq, sent_ns=hb.sent_ns, load=hb.load, queue_len=hb.queue_len,
+                   rate=hb.rate, migrations=hb.migrations, steals=hb.steals,
+                   theta=[hb.theta[k] for k in range(hb.n_theta)])
+    return out
+
+
+def check(const uint8_t[::1] data not None):
+    """Return 0 if the message is valid, else its negative WireError code (never raises)."""
+    try:
+        decode(data)
+    except BadMessage as e:
+        return e.code
+    return 0

@@ -1,0 +1,141 @@
+"""A small Python client for tests and tools: send tasks to a rack, account for every one.
+
+It is not a load generator (``malcolm loadgen`` is): it runs in Python, so it measures
+correctness, not latency. Every task ends in exactly one of: answered (by status), or lost
+(no response before the deadline). Duplicated responses are counted separately, since the
+runtime promises exactly one response per task.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from malcolm.net import wire
+from malcolm.net.transport import open_transport
+
+
+@dataclass
+class Accounting:
+    """What happened to the tasks a :class:`Client` sent."""
+
+    sent: int = 0
+    answered: dict = field(default_factory=dict)       # request_id -> first response (dict)
+    duplicates: int = 0
+    malformed: int = 0
+    pending: dict = field(default_factory=dict)        # request_id -> server index sent to
+
+    @property
+    def lost(self):
+        """Tasks never answered (after ``collect`` gave up)."""
+        return len(self.pending)
+
+    def by_status(self):
+        return Counter(wire.Status(r["status"]).name.lower() for r in self.answered.values())
+
+    def by_server(self):
+        return Counter(r["server"] for r in self.answered.values())
+
+    def lost_by_server(self):
+        return Counter(self.pending.values())
+
+    def moved(self):
+        """(migrated, stolen) counts among the answered tasks."""
+        vals = list(self.answered.values())
+        return (sum(1 for r in vals if r["flags"] & wire.MIGRATED),
+                sum(1 for r in vals if r["flags"] & wire.STOLEN))
+
+    def summary(self):
+        mig, st = self.moved()
+        return {"sent": self.sent, "answered": len(self.answered), "lost": self.lost,
+                "duplicates": self.duplicates, "malformed": self.malformed,
+                "status": dict(self.by_status()), "migrated": mig, "stolen": st,
+                "by_server": dict(self.by_server()),
+                "lost_by_server": dict(self.lost_by_server())}
+
+
+class Client:
+    """Send tasks to the servers of a rack and collect the responses.
+
+    Parameters
+    ----------
+    transport : str
+        ``udp`` or ``shm`` (or ``verbs``), as the rack uses.
+    servers : list
+        Server addresses by index.
+    client_id : int
+    address : optional
+        Where to bind (udp default ``127.0.0.1:0``; shm default: a unique name).
+    """
+
+    def __init__(self, transport, servers, client_id=1, address=None):
+        self.tr = open_transport(transport, address)
+        self.servers = [self.tr.parse(s) for s in servers]
+        self.client_id = client_id
+        self.acc = Accounting()
+        self._next = 0
+
+    def close(self):
+        self.tr.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def send(self, server, task_type=0, service_ns=0, payload=b""):
+        """Send one task to server index ``server``; return its request id."""
+        rid = self._next
+        self._next += 1
+        msg = wire.encode_task(self.client_id, rid, task_type, service_ns,
+                               time.monotonic_ns(), payload)
+        self.acc.pending[rid] = server
+        self.acc.sent += 1
+        self.tr.send(self.servers[server], msg)
+        return rid
+
+    def poll(self, timeout=0.0):
+        """Receive what has arrived (waiting up to ``timeout`` s); return how many."""
+        got = self.tr.recv(timeout)
+        for data, _src in got:
+            try:
+                r = wire.decode_native(data)
+            except wire.BadMessage:
+                self.acc.malformed += 1
+                continue
+            if r["kind"] != "response" or r["client_id"] != self.client_id:
+                self.acc.malformed += 1
+                continue
+            rid = r["request_id"]
+            if rid in self.acc.answered:
+                self.acc.duplicates += 1
+            elif rid in self.acc.pending:
+                del self.acc.pending[rid]
+                self.acc.answered[rid] = r
+            else:
+                self.acc.malformed += 1
+        return len(got)
+
+    def run(self, n, service_ns=10_000, rate=20_000.0, servers=None, task_type=0,
+            payload=b"", timeout=5.0):
+        """Send ``n`` tasks round-robin over ``servers`` (indices; default all) at about
+        ``rate`` tasks/s, then collect responses until all are in or ``timeout`` s pass."""
+        idx = list(range(len(self.servers))) if servers is None else list(servers)
+        t0 = time.monotonic()
+        for i in range(n):
+            self.send(idx[i % len(idx)], task_type, service_ns, payload)
+            due = t0 + (i + 1) / rate
+            while time.monotonic() < due:
+                if not self.poll(0.0):
+                    time.sleep(min(0.0005, max(0.0, due - time.monotonic())))
+            self.poll(0.0)
+        return self.collect(timeout)
+
+    def collect(self, timeout=5.0):
+        """Wait until every sent task is answered or ``timeout`` s pass."""
+        t_end = time.monotonic() + timeout
+        while self.acc.pending and time.monotonic() < t_end:
+            self.poll(min(0.05, max(0.0, t_end - time.monotonic())))
+        return self.acc

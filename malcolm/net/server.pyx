@@ -1,0 +1,933 @@
+# cython: language_level=3
+"""One malcolm server: a gateway thread, W worker threads and a policy thread (thesis §6.1).
+
+* The **gateway** polls the transport in batches without the GIL. For each new task it asks
+  ``Policy.decide_arrival`` and either enqueues it on the central FCFS queue (a lock-free
+  ``Mpmc`` of task-slot indices) or forwards it to a peer. It turns completions into
+  responses, asks ``decide_steal`` after each one, answers peers' steal requests with its
+  oldest waiting task, and sends the policy thread's heartbeat to every peer once a window.
+* **Workers** pop the central queue and run the handler, a C function pointer, without the
+  GIL; they feed the measured service times to the load ``Estimator``.
+* The **policy thread** calls ``observe_local`` at the start of each window, ``observe_peer``
+  for each heartbeat as it arrives, then ``end_window`` and ``fill_heartbeat`` (base.pxd).
+
+Only the gateway touches the transport (RDMA queue pairs are not thread-safe either); the
+other threads talk to it through lock-free queues and wake it with ``Transport.wake``.
+
+Every task ends in exactly one response from exactly one server: completed, or answered with
+a reason (dropped: queue full, bad input, handler error, timed out in the queue, server
+stopped). Tasks that were on their way to, or inside, a server that dies are not answered;
+the client's accounting reports them lost.
+"""
+import logging
+import threading
+
+from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdlib cimport free
+from libc.string cimport memcpy, memset
+
+from malcolm._core cimport (
+    Estimator, Mpmc, est_free, est_init, est_load, est_note_arrival, est_observe, est_rate,
+    mc_aligned_alloc, mc_cpu_relax, mc_load_acq, mc_now_ns, mc_store_rel,
+    mpmc_bytes, mpmc_init, mpmc_pop, mpmc_push, mpmc_size,
+)
+from malcolm.net._wire cimport *
+from malcolm.net.transport cimport BATCH, MsgBuf, Transport, addr_eq, addr_parse, addr_py
+from malcolm.policy.base cimport MAX_SERVERS, Heartbeat, Policy
+from malcolm.workers.handlers cimport Handler, malcolm_task
+
+log = logging.getLogger("malcolm.server")
+
+
+cdef extern from "net/_netc.h" nogil:
+    ctypedef struct mc_doorbell:
+        uint32_t seq
+        uint32_t sleepers
+    void mc_bell_ring(mc_doorbell* d)
+    void mc_bell_ring_n(mc_doorbell* d, int n)
+    uint32_t mc_bell_prepare(mc_doorbell* d)
+    void mc_bell_wait(mc_doorbell* d, uint32_t ticket, int64_t timeout_ns)
+    void mc_bell_cancel(mc_doorbell* d)
+    uint64_t mc_add64_relaxed(uint64_t* p, uint64_t v)
+
+
+cdef extern from "<sys/prctl.h>" nogil:
+    int prctl(int option, unsigned long arg2, unsigned long arg3, unsigned long arg4,
+              unsigned long arg5)
+    enum:
+        PR_SET_TIMERSLACK
+        PR_SET_NAME
+
+
+cdef enum:
+    HB_RING = 64
+    MAX_CLIENT_NETS = 16
+    IDLE_WAIT_NS = 5_000_000     # longest block in adaptive mode: bounds the reaction to stop
+
+
+ctypedef struct TaskSlot:
+    NetAddr reply
+    uint32_t client_id
+    uint16_t task_type
+    uint16_t flags
+    uint64_t request_id
+    int64_t service_ns
+    int64_t send_ns
+    int64_t arrive_ns
+    int64_t measured_ns
+    uint16_t origin
+    uint8_t status
+    uint8_t _pad
+    uint32_t payload_len
+    uint32_t out_len
+    uint8_t payload[MAX_PAYLOAD]
+    uint8_t out[MAX_PAYLOAD]
+
+
+ctypedef struct ClientNet:
+    uint16_t family
+    uint16_t prefix
+    uint8_t addr[16]
+
+
+# Counters: written by one thread each (the gateway unless noted), read racily by stats().
+ctypedef struct Counters:
+    uint64_t rx_msgs
+    uint64_t tasks_in            # tasks received from clients
+    uint64_t accepted            # client tasks this server kept
+    uint64_t migrated_out
+    uint64_t forwarded_in
+    uint64_t stolen_in
+    uint64_t stolen_out
+    uint64_t steal_req_sent
+    uint64_t steal_req_recv
+    uint64_t steal_empty_sent
+    uint64_t steal_empty_recv
+    uint64_t steal_timeouts
+    uint64_t steal_suppressed    # decide_steal said steal while one was in flight
+    uint64_t kept_for_silent     # decide_arrival named a peer not heard from: kept here
+    uint64_t steals_to_silent    # decide_steal named a peer not heard from: not sent
+    uint64_t hb_sent             # heartbeat messages (one per peer)
+    uint64_t hb_recv
+    uint64_t hb_theta_recv       # critic parameters received in heartbeats (sum of n_theta)
+    uint64_t hb_dropped          # the policy thread's inbox was full
+    uint64_t hb_observed         # policy thread
+    uint64_t hb_skipped          # policy thread: previous heartbeat not sent yet
+    uint64_t windows             # policy thread
+    uint64_t responses
+    uint64_t completed           # workers: handler returned 0
+    uint64_t handler_errors      # workers
+    uint64_t timed_out           # workers
+    uint64_t dropped_full
+    uint64_t bad_input
+    uint64_t stopped             # answered "server stopped"
+    uint64_t malformed
+    uint64_t unexpected
+    uint64_t by_reason[E_NCODES]
+
+
+cdef inline bint _prefix_match(const uint8_t* a, const uint8_t* net, int bits) noexcept nogil:
+    cdef int i, full = bits // 8, rem = bits % 8
+    for i in range(full):
+        if a[i] != net[i]:
+            return False
+    if rem:
+        return (a[full] >> (8 - rem)) == (net[full] >> (8 - rem))
+    return True
+
+
+cdef class Server:
+    """A malcolm server on an open transport. Usually built from a rack file by
+    :func:`malcolm.config.build_server`.
+
+    Parameters
+    ----------
+    transport : Transport
+        Bound to this server's address; the server owns it from now on.
+    peers : list
+        Addresses of all servers of the rack, by index (``peers[me]`` is this one).
+    me : int
+        This server's index.
+    policy : malcolm.policy.base.Policy
+        The server-side policy (``registry.make_policy(name, n, me, seed, **params)``).
+    handler : Handler, str or callable
+    workers : int
+    capacity : int
+        Task slots: the most tasks this server holds (waiting + running).
+    n_types : int
+        Task types are 0..n_types-1; others are answered ``bad input``.
+    window_us : float
+        The policy window (heartbeat period).
+    poll : {"adaptive", "busy"}
+        ``busy`` spins without pause; ``adaptive`` spins ``spin_us`` then blocks.
+    task_timeout_ms : float
+        A task that waited longer in the queue is answered ``timed out`` (0: never).
+    steal_timeout_us : float
+        A steal request not answered within this is given up (one is in flight at a time).
+    max_service_ms : float
+        Requested service times above this are ``bad input``.
+    clients : list of str or None
+        CIDR networks clients may send from (udp); ``None`` accepts any.
+    cpus : list of int or None
+        Pin threads: the gateway to ``cpus[0]``, the policy thread to ``cpus[1]`` (or
+        ``cpus[0]`` if there is one), the workers round-robin over the rest (or all of them).
+        Busy polling wants one core per thread.
+    """
+    # configuration
+    cdef readonly int n, me, n_workers, n_types
+    cdef readonly object handler_obj
+    cdef readonly object policy_obj
+    cdef readonly bint busy
+    cdef Transport tr
+    cdef Policy policy
+    cdef Handler handler
+    cdef NetAddr peers[MAX_SERVERS]
+    cdef ClientNet nets[MAX_CLIENT_NETS]
+    cdef int n_nets
+    cdef uint32_t capacity
+    cdef int64_t window_ns, spin_ns, timeout_ns, steal_timeout_ns, max_service_ns
+    cdef int64_t peer_timeout_ns
+    cdef int64_t peer_seen[MAX_SERVERS]    # last message from each peer (gateway clock)
+    # state
+    cdef TaskSlot* slots
+    cdef Mpmc* runq
+    cdef Mpmc* freeq
+    cdef Mpmc* doneq
+    cdef Estimator est
+    cdef bint est_ok
+    cdef int64_t in_server          # tasks held: waiting + running (gateway writes)
+    cdef uint64_t stop_gateway, stop_workers, stop_policy
+    cdef bint draining
+    cdef int64_t drain_deadline
+    cdef mc_doorbell work_bell
+    cdef mc_doorbell hb_bell
+    cdef Heartbeat* hb_in           # ring: gateway -> policy thread
+    cdef uint64_t hb_head, hb_tail
+    cdef Heartbeat* hb_out          # policy thread -> gateway, one at a time
+    cdef uint64_t hb_out_pending
+    cdef uint32_t hb_seq
+    cdef uint32_t steal_seq
+    cdef bint steal_pending
+    cdef int64_t steal_deadline
+    cdef Counters c
+    cdef NetAddr last_bad_addr
+    cdef int last_bad_code
+    cdef int64_t started_ns
+    cdef object threads
+    cdef object cpus
+    cdef readonly bint running
+    cdef double grace_s
+
+    def __init__(self, Transport transport not None, peers, int me, Policy policy not None,
+                 handler="spin", int workers=2, int capacity=4096, int n_types=8,
+                 double window_us=100.0, str poll="adaptive", double spin_us=50.0,
+                 double task_timeout_ms=0.0, double steal_timeout_us=2000.0,
+                 double max_service_ms=10_000.0, clients=None, double est_alpha=0.01,
+                 double prior_service_us=50.0, double grace_s=2.0,
+                 double peer_timeout_ms=-1.0, cpus=None):
+        cdef int i
+        cdef uint32_t cap2
+        self.n = len(peers)
+        if not 1 <= self.n <= MAX_SERVERS:
+            raise ValueError(f"a rack has 1..{MAX_SERVERS} servers, got {self.n}")
+        if not 0 <= me < self.n:
+            raise ValueError(f"server index {me} out of range 0..{self.n - 1}")
+        if policy.n != self.n or policy.me != me:
+            raise ValueError(f"policy was built for n={policy.n}, me={policy.me}; "
+                             f"this server is {me} of {self.n}")
+        if workers < 1 or workers > 1024:
+            raise ValueError(f"workers={workers} must be in 1..1024")
+        if not 1 <= n_types <= 65535:
+            raise ValueError(f"n_types={n_types} must be in 1..65535")
+        if capacity < 1 or capacity > (1 << 22):
+            raise ValueError(f"capacity={capacity} must be in 1..{1 << 22}")
+        if window_us <= 0:
+            raise ValueError(f"window_us={window_us} must be positive")
+        if poll not in ("busy", "adaptive"):
+            raise ValueError(f"poll={poll!r} must be 'busy' or 'adaptive'")
+        self.tr = transport
+        self.me = me
+        self.policy = policy
+        self.policy_obj = policy
+        self.handler = handler if isinstance(handler, Handler) else Handler(handler)
+        self.handler_obj = self.handler
+        self.n_workers = workers
+        self.n_types = n_types
+        self.capacity = capacity
+        self.window_ns = <int64_t>(window_us * 1000)
+        self.busy = poll == "busy"
+        self.spin_ns = <int64_t>(spin_us * 1000)
+        self.timeout_ns = <int64_t>(task_timeout_ms * 1e6)
+        self.steal_timeout_ns = <int64_t>(steal_timeout_us * 1000)
+        self.max_service_ns = <int64_t>(max_service_ms * 1e6)
+        self.grace_s = grace_s
+        # A peer silent this long is presumed down: tasks are not migrated to it, nor steals
+        # asked of it, until it is heard from again. Default: 20 windows, at least 100 ms.
+        if peer_timeout_ms < 0:
+            peer_timeout_ms = max(100.0, 20 * window_us / 1000.0)
+        self.peer_timeout_ns = <int64_t>(peer_timeout_ms * 1e6)
+        for i, p in enumerate(peers):
+            addr_parse(transport.kind, p, &self.peers[i])
+        self._set_clients(clients)
+        # task slots and the three queues
+        cap2 = 1
+        while cap2 < <uint32_t>capacity:
+            cap2 <<= 1
+        self.slots = <TaskSlot*>mc_aligned_alloc(64, sizeof(TaskSlot) * capacity)
+        self.runq = <Mpmc*>mc_aligned_alloc(64, mpmc_bytes(cap2))
+        self.freeq = <Mpmc*>mc_aligned_alloc(64, mpmc_bytes(cap2))
+        self.doneq = <Mpmc*>mc_aligned_alloc(64, mpmc_bytes(cap2))
+        self.hb_in = <Heartbeat*>mc_aligned_alloc(64, sizeof(Heartbeat) * HB_RING)
+        self.hb_out = <Heartbeat*>mc_aligned_alloc(64, sizeof(Heartbeat))
+        if (self.slots == NULL or self.runq == NULL or self.freeq == NULL
+                or self.doneq == NULL or self.hb_in == NULL or self.hb_out == NULL):
+            raise MemoryError("cannot allocate the server's queues")
+        if (mpmc_init(self.runq, cap2) != 0 or mpmc_init(self.freeq, cap2) != 0
+                or mpmc_init(self.doneq, cap2) != 0):
+            raise MemoryError("cannot initialise the server's queues")
+        for i in range(capacity):
+            mpmc_push(self.freeq, i)
+        if est_init(&self.est, workers, n_types, est_alpha, prior_service_us * 1000) != 0:
+            raise ValueError("bad estimator parameters")
+        self.est_ok = True
+        memset(&self.c, 0, sizeof(Counters))
+        memset(&self.work_bell, 0, sizeof(mc_doorbell))
+        memset(&self.hb_bell, 0, sizeof(mc_doorbell))
+        self.threads = []
+        self.running = False
+        self.cpus = self._check_cpus(cpus)
+
+    @staticmethod
+    def _check_cpus(cpus):
+        import os
+        if not cpus:
+            return None
+        have = os.sched_getaffinity(0)
+        bad = [c for c in cpus if c not in have]
+        if bad:
+            raise ValueError(f"cpus {bad} are not available to this process "
+                             f"(allowed: {sorted(have)})")
+        return list(cpus)
+
+    def _pin(self, str role, int w=0):
+        import os
+        if not self.cpus:
+            return
+        c = self.cpus
+        if role == "gateway":
+            cpu = c[0]
+        elif role == "policy":
+            cpu = c[1] if len(c) > 1 else c[0]
+        else:
+            rest = c[2:] if len(c) > 2 else c
+            cpu = rest[w % len(rest)]
+        os.sched_setaffinity(0, {cpu})      # 0: the calling thread on Linux
+
+    def __dealloc__(self):
+        free(self.slots)
+        free(self.runq)
+        free(self.freeq)
+        free(self.doneq)
+        free(self.hb_in)
+        free(self.hb_out)
+        if self.est_ok:
+            est_free(&self.est)
+
+    def _set_clients(self, clients):
+        import ipaddress
+        import socket
+        self.n_nets = -1            # -1: any client
+        if clients is None:
+            return
+        if self.tr.kind == "shm":
+            raise ValueError("a client allow-list (clients) applies to network transports; "
+                             "shm endpoints are all on this host")
+        if len(clients) > MAX_CLIENT_NETS:
+            raise ValueError(f"at most {MAX_CLIENT_NETS} client networks")
+        self.n_nets = 0
+        for s in clients:
+            net = ipaddress.ip_network(s, strict=False)
+            raw = net.network_address.packed
+            self.nets[self.n_nets].family = socket.AF_INET if net.version == 4 else socket.AF_INET6
+            self.nets[self.n_nets].prefix = net.prefixlen
+            memcpy(self.nets[self.n_nets].addr, <const char*>raw, len(raw))
+            self.n_nets += 1
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self):
+        """Start the gateway, worker and policy threads."""
+        if self.running:
+            raise RuntimeError("server already started")
+        self.started_ns = mc_now_ns()
+        for i in range(self.n):
+            # Peers get one timeout from our start to be heard from.
+            self.peer_seen[i] = self.started_ns
+        self.stop_gateway = self.stop_workers = self.stop_policy = 0
+        self.running = True
+        ts = [threading.Thread(target=self._worker_main, args=(w,), daemon=True,
+                               name=f"malcolm-worker-{w}") for w in range(self.n_workers)]
+        ts.append(threading.Thread(target=self._policy_main, daemon=True,
+                                   name="malcolm-policy"))
+        ts.append(threading.Thread(target=self._gateway_main, daemon=True,
+                                   name="malcolm-gateway"))
+        self.threads = ts
+        for t in ts:
+            t.start()
+        return self
+
+    def stop(self, grace_s=None):
+        """Stop cleanly and return the final statistics.
+
+        Waiting tasks are answered ``server stopped``; running ones get up to ``grace_s``
+        seconds to finish. The report's ``unfinished`` counts tasks still running after that
+        (their responses are never sent) and ``unanswered`` those held when the gateway exited.
+        """
+        if not self.running:
+            report = self.stats()
+            report.update(unanswered=int(self.in_server), unfinished=int(self.in_server),
+                          stuck_threads=[])
+            return report
+        grace = self.grace_s if grace_s is None else grace_s
+        self.drain_deadline = mc_now_ns() + <int64_t>(grace * 1e9)
+        mc_store_rel(&self.stop_gateway, 1)
+        self.tr.wake()
+        nt = len(self.threads)
+        gw, pol, workers = self.threads[nt - 1], self.threads[nt - 2], self.threads[:nt - 2]
+        gw.join(grace + 5.0)
+        unanswered = self.in_server
+        mc_store_rel(&self.stop_workers, 1)
+        mc_store_rel(&self.stop_policy, 1)
+        mc_bell_ring(&self.work_bell)
+        mc_bell_ring(&self.hb_bell)
+        stuck = []
+        for t in workers + [pol]:
+            t.join(max(0.1, grace))
+            if t.is_alive():
+                stuck.append(t.name)
+        self.running = False
+        report = self.stats()
+        report["unanswered"] = int(unanswered)
+        report["unfinished"] = int(unanswered)
+        report["stuck_threads"] = stuck
+        if gw.is_alive():
+            report["stuck_threads"].append(gw.name)
+        else:
+            self.tr.close()
+        return report
+
+    # ------------------------------------------------------------ statistics
+    def stats(self):
+        """A snapshot of the counters, load and queue length (a dict)."""
+        cdef dict d = self.c
+        cdef int k
+        by_reason = d.pop("by_reason")
+        d["malformed_by_reason"] = {
+            wire_error_name(-k).decode(): by_reason[k] for k in range(1, E_NCODES)
+            if by_reason[k]}
+        d["id"] = self.me
+        d["queue_len"] = int(self.in_server)
+        d["waiting"] = int(mpmc_size(self.runq))
+        d["rate_per_us"] = est_rate(&self.est) * 1000.0
+        d["load_us"] = est_load(&self.est, <double>self.in_server) / 1000.0
+        d["send_failed"] = self.tr.n_send_failed
+        d["uptime_s"] = (mc_now_ns() - self.started_ns) / 1e9 if self.started_ns else 0.0
+        d["last_bad"] = (wire_error_name(self.last_bad_code).decode(),
+                         addr_py(&self.last_bad_addr)) if self.last_bad_code else None
+        if hasattr(self.policy_obj, "stats"):
+            try:
+                d["policy"] = self.policy_obj.stats()
+            except Exception as e:  # a policy's optional hook must not break monitoring
+                d["policy"] = {"error": str(e)}
+        return d
+
+    # ------------------------------------------------------------ threads (Python side)
+    @staticmethod
+    def _name_thread(str name):
+        # Visible in top -H and /proc/*/task/*/comm (at most 15 characters).
+        cdef bytes b = name.encode()[:15]
+        prctl(PR_SET_NAME, <unsigned long><const char*>b, 0, 0, 0)
+
+    def _worker_main(self, int w):
+        self._name_thread(f"mc{self.me}-worker{w}")
+        self._pin("worker", w)
+        with nogil:
+            prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)
+            self._worker_loop(w)
+
+    def _policy_main(self):
+        self._name_thread(f"mc{self.me}-policy")
+        self._pin("policy")
+        with nogil:
+            prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)
+            self._policy_loop()
+
+    def _gateway_main(self):
+        self._name_thread(f"mc{self.me}-gateway")
+        self._pin("gateway")
+        try:
+            with nogil:
+                self._gateway_loop()
+        except BaseException:
+            log.exception("gateway of server %d failed", self.me)
+            raise
+
+    # ------------------------------------------------------------ workers
+    cdef void _worker_loop(self, int w) noexcept nogil:
+        cdef uint64_t idx
+        cdef TaskSlot* s
+        cdef malcolm_task t
+        cdef int64_t t0, t1, idle_since = 0
+        cdef int rc
+        cdef uint32_t ticket
+        while not mc_load_acq(&self.stop_workers):
+            if mpmc_pop(self.runq, &idx):
+                idle_since = 0
+                s = &self.slots[idx]
+                t0 = mc_now_ns()
+                if self.timeout_ns > 0 and t0 - s.arrive_ns > self.timeout_ns:
+                    s.status = ST_TIMED_OUT
+                    s.out_len = 0
+                    s.measured_ns = 0
+                    mc_add64_relaxed(&self.c.timed_out, 1)
+                else:
+                    t.client_id = s.client_id
+                    t.task_type = s.task_type
+                    t.flags = s.flags
+                    t.request_id = s.request_id
+                    t.service_ns = s.service_ns
+                    t.payload = s.payload
+                    t.payload_len = s.payload_len
+                    t.worker = w
+                    t.out = s.out
+                    t.out_cap = MAX_PAYLOAD
+                    t.out_len = 0
+                    rc = self.handler.fn(self.handler.ctx, &t)
+                    t1 = mc_now_ns()
+                    s.measured_ns = t1 - t0
+                    est_observe(&self.est, w, s.task_type, <double>(t1 - t0))
+                    if rc == 0:
+                        s.status = ST_OK
+                        s.out_len = t.out_len if t.out_len <= MAX_PAYLOAD else MAX_PAYLOAD
+                        mc_add64_relaxed(&self.c.completed, 1)
+                    else:
+                        s.status = ST_HANDLER_ERROR
+                        s.out_len = 0
+                        mc_add64_relaxed(&self.c.handler_errors, 1)
+                mpmc_push(self.doneq, idx)      # never full: it holds at most `capacity`
+                self.tr.wake()
+                continue
+            if self.busy:
+                mc_cpu_relax()
+                continue
+            t0 = mc_now_ns()
+            if idle_since == 0:
+                idle_since = t0
+            if t0 - idle_since < self.spin_ns:
+                mc_cpu_relax()
+                continue
+            ticket = mc_bell_prepare(&self.work_bell)
+            if mpmc_size(self.runq) or mc_load_acq(&self.stop_workers):
+                mc_bell_cancel(&self.work_bell)
+                continue
+            mc_bell_wait(&self.work_bell, ticket, IDLE_WAIT_NS)
+
+    # ------------------------------------------------------------ policy thread
+    cdef void _observe_local(self, int64_t now) noexcept nogil:
+        cdef double q = <double>self.in_server
+        self.policy.observe_local(now, est_load(&self.est, q), q, est_rate(&self.est))
+
+    cdef void _observe_heartbeats(self) noexcept nogil:
+        cdef uint64_t head = self.hb_head
+        while head != mc_load_acq(&self.hb_tail):
+            self.policy.observe_peer(mc_now_ns(), &self.hb_in[head % HB_RING])
+            head += 1
+            mc_store_rel(&self.hb_head, head)
+            self.c.hb_observed += 1
+
+    cdef void _policy_loop(self) noexcept nogil:
+        cdef int64_t now = mc_now_ns()
+        cdef int64_t end = now + self.window_ns
+        cdef uint32_t ticket
+        self._observe_local(now)
+        while not mc_load_acq(&self.stop_policy):
+            self._observe_heartbeats()
+            now = mc_now_ns()
+            if now >= end:
+                self.policy.end_window(now)
+                self.c.windows += 1
+                if not mc_load_acq(&self.hb_out_pending):
+                    self.policy.fill_heartbeat(self.hb_out)
+                    self.hb_seq += 1
+                    self.hb_out.src = self.me
+                    self.hb_out.seq = self.hb_seq
+                    self.hb_out.sent_ns = now
+                    mc_store_rel(&self.hb_out_pending, 1)
+                    self.tr.wake()
+                else:
+                    self.c.hb_skipped += 1
+                now = mc_now_ns()
+                self._observe_local(now)
+                end += self.window_ns
+                if end <= now:          # we fell behind (descheduled): skip, do not burst
+                    end = now + self.window_ns
+                continue
+            if self.busy:
+                mc_cpu_relax()
+                continue
+            ticket = mc_bell_prepare(&self.hb_bell)
+            if self.hb_head != mc_load_acq(&self.hb_tail) or mc_load_acq(&self.stop_policy):
+                mc_bell_cancel(&self.hb_bell)
+                continue
+            mc_bell_wait(&self.hb_bell, ticket, end - now)
+        # The gateway has stopped: hand the policy what it received last.
+        self._observe_heartbeats()
+
+    # ------------------------------------------------------------ gateway
+    cdef inline void _bad(self, MsgBuf* m, int code) noexcept nogil:
+        self.c.malformed += 1
+        if -code < E_NCODES:
+            self.c.by_reason[-code] += 1
+        self.last_bad_code = code
+        self.last_bad_addr = m.peer
+
+    cdef bint _client_ok(self, const NetAddr* a) noexcept nogil:
+        cdef int i
+        if self.n_nets < 0:
+            return True
+        for i in range(self.n_nets):
+            if a.family == self.nets[i].family and _prefix_match(a.addr, self.nets[i].addr,
+                                                                 self.nets[i].prefix):
+                return True
+        return False
+
+    cdef void _respond_now(self, const WireTask* t, const NetAddr* to, uint8_t status,
+                           uint16_t flags) noexcept nogil:
+        cdef WireResp r
+        cdef MsgBuf* b
+        r.client_id = t.client_id
+        r.task_type = t.task_type
+        r.request_id = t.request_id
+        r.send_ns = t.send_ns
+        r.service_ns = 0
+        r.load = est_load(&self.est, <double>self.in_server)
+        r.queue_len = <uint32_t>self.in_server
+        r.server = self.me
+        r.status = status
+        r.flags = <uint8_t>flags
+        r.payload_len = 0
+        r.payload = NULL
+        b = self.tr.tx_next(to)
+        b.len = wire_put_resp(b.data, b.cap, self.me, &r)
+        self.c.responses += 1
+        if status == ST_DROPPED:
+            self.c.dropped_full += 1
+        elif status == ST_BAD_INPUT:
+            self.c.bad_input += 1
+        elif status == ST_STOPPED:
+            self.c.stopped += 1
+
+    cdef bint _enqueue(self, const WireTask* t, const NetAddr* reply, uint16_t flags,
+                       uint16_t origin, int64_t now) noexcept nogil:
+        """Keep a task: copy it into a slot and queue it. False when no slot is free."""
+        cdef uint64_t idx
+        cdef TaskSlot* s
+        if not mpmc_pop(self.freeq, &idx):
+            self._respond_now(t, reply, ST_DROPPED, flags)
+            return False
+        s = &self.slots[idx]
+        s.reply = reply[0]
+        s.client_id = t.client_id
+        s.task_type = t.task_type
+        s.flags = flags
+        s.request_id = t.request_id
+        s.service_ns = t.service_ns
+        s.send_ns = t.send_ns
+        s.arrive_ns = now
+        s.origin = origin
+        s.payload_len = t.payload_len
+        if t.payload_len:
+            memcpy(s.payload, t.payload, t.payload_len)
+        self.in_server += 1
+        est_note_arrival(&self.est, t.task_type)
+        mpmc_push(self.runq, idx)
+        return True
+
+    cdef void _send_move(self, int dst, TaskSlot* s, uint8_t kind, uint16_t flags,
+                         uint32_t seq) noexcept nogil:
+        cdef WireTask t
+        cdef MsgBuf* b
+        t.client_id = s.client_id
+        t.task_type = s.task_type
+        t.payload_len = s.payload_len
+        t.request_id = s.request_id
+        t.service_ns = s.service_ns
+        t.send_ns = s.send_ns
+        t.reply = s.reply
+        t.origin = s.origin
+        t.flags = flags
+        t.seq = seq
+        t.payload = s.payload
+        b = self.tr.tx_next(&self.peers[dst])
+        b.len = wire_put_move(b.data, b.cap, self.me, kind, &t)
+
+    cdef bint _valid_task(self, WireTask* t) noexcept nogil:
+        return t.task_type < self.n_types and t.service_ns <= self.max_service_ns
+
+    cdef int _on_msg(self, MsgBuf* m, int64_t now) noexcept nogil:
+        """Handle one message; return 1 if it carried a task (work that keeps us spinning)."""
+        cdef WireHdr h
+        cdef WireTask t
+        cdef MsgBuf* b
+        cdef int kind, rc, dst
+        cdef uint64_t idx
+        cdef uint32_t seq
+        cdef int64_t sent
+        self.c.rx_msgs += 1
+        kind = wire_header(m.data, m.len, &h)
+        if kind < 0:
+            self._bad(m, kind)
+            return 0
+        if kind == K_TASK:
+            if h.src != CLIENT_SRC:
+                self._bad(m, E_SRC)
+                return 0
+            if not self._client_ok(&m.peer):
+                self._bad(m, E_ADDR)
+                return 0
+            rc = wire_get_task(m.data, m.len, &t)
+            if rc == E_FIELD or (rc == E_PAYLOAD and m.len >= TASK_LEN):
+                self._bad(m, rc)
+                self._respond_now(&t, &m.peer, ST_BAD_INPUT, 0)
+                return 0
+            if rc < 0:
+                self._bad(m, rc)
+                return 0
+            self.c.tasks_in += 1
+            if not self._valid_task(&t):
+                self._respond_now(&t, &m.peer, ST_BAD_INPUT, 0)
+                return 0
+            if self.draining:
+                self._respond_now(&t, &m.peer, ST_STOPPED, 0)
+                return 0
+            dst = self.policy.decide_arrival(now, t.task_type)
+            if 0 <= dst < self.n and dst != self.me and now - self.peer_seen[dst] > \
+                    self.peer_timeout_ns:
+                self.c.kept_for_silent += 1
+                dst = self.me
+            if 0 <= dst < self.n and dst != self.me:
+                t.reply = m.peer
+                t.origin = self.me
+                t.flags = F_MIGRATED
+                t.seq = 0
+                b = self.tr.tx_next(&self.peers[dst])
+                b.len = wire_put_move(b.data, b.cap, self.me, K_FORWARD, &t)
+                self.c.migrated_out += 1
+                self.policy.migrations += 1
+                return 1
+            if self._enqueue(&t, &m.peer, 0, self.me, now):
+                self.c.accepted += 1
+            return 1
+        # Everything else must come from a server of this rack, from its own address.
+        if h.src >= self.n or h.src == self.me:
+            self._bad(m, E_SRC)
+            return 0
+        if not addr_eq(&m.peer, &self.peers[h.src]):
+            self._bad(m, E_ADDR)
+            return 0
+        self.peer_seen[h.src] = now
+        if kind == K_FORWARD:
+            rc = wire_get_move(m.data, m.len, &t)
+            if rc < 0:
+                self._bad(m, rc)
+                return 0
+            if not self._valid_task(&t):
+                self._respond_now(&t, &t.reply, ST_BAD_INPUT, t.flags)
+                return 0
+            if self.draining:
+                self._respond_now(&t, &t.reply, ST_STOPPED, t.flags)
+                return 0
+            if self._enqueue(&t, &t.reply, t.flags | F_MIGRATED, t.origin, now):
+                self.c.forwarded_in += 1
+            return 1
+        elif kind == K_STEAL_REQ:
+            rc = wire_get_steal_req(m.data, m.len, &seq, &sent)
+            if rc < 0:
+                self._bad(m, rc)
+                return 0
+            self.c.steal_req_recv += 1
+            if not self.draining and mpmc_pop(self.runq, &idx):
+                # The oldest waiting task: the central queue is FIFO.
+                self._send_move(h.src, &self.slots[idx], K_STEAL_REPLY,
+                                self.slots[idx].flags | F_STOLEN, seq)
+                self.in_server -= 1
+                mpmc_push(self.freeq, idx)
+                self.c.stolen_out += 1
+            else:
+                b = self.tr.tx_next(&self.peers[h.src])
+                b.len = wire_put_steal_empty(b.data, b.cap, self.me, seq)
+                self.c.steal_empty_sent += 1
+        elif kind == K_STEAL_REPLY:
+            rc = wire_get_steal_reply(m.data, m.len, &t)
+            if rc < 0:
+                self._bad(m, rc)
+                return 0
+            if self.steal_pending and t.seq == self.steal_seq:
+                self.steal_pending = False
+            if rc == 0:
+                self.c.steal_empty_recv += 1
+                return 0
+            # A task always counts, even if its reply came after we gave up waiting.
+            if self.draining:
+                self._respond_now(&t, &t.reply, ST_STOPPED, t.flags | F_STOLEN)
+                return 0
+            if self._enqueue(&t, &t.reply, t.flags | F_STOLEN, t.origin, now):
+                self.c.stolen_in += 1
+                self.policy.steals += 1
+            return 1
+        elif kind == K_HEARTBEAT:
+            if self.hb_tail - mc_load_acq(&self.hb_head) >= HB_RING:
+                self.c.hb_dropped += 1
+                return 0
+            rc = wire_get_heartbeat(m.data, m.len, &self.hb_in[self.hb_tail % HB_RING])
+            if rc < 0:
+                self._bad(m, rc)
+                return 0
+            # No wake-up: in adaptive mode the policy thread reads its inbox when its window
+            # ends (a futex wake per heartbeat would cost more than the update it enables);
+            # in busy mode it polls the inbox continuously.
+            self.c.hb_theta_recv += self.hb_in[self.hb_tail % HB_RING].n_theta
+            mc_store_rel(&self.hb_tail, self.hb_tail + 1)
+            self.c.hb_recv += 1
+        else:
+            self.c.unexpected += 1
+            self._bad(m, E_UNEXPECTED)
+        return 0
+
+    cdef int _completions(self, int64_t now) noexcept nogil:
+        cdef uint64_t idx
+        cdef TaskSlot* s
+        cdef WireResp r
+        cdef MsgBuf* b
+        cdef int k = 0, v
+        while k < BATCH and mpmc_pop(self.doneq, &idx):
+            s = &self.slots[idx]
+            self.in_server -= 1
+            r.client_id = s.client_id
+            r.task_type = s.task_type
+            r.request_id = s.request_id
+            r.send_ns = s.send_ns
+            r.service_ns = s.measured_ns
+            r.load = est_load(&self.est, <double>self.in_server)
+            r.queue_len = <uint32_t>self.in_server
+            r.server = self.me
+            r.status = s.status
+            r.flags = <uint8_t>s.flags
+            r.payload_len = s.out_len
+            r.payload = s.out
+            b = self.tr.tx_next(&s.reply)
+            b.len = wire_put_resp(b.data, b.cap, self.me, &r)
+            mpmc_push(self.freeq, idx)
+            self.c.responses += 1
+            k += 1
+            if self.draining:
+                continue
+            v = self.policy.decide_steal(now)
+            if 0 <= v < self.n and v != self.me:
+                if now - self.peer_seen[v] > self.peer_timeout_ns:
+                    self.c.steals_to_silent += 1
+                    continue
+                if self.steal_pending and now < self.steal_deadline:
+                    self.c.steal_suppressed += 1
+                    continue
+                if self.steal_pending:
+                    self.c.steal_timeouts += 1
+                self.steal_seq += 1
+                self.steal_pending = True
+                self.steal_deadline = now + self.steal_timeout_ns
+                b = self.tr.tx_next(&self.peers[v])
+                b.len = wire_put_steal_req(b.data, b.cap, self.me, self.steal_seq, now)
+                self.c.steal_req_sent += 1
+        return k
+
+    cdef void _heartbeat_out(self) noexcept nogil:
+        cdef int j
+        cdef MsgBuf* b
+        cdef uint32_t n
+        if not mc_load_acq(&self.hb_out_pending):
+            return
+        for j in range(self.n):
+            if j == self.me:
+                continue
+            b = self.tr.tx_next(&self.peers[j])
+            n = wire_put_heartbeat(b.data, b.cap, self.me, self.hb_out)
+            b.len = n
+            if n:
+                self.c.hb_sent += 1
+        mc_store_rel(&self.hb_out_pending, 0)
+
+    cdef void _drain_waiting(self) noexcept nogil:
+        """While stopping: answer every waiting task ``server stopped``."""
+        cdef uint64_t idx
+        cdef TaskSlot* s
+        cdef WireTask t
+        cdef int k = 0
+        while k < BATCH and mpmc_pop(self.runq, &idx):
+            s = &self.slots[idx]
+            t.client_id = s.client_id
+            t.task_type = s.task_type
+            t.request_id = s.request_id
+            t.send_ns = s.send_ns
+            self._respond_now(&t, &s.reply, ST_STOPPED, s.flags)
+            self.in_server -= 1
+            mpmc_push(self.freeq, idx)
+            k += 1
+
+    cdef void _gateway_loop(self) noexcept nogil:
+        cdef int n, i, k, tasks
+        cdef int64_t now, idle_since = 0, timeout
+        while True:
+            now = mc_now_ns()
+            if not self.draining and mc_load_acq(&self.stop_gateway):
+                self.draining = True
+            n = self.tr.rx_poll(BATCH)
+            tasks = 0
+            for i in range(n):
+                tasks += self._on_msg(&self.tr.rx[i], now)
+            self.tr.rx_release(n)
+            if tasks:
+                mc_bell_ring_n(&self.work_bell, tasks)    # one sleeping worker per task
+            k = self._completions(now)
+            self._heartbeat_out()
+            if self.steal_pending and now >= self.steal_deadline:
+                self.steal_pending = False
+                self.c.steal_timeouts += 1
+            if self.draining:
+                self._drain_waiting()
+                if self.in_server <= 0 or now >= self.drain_deadline:
+                    self.tr.tx_flush()
+                    break
+            self.tr.tx_flush()
+            if tasks or k:
+                idle_since = 0
+                continue
+            if n:
+                continue        # heartbeats and steal traffic: poll again, but keep the clock
+            if self.busy:
+                mc_cpu_relax()
+                continue
+            if idle_since == 0:
+                idle_since = now
+            if now - idle_since < self.spin_ns:
+                mc_cpu_relax()
+                continue
+            self.tr.wait_prepare()
+            if (mpmc_size(self.doneq) or mc_load_acq(&self.hb_out_pending)
+                    or mc_load_acq(&self.stop_gateway) != self.draining):
+                self.tr.wait_cancel()
+                continue
+            timeout = IDLE_WAIT_NS
+            if self.draining:
+                timeout = 1_000_000
+            if self.steal_pending and self.steal_deadline - now < timeout:
+                timeout = max(self.steal_deadline - now, 0)
+            self.tr.wait_idle(timeout)

@@ -1,0 +1,237 @@
+"""The wire format of the malcolm runtime: compact, versioned, little-endian binary messages.
+
+This module is the readable reference. It encodes and decodes with :mod:`struct`; the runtime
+uses the native twins in ``malcolm.net._wire`` (``cimport`` them, all ``nogil``), and the test
+suite checks that both agree byte for byte. Network data is parsed field by field, checked for
+length and bounds, and never unpickled.
+
+Every message starts with an 8-byte header::
+
+    off size field
+    0   2    magic    0x4C4D (bytes "ML")
+    2   1    version  1
+    3   1    kind     1 task, 2 response, 3 forward, 4 steal request, 5 steal reply, 6 heartbeat
+    4   2    src      sender's server index in the rack; 0xFFFF for a client
+    6   2    length   whole message in bytes; must equal the bytes received
+
+Kinds (offsets from the start of the message)::
+
+    TASK (40 + payload)            client -> server
+      8 u32 client_id   12 u16 task_type   14 u16 payload_len   16 u64 request_id
+     24 i64 service_ns (requested, >= 0)   32 i64 send_ns (intended send time)   40 payload
+    FORWARD (72 + payload)         server -> server, a migrated task
+      8..40 as TASK, then 40 addr reply (24 bytes, see below)   64 u16 origin
+     66 u16 flags (1 migrated, 2 stolen)   68 u32 seq   72 payload
+    STEAL_REQ (24)                 thief -> victim
+      8 u32 seq   12 u32 0   16 i64 sent_ns
+    STEAL_REPLY                    victim -> thief: 16 bytes (8 u32 seq, 12 u32 0) when it has
+                                   nothing, else the FORWARD layout carrying the stolen task
+    RESPONSE (56 + payload)        server -> client
+      8 u32 client_id   12 u16 task_type   14 u16 payload_len   16 u64 request_id
+     24 i64 send_ns (echoed)   32 i64 service_ns (measured)   40 f64 load (ns)
+     48 u32 queue_len   52 u16 server   54 u8 status   55 u8 flags   56 payload
+    HEARTBEAT (64 + 8 * n_theta)   server -> server, once per window
+      8 u32 seq   12 u16 n_theta (<= 256)   14 u16 0   16 i64 sent_ns   24 f64 load
+     32 f64 queue_len   40 f64 rate   48 u64 migrations   56 u64 steals   64 f64 theta[n_theta]
+
+An address (``reply``) is 24 bytes: u16 family (2 IPv4, 10 IPv6, 0x5348 shm), u16 port,
+u32 extra (IPv6 scope id), 16 bytes of address (IPv4 in the first 4; an shm endpoint name).
+Payloads are at most 1024 bytes; no message is over 4032 bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from enum import IntEnum
+
+from malcolm.net import _wire as _native
+
+# The native twins, re-exported: same signatures and results as the reference below.
+BadMessage = _native.BadMessage
+check = _native.check
+error_name = _native.error_name
+decode_native = _native.decode
+encode_task_native = _native.encode_task
+encode_move_native = _native.encode_move
+encode_steal_request_native = _native.encode_steal_request
+encode_steal_empty_native = _native.encode_steal_empty
+encode_response_native = _native.encode_response
+encode_heartbeat_native = _native.encode_heartbeat
+
+MAGIC = 0x4C4D
+VERSION = 1
+CLIENT_SRC = 0xFFFF
+MAX_PAYLOAD = 1024
+MAX_MSG = 4032
+MAX_THETA = 256
+FAM_SHM = 0x5348
+
+
+class Kind(IntEnum):
+    TASK = 1
+    RESPONSE = 2
+    FORWARD = 3
+    STEAL_REQ = 4
+    STEAL_REPLY = 5
+    HEARTBEAT = 6
+
+
+class Status(IntEnum):
+    """How a task ended, as a response reports it."""
+
+    OK = 0
+    DROPPED = 1         # no room in the server's queue
+    BAD_INPUT = 2       # a field of the task was out of range
+    HANDLER_ERROR = 3   # the handler returned an error
+    STOPPED = 4         # the server stopped before running the task
+    TIMED_OUT = 5       # waited in the queue longer than the server's task timeout
+
+
+MIGRATED = 1
+STOLEN = 2
+
+_HDR = struct.Struct("<HBBHH")
+_CORE = struct.Struct("<IHHQqq")
+_ADDR = struct.Struct("<HHI16s")
+_MOVE_TAIL = struct.Struct("<HHI")
+_RESP = struct.Struct("<IHHQqqdIHBB")
+_HB = struct.Struct("<IHHqdddQQ")
+
+
+def _hdr(kind, src, length):
+    return _HDR.pack(MAGIC, VERSION, kind, src, length)
+
+
+def encode_task(client_id, request_id, task_type=0, service_ns=0, send_ns=0, payload=b""):
+    """Encode a TASK as a client sends it."""
+    if len(payload) > MAX_PAYLOAD:
+        raise ValueError(f"payload of {len(payload)} bytes is over {MAX_PAYLOAD}")
+    n = 40 + len(payload)
+    return (_hdr(Kind.TASK, CLIENT_SRC, n)
+            + _CORE.pack(client_id, task_type, len(payload), request_id, service_ns, send_ns)
+            + payload)
+
+
+def encode_move(src, client_id, request_id, reply, task_type=0, service_ns=0, send_ns=0,
+                payload=b"", origin=0, flags=MIGRATED, seq=0, steal_reply=False):
+    """Encode a FORWARD, or a STEAL_REPLY carrying a task.
+
+    ``reply`` is the client's address as (family, port, extra, addr16)."""
+    if len(payload) > MAX_PAYLOAD:
+        raise ValueError(f"payload of {len(payload)} bytes is over {MAX_PAYLOAD}")
+    n = 72 + len(payload)
+    fam, port, extra, raw = reply
+    kind = Kind.STEAL_REPLY if steal_reply else Kind.FORWARD
+    return (_hdr(kind, src, n)
+            + _CORE.pack(client_id, task_type, len(payload), request_id, service_ns, send_ns)
+            + _ADDR.pack(fam, port, extra, bytes(raw).ljust(16, b"\0"))
+            + _MOVE_TAIL.pack(origin, flags, seq) + payload)
+
+
+def encode_steal_request(src, seq, sent_ns=0):
+    return _hdr(Kind.STEAL_REQ, src, 24) + struct.pack("<IIq", seq, 0, sent_ns)
+
+
+def encode_steal_empty(src, seq):
+    return _hdr(Kind.STEAL_REPLY, src, 16) + struct.pack("<II", seq, 0)
+
+
+def encode_response(src, client_id, request_id, task_type=0, send_ns=0, service_ns=0,
+                    load=0.0, queue_len=0, server=0, status=Status.OK, flags=0, payload=b""):
+    if len(payload) > MAX_PAYLOAD:
+        raise ValueError(f"payload of {len(payload)} bytes is over {MAX_PAYLOAD}")
+    n = 56 + len(payload)
+    return (_hdr(Kind.RESPONSE, src, n)
+            + _RESP.pack(client_id, task_type, len(payload), request_id, send_ns, service_ns,
+                         load, queue_len, server, status, flags) + payload)
+
+
+def encode_heartbeat(src, seq=0, sent_ns=0, load=0.0, queue_len=0.0, rate=0.0, migrations=0,
+                     steals=0, theta=()):
+    if len(theta) > MAX_THETA:
+        raise ValueError(f"at most {MAX_THETA} critic parameters")
+    n = 64 + 8 * len(theta)
+    return (_hdr(Kind.HEARTBEAT, src, n)
+            + _HB.pack(seq, len(theta), 0, sent_ns, load, queue_len, rate, migrations, steals)
+            + struct.pack(f"<{len(theta)}d", *theta))
+
+
+def decode(data: bytes) -> dict:
+    """Pure-Python decoder with the same checks as the native one; raises ``BadMessage``."""
+    def bad(code):
+        raise BadMessage(code, error_name(code))
+
+    n = len(data)
+    if n < 8:
+        bad(-1)
+    magic, version, kind, src, length = _HDR.unpack_from(data)
+    if magic != MAGIC:
+        bad(-2)
+    if version != VERSION:
+        bad(-3)
+    if not 1 <= kind <= 6:
+        bad(-4)
+    if length != n:
+        bad(-5)
+    kind = Kind(kind)
+    out = {"kind": {1: "task", 2: "response", 3: "forward", 4: "steal_request",
+                    5: "steal_reply", 6: "heartbeat"}[kind], "src": src, "length": length}
+    if kind == Kind.STEAL_REPLY and n == 16:
+        out.update(seq=struct.unpack_from("<I", data, 8)[0], empty=True)
+        return out
+    if kind in (Kind.TASK, Kind.FORWARD, Kind.STEAL_REPLY):
+        fixed = 40 if kind == Kind.TASK else 72
+        if n < fixed:
+            bad(-5)
+        cid, tt, plen, rid, svc, sent = _CORE.unpack_from(data, 8)
+        if plen > MAX_PAYLOAD:
+            bad(-6)
+        if n != fixed + plen:
+            bad(-5)
+        out.update(client_id=cid, request_id=rid, task_type=tt, service_ns=svc, send_ns=sent,
+                   payload=bytes(data[fixed:]))
+        if kind != Kind.TASK:
+            fam, port, extra, raw = _ADDR.unpack_from(data, 40)
+            origin, flags, seq = _MOVE_TAIL.unpack_from(data, 64)
+            if svc < 0 or fam == 0 or flags & ~3:
+                bad(-7)
+            out.update(reply=(fam, port, extra, raw), origin=origin, flags=flags, seq=seq,
+                       empty=False)
+        elif svc < 0:
+            bad(-7)
+    elif kind == Kind.STEAL_REQ:
+        if n != 24:
+            bad(-5)
+        seq, _, sent = struct.unpack_from("<IIq", data, 8)
+        out.update(seq=seq, sent_ns=sent)
+    elif kind == Kind.RESPONSE:
+        if n < 56:
+            bad(-5)
+        (cid, tt, plen, rid, sent, svc, load, ql, server, status,
+         flags) = _RESP.unpack_from(data, 8)
+        if plen > MAX_PAYLOAD:
+            bad(-6)
+        if n != 56 + plen:
+            bad(-5)
+        if status > 5 or flags & ~3 or not math.isfinite(load) or load < 0:
+            bad(-7)
+        out.update(client_id=cid, request_id=rid, task_type=tt, send_ns=sent, service_ns=svc,
+                   load=load, queue_len=ql, server=server, status=status, flags=flags,
+                   payload=bytes(data[56:]))
+    else:
+        if n < 64:
+            bad(-5)
+        seq, nt, _, sent, load, ql, rate, mig, st = _HB.unpack_from(data, 8)
+        if nt > MAX_THETA:
+            bad(-8)
+        if n != 64 + 8 * nt:
+            bad(-5)
+        theta = list(struct.unpack_from(f"<{nt}d", data, 64))
+        if not all(math.isfinite(v) and v >= 0 for v in (load, ql, rate)):
+            bad(-7)
+        if not all(math.isfinite(v) for v in theta):
+            bad(-7)
+        out.update(seq=seq, sent_ns=sent, load=load, queue_len=ql, rate=rate, migrations=mig,
+                   steals=st, theta=theta)
+    return out

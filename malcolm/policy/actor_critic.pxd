@@ -1,0 +1,103 @@
+# cython: language_level=3
+"""Malcolm's learning policy: a decentralized linear actor-critic with consensus.
+
+See ``actor_critic.pyx`` for the algorithm and ``docs/policy.md`` for the design.
+"""
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+
+from malcolm._core cimport Categorical
+from malcolm.policy.base cimport Heartbeat, Policy
+
+
+cdef class MalcolmPolicy(Policy):
+    # configuration (read-only from Python)
+    cdef readonly int64_t window_ns
+    cdef readonly int batch_windows
+    cdef readonly int consensus_every
+    cdef readonly double gamma
+    cdef readonly double critic_lr
+    cdef readonly double actor_lr
+    cdef readonly double weight_decay
+    cdef readonly double beta1
+    cdef readonly double beta2
+    cdef readonly double eps
+    cdef readonly double migration_cost
+    cdef readonly double steal_cost
+    cdef readonly double entropy
+    cdef readonly double load_scale
+    cdef readonly double load_clip
+    cdef readonly double init_scale
+    cdef readonly str init
+    cdef public bint learn
+
+    # sizes
+    cdef readonly int n_theta       # critic features: 5, or 2n + 2 with per_server features
+    cdef readonly str features_kind
+    cdef bint symmetric
+    cdef readonly int n_params      # d + 2 (n*n + n)
+    cdef int off_wm, off_bm, off_ws, off_bs
+
+    # the two actors' distributions (policy thread writes, gateway samples)
+    cdef Categorical mig
+    cdef Categorical stl
+    cdef bint cats_ready
+
+    # parameters and AdamW state, one contiguous block each: [theta | Wm | Bm | Ws | Bs]
+    cdef double* P
+    cdef double* G                       # cached descent gradients of the current batch
+    cdef double* M
+    cdef double* V
+    cdef double b1t, b2t                 # beta1**t, beta2**t
+    cdef readonly uint64_t adam_steps
+
+    # what the agent knows about the rack, refreshed by observe_* (policy thread)
+    cdef double* x                       # loads in ns (last known)
+    cdef double* u                       # scaled, clipped loads: the actors' inputs
+    cdef uint8_t* known                  # a load for this server has been seen
+    cdef double queue_len, rate
+    cdef int64_t last_now
+
+    # state at the last publish: the window's decisions were drawn from these
+    cdef double* u_pub
+    cdef double* feat_prev
+    cdef double* feat_cur
+    cdef double* pm_pub
+    cdef double* ps_pub
+    cdef double* coef                    # per-outcome scratch of the actor gradient
+    cdef bint has_prev
+
+    # decisions taken by the gateway: cumulative counts per outcome (gateway writes only)
+    cdef uint64_t* cnt_mig
+    cdef uint64_t* cnt_stl
+    cdef uint64_t* seen_mig              # snapshot at the last end_window (policy thread)
+    cdef uint64_t* seen_stl
+    cdef uint64_t own_mig_seen, own_stl_seen   # Policy.migrations/steals at the last window
+
+    # peers, from heartbeats only
+    cdef double* peer_theta              # n x d, latest critic received from each peer
+    cdef uint8_t* peer_theta_ok
+    cdef uint8_t* peer_seen
+    cdef uint32_t* peer_seq
+    cdef uint64_t* peer_mig
+    cdef uint64_t* peer_stl
+    cdef uint64_t win_peer_mig, win_peer_stl
+    cdef uint32_t hb_seq
+
+    # learning diagnostics
+    cdef readonly uint64_t windows
+    cdef readonly uint64_t batches
+    cdef readonly uint64_t consensus_rounds
+    cdef readonly double last_td_error
+    cdef readonly double last_payoff
+    cdef readonly double last_imbalance
+    cdef readonly double last_cost
+    cdef int win_in_batch
+
+    cdef void _release(self) noexcept
+    cdef void _set_load(self, int j, double load) noexcept nogil
+    cdef void _features(self, double* out) noexcept nogil
+    cdef void _learn_window(self) noexcept nogil
+    cdef void _apply_adamw(self) noexcept nogil
+    cdef void _push_params(self) noexcept nogil
+    cdef void _consensus(self) noexcept nogil
+    cdef void _publish(self) noexcept nogil

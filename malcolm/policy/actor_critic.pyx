@@ -1,0 +1,938 @@
+# cython: language_level=3
+"""Malcolm's learning policy (thesis Ch. 4-6): a decentralized linear actor-critic.
+
+One agent runs on each server. It has
+
+* a linear critic ``V(x) = theta . feat(x)`` trained by TD(0) on the stage potential
+  ``phi = -I(x) - sum C(a)`` (eq. 4.1), with ``theta`` averaged with the peers' copies every
+  ``consensus_every`` windows (§5.2.3, consensus over the parameters heartbeats carry);
+* two linear softmax actors, *migrate* (consulted on each arrival; outcome ``me`` = accept)
+  and *steal* (consulted after each completion; outcome ``me`` = no steal), each with logits
+  ``W u + B`` over the N servers, where ``u`` are the scaled loads;
+* gradients cached per window and applied once per batch of ``batch_windows`` windows by
+  AdamW (§6.2.2), all in closed form on contiguous C arrays;
+* logits updated incrementally (eq. 6.1) as each load arrives, softmax + atomic publish at the
+  end of the window (§6.2.3), via ``Categorical`` from ``malcolm._core``.
+
+Everything an agent knows about its peers arrives in heartbeats: their loads, cumulative
+migration/steal counts and critic parameters. A lost heartbeat only leaves a stale value.
+
+Threads: ``decide_*`` run on the gateway thread and touch only the published tables, the
+gateway's ``Rng`` and the gateway-owned per-outcome decision counters; all other methods run
+on the policy thread. The driver (simulator or runtime) owns ``Policy.migrations`` and
+``Policy.steals``: the tasks that actually moved, which the heartbeats report and the payoff
+charges for.
+The design and the reasons for the feature vector are in ``docs/policy.md``.
+"""
+import math
+
+import numpy as np
+
+from libc.math cimport fabs, log, sqrt
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdlib cimport free
+from libc.string cimport memcpy, memset
+
+from malcolm._core cimport (
+    cat_free, cat_init, cat_publish_probs, cat_sample, cat_set_params, cat_update,
+    mc_aligned_alloc, mc_load_relaxed, mc_now_ns, mc_store_relaxed, softmax,
+)
+from malcolm.policy.base cimport MAX_THETA, Heartbeat, Policy
+
+cdef extern from *:
+    """
+    /* The per-parameter kernels, with `restrict` so that they vectorize; on x86-64 GCC also
+       builds an AVX2+FMA clone picked at load time, so the wheel stays portable. */
+    #include <math.h>
+    #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(MALCOLM_DEBUG)
+    #define MC_AC_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+    #else
+    #define MC_AC_CLONES
+    #endif
+    static MC_AC_CLONES void mc_ac_adamw(double *restrict p, double *restrict g,
+            double *restrict m, double *restrict v, int n, double lr, double decay,
+            double b1, double b2, double c1, double c2, double eps, double inv_b) {
+        for (int i = 0; i < n; i++) {
+            double gi = g[i] * inv_b;
+            double mi = b1 * m[i] + (1.0 - b1) * gi;
+            double vi = b2 * v[i] + (1.0 - b2) * gi * gi;
+            m[i] = mi;
+            v[i] = vi;
+            p[i] = p[i] * decay - lr * (mi * c1) / (sqrt(vi) * c2 + eps);
+            g[i] = 0.0;
+        }
+    }
+    /* gw (column-major n x n) += coef u^T */
+    static MC_AC_CLONES void mc_ac_rank1(double *restrict gw, const double *restrict u,
+            const double *restrict coef, int n) {
+        for (int j = 0; j < n; j++) {
+            double uj = u[j];
+            double *restrict col = gw + (long)j * n;
+            for (int i = 0; i < n; i++) col[i] += uj * coef[i];
+        }
+    }
+    """
+    void mc_ac_adamw(double* p, double* g, double* m, double* v, int n, double lr,
+                     double decay, double b1, double b2, double c1, double c2, double eps,
+                     double inv_b) noexcept nogil
+    void mc_ac_rank1(double* gw, const double* u, const double* coef, int n) noexcept nogil
+
+
+DEFAULTS = dict(
+    window_ns=100_000,
+    batch_windows=16,
+    consensus_every=16,
+    gamma=0.9,
+    critic_lr=0.05,
+    actor_lr=0.005,
+    weight_decay=1e-4,
+    beta1=0.9,
+    beta2=0.999,
+    eps=1e-8,
+    migration_cost=0.01,
+    steal_cost=0.01,
+    entropy=0.1,
+    features="symmetric",
+    init="random",
+    init_scale=0.1,
+    load_scale=50_000.0,
+    load_clip=8.0,
+    learn=True,
+)
+
+
+def _check_params(params):
+    """Validate ``params`` against ``DEFAULTS``; return the full, typed configuration."""
+    unknown = sorted(set(params) - set(DEFAULTS))
+    if unknown:
+        raise TypeError(f"MalcolmPolicy: unknown parameter(s) {unknown}; "
+                        f"known: {sorted(DEFAULTS)}")
+    cfg = dict(DEFAULTS)
+    cfg.update(params)
+
+    def num(name, lo=None, hi=None, lo_open=False, hi_open=False):
+        v = cfg[name]
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"MalcolmPolicy: {name} must be a number, got {v!r}")
+        v = float(v)
+        if not math.isfinite(v):
+            raise ValueError(f"MalcolmPolicy: {name} must be finite, got {v}")
+        if lo is not None and (v <= lo if lo_open else v < lo):
+            raise ValueError(f"MalcolmPolicy: {name}={v} must be {'>' if lo_open else '>='} {lo}")
+        if hi is not None and (v >= hi if hi_open else v > hi):
+            raise ValueError(f"MalcolmPolicy: {name}={v} must be {'<' if hi_open else '<='} {hi}")
+        cfg[name] = v
+
+    def integer(name, lo):
+        v = cfg[name]
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            if isinstance(v, float) and v.is_integer():
+                v = int(v)
+            else:
+                raise TypeError(f"MalcolmPolicy: {name} must be an integer, got {v!r}")
+        if v < lo:
+            raise ValueError(f"MalcolmPolicy: {name}={v} must be >= {lo}")
+        cfg[name] = int(v)
+
+    integer("window_ns", 1)
+    integer("batch_windows", 1)
+    integer("consensus_every", 0)
+    num("gamma", 0.0, 1.0, hi_open=True)
+    num("critic_lr", 0.0)
+    num("actor_lr", 0.0)
+    num("weight_decay", 0.0)
+    num("beta1", 0.0, 1.0, hi_open=True)
+    num("beta2", 0.0, 1.0, hi_open=True)
+    num("eps", 0.0, lo_open=True)
+    num("migration_cost", 0.0)
+    num("steal_cost", 0.0)
+    num("entropy", 0.0)
+    num("init_scale", 0.0)
+    num("load_scale", 0.0, lo_open=True)
+    num("load_clip", 0.0, lo_open=True)
+    if cfg["features"] not in ("symmetric", "per_server"):
+        raise ValueError("MalcolmPolicy: features must be 'symmetric' or 'per_server', "
+                         f"got {cfg['features']!r}")
+    if cfg["init"] not in ("random", "zero"):
+        raise ValueError(f"MalcolmPolicy: init must be 'random' or 'zero', got {cfg['init']!r}")
+    learn = cfg["learn"]
+    truthy, falsy = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+    if isinstance(learn, str) and learn.strip().lower() in truthy + falsy:
+        learn = learn.strip().lower() in truthy
+    elif isinstance(learn, (int, np.integer)) and not isinstance(learn, bool) and learn in (0, 1):
+        learn = bool(learn)     # what `malcolm:learn=0` on the command line gives
+    if not isinstance(learn, (bool, np.bool_)):
+        raise TypeError(f"MalcolmPolicy: learn must be a bool (or 0/1), got {learn!r}")
+    cfg["learn"] = bool(learn)
+    return cfg
+
+
+cdef inline double* _dalloc(Py_ssize_t n) noexcept nogil:
+    cdef double* p = <double*>mc_aligned_alloc(64, sizeof(double) * (n if n > 0 else 1))
+    if p != NULL:
+        memset(p, 0, sizeof(double) * (n if n > 0 else 1))
+    return p
+
+
+cdef inline void* _zalloc(Py_ssize_t nbytes) noexcept nogil:
+    cdef void* p = mc_aligned_alloc(64, nbytes if nbytes > 0 else 8)
+    if p != NULL:
+        memset(p, 0, nbytes if nbytes > 0 else 8)
+    return p
+
+
+cdef inline double _imbalance(const double* u, const uint8_t* known, int n) noexcept nogil:
+    """I(u) = 1/(K-1) sum_{j,k} |u_j - u_k| over the K servers whose load is known."""
+    cdef int j, k, cnt = 0
+    cdef double s = 0.0, uj
+    for j in range(n):
+        if not known[j]:
+            continue
+        cnt += 1
+        uj = u[j]
+        for k in range(j + 1, n):
+            if known[k]:
+                s += fabs(uj - u[k])
+    if cnt < 2:
+        return 0.0
+    return 2.0 * s / (cnt - 1)
+
+
+cdef object _copy(const double* p, int count):
+    out = np.empty(count, dtype=np.float64)
+    cdef double[::1] o = out
+    cdef int i
+    for i in range(count):
+        o[i] = p[i]
+    return out
+
+
+cdef class MalcolmPolicy(Policy):
+    """Malcolm's decentralized actor-critic agent for server ``me`` of an ``n``-server rack.
+
+    Parameters
+    ----------
+    n : int
+        Servers in the rack (1..64).
+    me : int
+        This server's index.
+    seed : int
+        Seeds the gateway's generator and, with ``init="random"``, the initial parameters.
+    window_ns : int
+        Distribution-update interval (a window), default 100 µs. The driver calls
+        ``end_window`` every ``window_ns``; the policy only records it.
+    batch_windows : int
+        Policy-optimization interval in windows (default 16, i.e. 1.6 ms): cached gradients
+        are applied by AdamW once per batch.
+    consensus_every : int
+        Average the critic with the peers' latest copies every C windows (0 disables).
+    gamma : float
+        Discount per window, in [0, 1).
+    critic_lr, actor_lr : float
+        AdamW learning rates of the critic and of both actors.
+    weight_decay, beta1, beta2, eps : float
+        AdamW's decoupled weight decay and moment parameters.
+    migration_cost, steal_cost : float
+        Cost C(a) of one migration / one steal request, in units of ``load_scale``.
+    entropy : float
+        Weight of an entropy bonus on both actors (in payoff units per window); it keeps a
+        softmax from saturating before the critic has learnt anything. 0 disables it.
+    features : {"symmetric", "per_server"}
+        Critic features: permutation-symmetric summaries of the loads (default), or one
+        load and one deviation feature per server (see docs/policy.md for why the default).
+    init : {"random", "zero"}
+        Initial parameters: uniform in ``[-init_scale, init_scale]`` or all zero.
+    init_scale : float
+        Half-width of the random initialisation.
+    load_scale : float
+        Loads (ns) are divided by this before they enter features and logits; set it near the
+        mean service time so that inputs are O(1).
+    load_clip : float
+        Scaled loads are clipped to ``[0, load_clip]`` so that a runaway queue cannot blow up
+        the logits or the gradients.
+    learn : bool
+        False freezes all parameters (the agent still tracks loads and publishes).
+    """
+
+    def __init__(self, int n, int me, seed=0, **params):
+        cdef int d, npar, i
+        cfg = _check_params(params)
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"MalcolmPolicy: seed must be a non-negative integer, got {seed!r}")
+        Policy.__init__(self, n, me, seed)
+        self.symmetric = cfg["features"] == "symmetric"
+        d = 5 if self.symmetric else 2 * n + 2
+        if d > MAX_THETA:
+            raise ValueError(f"MalcolmPolicy: {d} critic features exceed MAX_THETA={MAX_THETA}")
+        self.window_ns = cfg["window_ns"]
+        self.batch_windows = cfg["batch_windows"]
+        self.consensus_every = cfg["consensus_every"]
+        self.gamma = cfg["gamma"]
+        self.critic_lr = cfg["critic_lr"]
+        self.actor_lr = cfg["actor_lr"]
+        self.weight_decay = cfg["weight_decay"]
+        self.beta1 = cfg["beta1"]
+        self.beta2 = cfg["beta2"]
+        self.eps = cfg["eps"]
+        self.migration_cost = cfg["migration_cost"]
+        self.steal_cost = cfg["steal_cost"]
+        self.entropy = cfg["entropy"]
+        self.load_scale = cfg["load_scale"]
+        self.load_clip = cfg["load_clip"]
+        self.init_scale = cfg["init_scale"]
+        self.init = cfg["init"]
+        self.features_kind = cfg["features"]
+        self.learn = cfg["learn"]
+
+        self._release()
+        self.n_theta = d
+        self.off_wm = d
+        self.off_bm = d + n * n
+        self.off_ws = d + n * n + n
+        self.off_bs = d + 2 * n * n + n
+        npar = d + 2 * (n * n + n)
+        self.n_params = npar
+        self.P = _dalloc(npar)
+        self.G = _dalloc(npar)
+        self.M = _dalloc(npar)
+        self.V = _dalloc(npar)
+        self.x = _dalloc(n)
+        self.u = _dalloc(n)
+        self.u_pub = _dalloc(n)
+        self.feat_prev = _dalloc(d)
+        self.feat_cur = _dalloc(d)
+        self.pm_pub = _dalloc(n)
+        self.ps_pub = _dalloc(n)
+        self.coef = _dalloc(n)
+        self.peer_theta = _dalloc(n * d)
+        self.known = <uint8_t*>_zalloc(n)
+        self.peer_theta_ok = <uint8_t*>_zalloc(n)
+        self.peer_seen = <uint8_t*>_zalloc(n)
+        self.peer_seq = <uint32_t*>_zalloc(4 * n)
+        self.cnt_mig = <uint64_t*>_zalloc(8 * n)
+        self.cnt_stl = <uint64_t*>_zalloc(8 * n)
+        self.seen_mig = <uint64_t*>_zalloc(8 * n)
+        self.seen_stl = <uint64_t*>_zalloc(8 * n)
+        self.peer_mig = <uint64_t*>_zalloc(8 * n)
+        self.peer_stl = <uint64_t*>_zalloc(8 * n)
+        if (self.P == NULL or self.G == NULL or self.M == NULL or self.V == NULL
+                or self.x == NULL or self.u == NULL or self.u_pub == NULL
+                or self.feat_prev == NULL or self.feat_cur == NULL or self.pm_pub == NULL
+                or self.ps_pub == NULL or self.coef == NULL or self.peer_theta == NULL
+                or self.known == NULL
+                or self.peer_theta_ok == NULL or self.peer_seen == NULL or self.peer_seq == NULL
+                or self.cnt_mig == NULL or self.cnt_stl == NULL or self.seen_mig == NULL
+                or self.seen_stl == NULL or self.peer_mig == NULL or self.peer_stl == NULL):
+            self._release()
+            raise MemoryError("MalcolmPolicy: out of memory")
+        if cat_init(&self.mig, n, n) != 0 or cat_init(&self.stl, n, n) != 0:
+            self._release()
+            raise MemoryError("MalcolmPolicy: cannot allocate the actors' distributions")
+        self.cats_ready = True
+        self.b1t = 1.0
+        self.b2t = 1.0
+        self.adam_steps = 0
+        self.known[me] = 1        # our own load is always known (0 until observe_local)
+
+        if self.init == "random" and self.init_scale > 0:
+            # A generator separate from the gateway's, so that init does not shift decisions.
+            init_rng = np.random.default_rng([int(seed), me, 0x6D616C63])
+            vals = init_rng.uniform(-self.init_scale, self.init_scale, npar)
+            for i in range(npar):
+                self.P[i] = vals[i]
+        self._push_params()
+        self._publish()
+
+    def __dealloc__(self):
+        self._release()
+
+    cdef void _release(self) noexcept:
+        if self.cats_ready:
+            cat_free(&self.mig)
+            cat_free(&self.stl)
+            self.cats_ready = False
+        free(self.P)
+        free(self.G)
+        free(self.M)
+        free(self.V)
+        free(self.x)
+        free(self.u)
+        free(self.u_pub)
+        free(self.feat_prev)
+        free(self.feat_cur)
+        free(self.pm_pub)
+        free(self.ps_pub)
+        free(self.coef)
+        free(self.peer_theta)
+        free(self.known)
+        free(self.peer_theta_ok)
+        free(self.peer_seen)
+        free(self.peer_seq)
+        free(self.cnt_mig)
+        free(self.cnt_stl)
+        free(self.seen_mig)
+        free(self.seen_stl)
+        free(self.peer_mig)
+        free(self.peer_stl)
+        self.P = self.G = self.M = self.V = NULL
+        self.x = self.u = self.u_pub = self.feat_prev = self.feat_cur = NULL
+        self.pm_pub = self.ps_pub = self.coef = self.peer_theta = NULL
+        self.known = self.peer_theta_ok = self.peer_seen = NULL
+        self.peer_seq = NULL
+        self.cnt_mig = self.cnt_stl = self.seen_mig = self.seen_stl = NULL
+        self.peer_mig = self.peer_stl = NULL
+
+    # ------------------------------------------------------------ gateway thread (hot path)
+    cdef int decide_arrival(self, int64_t now, int task_type) noexcept nogil:
+        cdef int a = cat_sample(&self.mig, &self.rng)
+        mc_store_relaxed(&self.cnt_mig[a], self.cnt_mig[a] + 1)
+        return a
+
+    cdef int decide_steal(self, int64_t now) noexcept nogil:
+        cdef int a = cat_sample(&self.stl, &self.rng)
+        mc_store_relaxed(&self.cnt_stl[a], self.cnt_stl[a] + 1)
+        return -1 if a == self.me else a
+
+    # ------------------------------------------------------------ policy thread
+    cdef void _set_load(self, int j, double load) noexcept nogil:
+        cdef double v = load / self.load_scale
+        if not (v > 0.0):           # also maps NaN to 0
+            v = 0.0
+        elif v > self.load_clip:
+            v = self.load_clip
+        self.x[j] = load
+        self.u[j] = v
+        self.known[j] = 1
+        cat_update(&self.mig, j, v)
+        cat_update(&self.stl, j, v)
+
+    cdef void observe_local(self, int64_t now, double load, double queue_len,
+                            double rate) noexcept nogil:
+        self.queue_len = queue_len
+        self.rate = rate
+        self.last_now = now
+        self._set_load(self.me, load)
+
+    cdef void observe_peer(self, int64_t now, const Heartbeat* hb) noexcept nogil:
+        cdef int src = hb.src
+        cdef int d = self.n_theta
+        if src < 0 or src >= self.n or src == self.me:
+            return
+        if self.peer_seen[src]:
+            # A reordered (older) heartbeat carries nothing newer: drop it.
+            if <int32_t>(hb.seq - self.peer_seq[src]) <= 0:
+                return
+            # Counts are cumulative, so a lost heartbeat's actions show up in the next one.
+            if hb.migrations > self.peer_mig[src]:
+                self.win_peer_mig += hb.migrations - self.peer_mig[src]
+            if hb.steals > self.peer_stl[src]:
+                self.win_peer_stl += hb.steals - self.peer_stl[src]
+        self.peer_seen[src] = 1
+        self.peer_seq[src] = hb.seq
+        self.peer_mig[src] = hb.migrations
+        self.peer_stl[src] = hb.steals
+        if hb.n_theta == d:
+            memcpy(&self.peer_theta[<Py_ssize_t>src * d], hb.theta, sizeof(double) * d)
+            self.peer_theta_ok[src] = 1
+        self._set_load(src, hb.load)
+
+    cdef void fill_heartbeat(self, Heartbeat* hb) noexcept nogil:
+        memset(hb, 0, sizeof(Heartbeat) - sizeof(double) * MAX_THETA)
+        self.hb_seq += 1
+        hb.src = self.me
+        hb.seq = self.hb_seq
+        hb.sent_ns = self.last_now
+        hb.load = self.x[self.me]
+        hb.queue_len = self.queue_len
+        hb.rate = self.rate
+        hb.migrations = mc_load_relaxed(&self.migrations)
+        hb.steals = mc_load_relaxed(&self.steals)
+        hb.n_theta = self.n_theta
+        memcpy(hb.theta, self.P, sizeof(double) * self.n_theta)
+
+    cdef void end_window(self, int64_t now) noexcept nogil:
+        self.last_now = now
+        self._learn_window()
+        self.windows += 1
+        if self.learn and self.consensus_every > 0 and self.windows % self.consensus_every == 0:
+            self._consensus()
+        self._publish()
+        # Only a published end-of-window state starts a transition the next window can learn
+        # from (not the construction-time state, nor a test's set_params).
+        self.has_prev = True
+
+    # ------------------------------------------------------------ learning
+    cdef void _features(self, double* out) noexcept nogil:
+        """Critic features of the current known loads (see docs/policy.md).
+
+        symmetric:  [1, I(u), mean, max - mean, mean - min]
+        per_server: [1, I(u), u_0 .. u_{n-1}, |u_0 - mean| .. |u_{n-1} - mean|]
+        """
+        cdef int n = self.n, j, cnt = 0
+        cdef double mean = 0.0, hi = 0.0, lo = 0.0
+        for j in range(n):
+            if self.known[j]:
+                if cnt == 0 or self.u[j] > hi:
+                    hi = self.u[j]
+                if cnt == 0 or self.u[j] < lo:
+                    lo = self.u[j]
+                mean += self.u[j]
+                cnt += 1
+        mean /= cnt if cnt > 0 else 1
+        out[0] = 1.0
+        out[1] = _imbalance(self.u, self.known, n)
+        if self.symmetric:
+            out[2] = mean
+            out[3] = hi - mean
+            out[4] = mean - lo
+            return
+        for j in range(n):
+            out[2 + j] = self.u[j]
+            out[2 + n + j] = fabs(self.u[j] - mean) if self.known[j] else 0.0
+
+    cdef void _learn_window(self) noexcept nogil:
+        """One TD(0) actor-critic step for the window that just ended; gradients are cached."""
+        cdef int n = self.n, d = self.n_theta, i, j
+        cdef double vprev = 0.0, vcur = 0.0, delta, payoff, cost, tot, h
+        cdef double own_mig, own_stl, c
+        cdef uint64_t now_mig, now_stl
+        cdef double* G = self.G
+        cdef double* th = self.P
+        cdef double* gw
+        cdef double* gb
+        cdef double* p
+        cdef uint64_t* cnt
+        cdef uint64_t* seen
+        cdef double* coef = self.coef
+        cdef int actor
+
+        self._features(self.feat_cur)
+        self.last_imbalance = self.feat_cur[1]
+        for i in range(d):
+            vprev += th[i] * self.feat_prev[i]
+            vcur += th[i] * self.feat_cur[i]
+
+        # Own migrations and steals: the driver keeps `migrations`/`steals` (what actually
+        # moved, the same numbers our heartbeats report), so the cost counts alike for all.
+        now_mig = mc_load_relaxed(&self.migrations)
+        now_stl = mc_load_relaxed(&self.steals)
+        own_mig = <double>(now_mig - self.own_mig_seen) if now_mig >= self.own_mig_seen else 0.0
+        own_stl = <double>(now_stl - self.own_stl_seen) if now_stl >= self.own_stl_seen else 0.0
+        self.own_mig_seen = now_mig
+        self.own_stl_seen = now_stl
+        cost = (self.migration_cost * (own_mig + <double>self.win_peer_mig)
+                + self.steal_cost * (own_stl + <double>self.win_peer_stl))
+        self.win_peer_mig = 0
+        self.win_peer_stl = 0
+        payoff = -self.feat_cur[1] - cost
+        self.last_cost = cost
+        self.last_payoff = payoff
+
+        if self.learn and self.has_prev:
+            delta = payoff + self.gamma * vcur - vprev
+            self.last_td_error = delta
+            # Critic, semi-gradient of 1/2 (V(x_r) - target)^2: -delta * feat(x_r).
+            for i in range(d):
+                G[i] -= delta * self.feat_prev[i]
+            # Actors: -delta * grad of the mean log-probability of the window's decisions,
+            # (freq - pi) u^T for a linear softmax, freq = counts / total.
+            for actor in range(2):
+                if actor == 0:
+                    cnt, seen, p = self.cnt_mig, self.seen_mig, self.pm_pub
+                    gw, gb = G + self.off_wm, G + self.off_bm
+                else:
+                    cnt, seen, p = self.cnt_stl, self.seen_stl, self.ps_pub
+                    gw, gb = G + self.off_ws, G + self.off_bs
+                tot = 0.0
+                for i in range(n):
+                    tot += <double>(mc_load_relaxed(&cnt[i]) - seen[i])
+                if tot <= 0.0:
+                    continue
+                c = delta / tot
+                # coef_i = -delta * (k_i / tot - p_i): the logits' descent gradient
+                for i in range(n):
+                    coef[i] = delta * p[i] - c * <double>(mc_load_relaxed(&cnt[i]) - seen[i])
+                if self.entropy > 0.0:
+                    # - entropy * H(pi): d/df_i = entropy * pi_i (log pi_i + H)
+                    h = 0.0
+                    for i in range(n):
+                        if p[i] > 1e-300:
+                            h -= p[i] * log(p[i])
+                    for i in range(n):
+                        if p[i] > 1e-300:
+                            coef[i] += self.entropy * p[i] * (log(p[i]) + h)
+                for i in range(n):
+                    gb[i] += coef[i]
+                mc_ac_rank1(gw, self.u_pub, coef, n)
+            self.win_in_batch += 1
+            if self.win_in_batch >= self.batch_windows:
+                self._apply_adamw()
+                self._push_params()
+
+        # The next window's decisions are counted from here.
+        for j in range(n):
+            self.seen_mig[j] = mc_load_relaxed(&self.cnt_mig[j])
+            self.seen_stl[j] = mc_load_relaxed(&self.cnt_stl[j])
+
+    cdef void _apply_adamw(self) noexcept nogil:
+        """AdamW on the batch-mean of the cached gradients, then clear the cache.
+
+        Same arithmetic as ``torch.optim.AdamW``: decay, moments, bias-corrected step.
+        """
+        cdef int npar = self.n_params, d = self.n_theta
+        cdef double b1 = self.beta1, b2 = self.beta2, eps = self.eps
+        cdef double inv_b = 1.0 / (self.win_in_batch if self.win_in_batch > 0 else 1)
+        cdef double c1, c2, lr
+        self.adam_steps += 1
+        self.b1t *= b1
+        self.b2t *= b2
+        c1 = 1.0 / (1.0 - self.b1t)
+        c2 = 1.0 / sqrt(1.0 - self.b2t)
+        lr = self.critic_lr
+        mc_ac_adamw(self.P, self.G, self.M, self.V, d, lr, 1.0 - lr * self.weight_decay,
+                    b1, b2, c1, c2, eps, inv_b)
+        lr = self.actor_lr
+        mc_ac_adamw(self.P + d, self.G + d, self.M + d, self.V + d, npar - d, lr,
+                    1.0 - lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b)
+        self.win_in_batch = 0
+        self.batches += 1
+
+    cdef void _push_params(self) noexcept nogil:
+        """Hand the actors' new weights to their distributions (logits recomputed)."""
+        cat_set_params(&self.mig, self.P + self.off_wm, self.P + self.off_bm)
+        cat_set_params(&self.stl, self.P + self.off_ws, self.P + self.off_bs)
+
+    cdef void _consensus(self) noexcept nogil:
+        """theta <- mean of our theta and the latest theta each peer sent (§5.2.3)."""
+        cdef int n = self.n, d = self.n_theta, i, j, k = 1
+        cdef double* th = self.P
+        cdef const double* pt
+        for j in range(n):
+            if j != self.me and self.peer_theta_ok[j]:
+                pt = &self.peer_theta[<Py_ssize_t>j * d]
+                for i in range(d):
+                    th[i] += pt[i]
+                k += 1
+        if k > 1:
+            for i in range(d):
+                th[i] /= k
+        self.consensus_rounds += 1
+
+    cdef void _publish(self) noexcept nogil:
+        """Softmax of the incrementally maintained logits -> live CDFs; remember the state."""
+        cdef int n = self.n
+        softmax(self.mig.f, self.pm_pub, n)
+        softmax(self.stl.f, self.ps_pub, n)
+        cat_publish_probs(&self.mig, self.pm_pub)
+        cat_publish_probs(&self.stl, self.ps_pub)
+        memcpy(self.u_pub, self.u, sizeof(double) * n)
+        self._features(self.feat_prev)
+
+    # ------------------------------------------------------------ Python inspection and driving
+    def _vec(self, int off, int count):
+        return _copy(self.P + off, count)
+
+    def _mat(self, int off):
+        # column-major n_out x n_in in C memory -> numpy (n_out, n_in)
+        return self._vec(off, self.n * self.n).reshape(self.n, self.n).T.copy()
+
+    @property
+    def theta(self):
+        """Critic parameters (copy), length ``n_theta``."""
+        return self._vec(0, self.n_theta)
+
+    @property
+    def W_migrate(self):
+        """Migrate actor weights (copy), shape (n outcomes, n inputs)."""
+        return self._mat(self.off_wm)
+
+    @property
+    def B_migrate(self):
+        return self._vec(self.off_bm, self.n)
+
+    @property
+    def W_steal(self):
+        """Steal actor weights (copy), shape (n outcomes, n inputs)."""
+        return self._mat(self.off_ws)
+
+    @property
+    def B_steal(self):
+        return self._vec(self.off_bs, self.n)
+
+    @property
+    def params(self):
+        """All parameters as one flat copy: [theta | Wm (col-major) | Bm | Ws | Bs]."""
+        return self._vec(0, self.n_params)
+
+    @property
+    def grad_cache(self):
+        """The descent gradients cached in the current batch (sum over its windows)."""
+        return _copy(self.G, self.n_params)
+
+    @property
+    def adam_moments(self):
+        """(m, v) of AdamW, flat like ``params``."""
+        return _copy(self.M, self.n_params), _copy(self.V, self.n_params)
+
+    @property
+    def probs_migrate(self):
+        """Published migrate probabilities (index ``me`` = accept)."""
+        return _copy(self.pm_pub, self.n)
+
+    @property
+    def probs_steal(self):
+        """Published steal probabilities (index ``me`` = do not steal)."""
+        return _copy(self.ps_pub, self.n)
+
+    @property
+    def loads(self):
+        """Last known loads (ns) of every server; 0 where none was heard yet."""
+        return _copy(self.x, self.n)
+
+    def features(self):
+        """Critic features of the current known loads."""
+        out = np.empty(self.n_theta, dtype=np.float64)
+        cdef double[::1] o = out
+        self._features(&o[0])
+        return out
+
+    def set_params(self, theta=None, W_migrate=None, B_migrate=None, W_steal=None,
+                   B_steal=None):
+        """Overwrite parameters (numpy, shapes as the properties return) and republish."""
+        cdef int i, n = self.n
+        parts = [(theta, 0, (self.n_theta,)), (W_migrate, self.off_wm, (n, n)),
+                 (B_migrate, self.off_bm, (n,)), (W_steal, self.off_ws, (n, n)),
+                 (B_steal, self.off_bs, (n,))]
+        for arr, off, shape in parts:
+            if arr is None:
+                continue
+            a = np.asarray(arr, dtype=np.float64)
+            if a.shape != shape:
+                raise ValueError(f"expected shape {shape}, got {a.shape}")
+            if not np.all(np.isfinite(a)):
+                raise ValueError("parameters must be finite")
+            flat = a.T.ravel() if len(shape) == 2 else a.ravel()   # to column-major
+            for i in range(flat.shape[0]):
+                self.P[off + i] = flat[i]
+        self._push_params()
+        self._publish()
+
+    def py_heartbeat_in(self, int64_t now, int src, double load, migrations=0, steals=0,
+                        theta=None, seq=None, double queue_len=0.0, double rate=0.0):
+        """Deliver a heartbeat from peer ``src`` (what the transport would do)."""
+        cdef Heartbeat hb
+        cdef int k
+        if not 0 <= src < self.n:
+            raise ValueError(f"peer index {src} out of range 0..{self.n - 1}")
+        memset(&hb, 0, sizeof(Heartbeat))
+        hb.src = src
+        hb.seq = (self.peer_seq[src] + 1) if seq is None else int(seq)
+        hb.sent_ns = now
+        hb.load = load
+        hb.queue_len = queue_len
+        hb.rate = rate
+        hb.migrations = int(migrations)
+        hb.steals = int(steals)
+        if theta is not None:
+            th = np.asarray(theta, dtype=np.float64).ravel()
+            if th.shape[0] > MAX_THETA:
+                raise ValueError(f"at most {MAX_THETA} critic parameters")
+            hb.n_theta = th.shape[0]
+            for k in range(hb.n_theta):
+                hb.theta[k] = th[k]
+        self.observe_peer(now, &hb)
+
+    def py_step(self, int64_t now, double own_load, peer_loads=None, peer_migrations=None,
+                peer_steals=None, peer_thetas=None):
+        """Drive one window from Python: own load, one heartbeat per peer, end of window.
+
+        ``peer_loads`` etc. are sequences of length ``n`` (the entry at ``me`` is ignored;
+        ``None`` entries mean the peer's heartbeat was lost).
+        """
+        cdef int j
+        self.observe_local(now, own_load, 0.0, 0.0)
+        if peer_loads is not None:
+            if len(peer_loads) != self.n:
+                raise ValueError(f"peer_loads must have length n={self.n}")
+            for j in range(self.n):
+                if j == self.me or peer_loads[j] is None:
+                    continue
+                self.py_heartbeat_in(
+                    now, j, float(peer_loads[j]),
+                    0 if peer_migrations is None else peer_migrations[j],
+                    0 if peer_steals is None else peer_steals[j],
+                    None if peer_thetas is None else peer_thetas[j])
+        self.end_window(now)
+
+    def py_sample_many(self, str kind, Py_ssize_t count):
+        """Make ``count`` gateway decisions in a native loop; return counts per outcome.
+
+        ``kind`` is "arrival" or "steal" (for steal, index ``me`` counts "no steal").
+        The GIL is released, so another thread may publish meanwhile.
+        """
+        out = np.zeros(self.n, dtype=np.int64)
+        cdef int64_t[::1] o = out
+        cdef Py_ssize_t _k
+        cdef int a
+        cdef bint arr
+        if kind not in ("arrival", "steal"):
+            raise ValueError("kind must be 'arrival' or 'steal'")
+        if count < 0:
+            raise ValueError("count must be >= 0")
+        arr = kind == "arrival"
+        with nogil:
+            for _k in range(count):
+                if arr:
+                    a = self.decide_arrival(0, 0)
+                else:
+                    a = self.decide_steal(0)
+                    if a < 0:
+                        a = self.me
+                o[a] += 1
+        return out
+
+    def py_publish_flip(self, B_a, B_b, Py_ssize_t rounds):
+        """Publish migrate biases ``B_a`` and ``B_b`` alternately, ``rounds`` times, nogil.
+
+        For concurrency tests: readers must only ever see one of the two distributions.
+        """
+        a = np.ascontiguousarray(B_a, dtype=np.float64)
+        b = np.ascontiguousarray(B_b, dtype=np.float64)
+        if a.shape != (self.n,) or b.shape != (self.n,):
+            raise ValueError(f"biases must have shape ({self.n},)")
+        cdef double[::1] av = a
+        cdef double[::1] bv = b
+        cdef Py_ssize_t r
+        with nogil:
+            for r in range(rounds):
+                cat_set_params(&self.mig, self.P + self.off_wm, &av[0] if r % 2 == 0 else &bv[0])
+                softmax(self.mig.f, self.pm_pub, self.n)
+                cat_publish_probs(&self.mig, self.pm_pub)
+        # The logits go back to the parameters; the last flipped table stays live until the
+        # next publish.
+        self._push_params()
+
+    def py_apply_adamw(self, grad):
+        """Apply one AdamW step with the given (descent) gradient, flat like ``params``.
+
+        Any gradient cached by windows is replaced. For checking against a reference.
+        """
+        g = np.ascontiguousarray(grad, dtype=np.float64)
+        if g.shape != (self.n_params,):
+            raise ValueError(f"gradient must have shape ({self.n_params},)")
+        cdef int i
+        for i in range(self.n_params):
+            self.G[i] = g[i]
+        self.win_in_batch = 1
+        self._apply_adamw()
+        self._push_params()
+        self._publish()
+
+    def py_consensus(self):
+        """Run the consensus step now (normally every ``consensus_every`` windows)."""
+        self._consensus()
+
+    def config(self):
+        """The configuration as a dict (the keyword parameters of the constructor)."""
+        return {k: getattr(self, "features_kind" if k == "features" else k) for k in DEFAULTS}
+
+
+# ---------------------------------------------------------------- microbenchmarks
+
+cdef inline void _bench_window(MalcolmPolicy p, const double[:, ::1] L,
+                               Py_ssize_t it) noexcept nogil:
+    # what a window's observe_* calls leave behind: new scaled loads, a few decisions
+    cdef int n = p.n, j
+    cdef int k = <int>(it & 63)
+    for j in range(n):
+        p.u[j] = L[k, j]
+    p.cnt_mig[k % n] += 3
+    p.cnt_mig[p.me] += 5
+    p.cnt_stl[(k + 1) % n] += 1
+    p.cnt_stl[p.me] += 7
+
+
+def bench_policy(int n, Py_ssize_t iters=100_000):
+    """Time the policy's native steps at rack size ``n`` (loops in C, one clock read per loop).
+
+    Returns a dict (ns per operation):
+
+    ``dist_update_ns.N``
+        one window's distribution work for both actors: ``n`` incremental logit updates
+        (eq. 6.1) per actor plus a softmax and atomic publish per actor.
+    ``param_update_ns.N``
+        a full parameter update, counted per *batch-ending* window: features, payoff, TD
+        error, critic and both actors' gradients into the cache, and the AdamW step over all
+        parameters with the new weights handed to the distributions.
+    ``param_grad_ns.N`` / ``adamw_ns.N``
+        the two parts: the per-window cached-gradient step (what the other
+        ``batch_windows - 1`` windows of a batch cost), and AdamW + handing the weights to the
+        distributions (the difference of the two loops).
+    ``decide_ns.N``
+        one ``decide_arrival`` (sample from the published CDF).
+    """
+    if iters < 1:
+        raise ValueError("iters must be >= 1")
+    cdef MalcolmPolicy p = MalcolmPolicy(n, 0, seed=1, batch_windows=1 << 30,
+                                         consensus_every=0)
+    cdef int j, k
+    cdef Py_ssize_t it, _it
+    cdef int64_t t0, t1
+    # scaled loads (what the distributions see), a new random state every window
+    loads_np = np.random.default_rng(7).uniform(0.0, 4.0, (64, n))
+    cdef double[:, ::1] L = loads_np
+    cdef double sink = 0.0
+    out = {}
+    # prime: every load known, a previous state exists
+    for j in range(n):
+        p._set_load(j, L[0, j] * p.load_scale)
+    p._publish()
+    with nogil:
+        t0 = mc_now_ns()
+        for it in range(iters):
+            k = <int>(it & 63)
+            for j in range(n):
+                cat_update(&p.mig, j, L[k, j])
+                cat_update(&p.stl, j, L[k, j])
+            softmax(p.mig.f, p.pm_pub, n)
+            cat_publish_probs(&p.mig, p.pm_pub)
+            softmax(p.stl.f, p.ps_pub, n)
+            cat_publish_probs(&p.stl, p.ps_pub)
+        t1 = mc_now_ns()
+    out[f"dist_update_ns.{n}"] = (t1 - t0) / <double>iters
+
+    # Each window: new loads and some decisions, so every gradient is non-zero (an all-zero
+    # gradient would decay the Adam moments into denormals and time the wrong thing).
+    with nogil:
+        t0 = mc_now_ns()
+        for it in range(iters):
+            _bench_window(p, L, it)
+            p._learn_window()
+            memcpy(p.feat_prev, p.feat_cur, sizeof(double) * p.n_theta)
+            memcpy(p.u_pub, p.u, sizeof(double) * n)
+        t1 = mc_now_ns()
+    out[f"param_grad_ns.{n}"] = (t1 - t0) / <double>iters
+
+    with nogil:
+        t0 = mc_now_ns()
+        for it in range(iters):
+            _bench_window(p, L, it)
+            p._learn_window()
+            memcpy(p.feat_prev, p.feat_cur, sizeof(double) * p.n_theta)
+            memcpy(p.u_pub, p.u, sizeof(double) * n)
+            p._apply_adamw()
+            p._push_params()
+        t1 = mc_now_ns()
+    out[f"param_update_ns.{n}"] = (t1 - t0) / <double>iters
+    out[f"adamw_ns.{n}"] = out[f"param_update_ns.{n}"] - out[f"param_grad_ns.{n}"]
+
+    p._publish()
+    with nogil:
+        t0 = mc_now_ns()
+        for _it in range(iters):
+            sink += p.decide_arrival(0, 0)
+        t1 = mc_now_ns()
+    out[f"decide_ns.{n}"] = (t1 - t0) / <double>iters
+    if sink < 0:
+        print(sink)
+    return out

@@ -1,0 +1,206 @@
+"""Policies by name: what ``--policy`` accepts on the command line.
+
+Three kinds of policy:
+
+``server``   a :class:`~malcolm.policy.base.Policy` that runs in every server's gateway
+             (``make_policy`` builds one per server);
+``client``   a :class:`~malcolm.policy.base.ClientPolicy` that runs in every client
+             (``make_client_policy`` builds one per client);
+``central``  an idealised centralized scheduler that only the simulator implements
+             (``cfcfs``, ``racksched``); they are references, not deployable policies.
+
+A policy spec is ``NAME`` or ``NAME:key=value,key=value``, e.g. ``jbt:threshold=4``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class PolicyInfo:
+    """Registry entry. ``params`` maps each accepted parameter to (type, default, help);
+    ``params=None`` means the class validates its own keyword arguments."""
+
+    name: str
+    kind: str                       # "server" | "client" | "central"
+    module: str | None
+    cls: str | None
+    help: str
+    params: dict | None = field(default_factory=dict)
+
+
+_COUNT_OWN = (bool, True, "count tasks this gateway sent since the last heartbeat")
+
+POLICIES: dict[str, PolicyInfo] = {
+    "random": PolicyInfo("random", "server", "malcolm.policy.baselines", "RandomPolicy",
+                         "each new task to a uniformly random server", {}),
+    "jsq": PolicyInfo("jsq", "server", "malcolm.policy.baselines", "JSQPolicy",
+                      "join the shortest queue known from heartbeats",
+                      {"count_own": _COUNT_OWN}),
+    "jbt": PolicyInfo("jbt", "server", "malcolm.policy.baselines", "JBTPolicy",
+                      "join a random server below a queue-length threshold",
+                      {"threshold": (float, 8.0, "queue-length threshold (tasks)"),
+                       "count_own": _COUNT_OWN}),
+    "jiq": PolicyInfo("jiq", "server", "malcolm.policy.baselines", "JIQPolicy",
+                      "join an idle server known from heartbeats",
+                      {"slots": (float, 1.0, "a server is idle below this many tasks"),
+                       "count_own": _COUNT_OWN}),
+    "sed": PolicyInfo("sed", "server", "malcolm.policy.baselines", "SEDPolicy",
+                      "shortest expected delay (queue + 1) / service rate",
+                      {"count_own": _COUNT_OWN}),
+    "steal": PolicyInfo("steal", "server", "malcolm.policy.baselines", "StealPolicy",
+                        "accept all; steal from the longest known queue (reference)",
+                        {"min_victim": (float, 2.0, "steal only from queues this long "
+                                                    "(0: from a random peer)"),
+                         "max_own": (float, 0.0, "steal only if own known queue <= this"),
+                         "count_own": _COUNT_OWN}),
+    "po2": PolicyInfo("po2", "client", "malcolm.policy.baselines", "PowerOfDClient",
+                      "client-side power-of-d on loads piggybacked on responses",
+                      {"d": (int, 2, "servers sampled per task")}),
+    "cfcfs": PolicyInfo("cfcfs", "central", None, None,
+                        "ideal centralized FCFS: one rack-wide queue (simulator only)",
+                        {"delay": (float, 0.0, "one-way scheduler<->server delay, µs")}),
+    "racksched": PolicyInfo("racksched", "central", None, None,
+                            "ideal centralized power-of-d on true queue lengths, zero delay, "
+                            "PS in servers (simulator only)",
+                            {"d": (int, 2, "servers sampled per task"),
+                             "quantum": (float, 500.0, "PS quantum, µs (0: ideal PS)"),
+                             "sched": (str, "ps", "intra-server scheduling: ps or fcfs")}),
+    # ---------------------------------------------------------------------------------
+    # Malcolm's actor-critic policy (malcolm/policy/actor_critic.pyx, another module).
+    # Imported lazily, so this registry works whether or not that module is built yet;
+    # its constructor, MalcolmPolicy(n, me, seed=0, **params), validates its parameters.
+    "malcolm": PolicyInfo("malcolm", "server", "malcolm.policy.actor_critic", "MalcolmPolicy",
+                          "Malcolm: distributed multi-agent actor-critic", None),
+    # ---------------------------------------------------------------------------------
+}
+
+SERVER_POLICIES = tuple(k for k, v in POLICIES.items() if v.kind == "server")
+CLIENT_POLICIES = tuple(k for k, v in POLICIES.items() if v.kind == "client")
+CENTRAL_POLICIES = tuple(k for k, v in POLICIES.items() if v.kind == "central")
+
+
+def _info(name: str) -> PolicyInfo:
+    if not isinstance(name, str) or name.strip().lower() not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+    return POLICIES[name.strip().lower()]
+
+
+def _convert(info: PolicyInfo, key: str, value):
+    typ = info.params[key][0]
+    if typ is bool:
+        if isinstance(value, str):
+            low = value.strip().lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(f"policy {info.name}: {key} must be true/false, got {value!r}")
+        return bool(value)
+    try:
+        return typ(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"policy {info.name}: {key}={value!r} is not a valid "
+                         f"{typ.__name__}") from None
+
+
+def check_params(name: str, params: dict) -> dict:
+    """Validate and convert parameters for policy ``name``; return them with defaults.
+
+    Raises
+    ------
+    ValueError
+        Unknown policy or parameter, or a value of the wrong type.
+    """
+    info = _info(name)
+    if info.params is None:
+        return dict(params)
+    unknown = sorted(set(params) - set(info.params))
+    if unknown:
+        accepted = ", ".join(info.params) or "none"
+        raise ValueError(f"policy {info.name} has no parameter(s) {', '.join(unknown)} "
+                         f"(accepted: {accepted})")
+    out = {k: spec[1] for k, spec in info.params.items()}
+    for k, v in params.items():
+        out[k] = _convert(info, k, v)
+    return out
+
+
+def _auto(value: str):
+    for typ in (int, float):
+        try:
+            return typ(value)
+        except ValueError:
+            pass
+    return value
+
+
+def parse_policy(spec: str) -> tuple[str, dict]:
+    """Split ``"name:key=value,..."`` into ``(name, params)`` with converted values."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"policy must be a non-empty string, got {spec!r}")
+    name, _, rest = spec.strip().partition(":")
+    info = _info(name)
+    raw = {}
+    if rest.strip():
+        for item in rest.split(","):
+            key, eq, value = item.partition("=")
+            if not eq or not key.strip():
+                raise ValueError(f"policy {spec!r}: parameter {item!r} must be key=value")
+            raw[key.strip()] = value.strip()
+    if info.params is None:
+        return info.name, {k: _auto(v) for k, v in raw.items()}
+    return info.name, check_params(info.name, raw)
+
+
+def _load_class(info: PolicyInfo):
+    try:
+        mod = importlib.import_module(info.module)
+    except ImportError as e:
+        raise ValueError(f"policy {info.name!r} is not available: cannot import "
+                         f"{info.module} ({e}); is the extension built?") from None
+    try:
+        return getattr(mod, info.cls)
+    except AttributeError:
+        raise ValueError(f"policy {info.name!r} is not available: {info.module} "
+                         f"has no {info.cls}") from None
+
+
+def _construct(info, cls, args, params):
+    try:
+        return cls(*args, **params)
+    except TypeError as e:
+        raise ValueError(f"policy {info.name}: bad parameters {params}: {e}") from None
+
+
+def make_policy(name: str, n: int, me: int, seed: int = 0, **params):
+    """Build the server-side policy ``name`` for server ``me`` of an ``n``-server rack.
+
+    Returns
+    -------
+    malcolm.policy.base.Policy
+    """
+    info = _info(name)
+    if info.kind != "server":
+        raise ValueError(f"policy {info.name!r} is a {info.kind} policy, not a server policy")
+    return _construct(info, _load_class(info), (n, me, seed), check_params(info.name, params))
+
+
+def make_client_policy(name: str, n: int, seed: int = 0, stream: int = 0, **params):
+    """Build the client-side policy ``name`` for one client (``stream`` tells clients apart).
+
+    ``random`` gives the uniform base :class:`~malcolm.policy.base.ClientPolicy`.
+    """
+    if isinstance(name, str) and name.strip().lower() == "random":
+        if params:
+            raise ValueError("client policy random takes no parameters")
+        from malcolm.policy.base import ClientPolicy
+
+        return ClientPolicy(n, seed, stream)
+    info = _info(name)
+    if info.kind != "client":
+        raise ValueError(f"policy {info.name!r} is a {info.kind} policy, not a client policy")
+    return _construct(info, _load_class(info), (n, seed, stream),
+                      check_params(info.name, params))

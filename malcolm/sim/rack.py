@@ -1,0 +1,77 @@
+"""Rack specifications: ``8x8``, ``2x16,14x2``, ``2x14@2.0,9x4``.
+
+Each comma-separated group is ``COUNTxWORKERS`` with an optional ``@SPEED`` factor (default
+1.0): COUNT servers, each with WORKERS workers running at SPEED times the nominal rate (a
+task of nominal service time S takes S / SPEED). Servers are numbered in spec order.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+MAX_SERVERS = 64          # malcolm.policy.base.MAX_SERVERS
+MAX_WORKERS = 4096
+
+_GROUP = re.compile(r"^(\d+)\s*[xX*]\s*(\d+)(?:\s*@\s*([0-9.eE+-]+))?$")
+
+
+@dataclass(frozen=True)
+class Rack:
+    """Workers and speed factor of every server."""
+
+    workers: tuple[int, ...]
+    speeds: tuple[float, ...]
+    spec: str = ""
+
+    @property
+    def n(self) -> int:
+        return len(self.workers)
+
+    @property
+    def capacity(self) -> float:
+        """Sum of workers x speed: the rack's rate in units of nominal workers."""
+        return float(sum(w * s for w, s in zip(self.workers, self.speeds, strict=False)))
+
+    def __str__(self):
+        pairs = zip(self.workers, self.speeds, strict=True)
+        return self.spec or ",".join(f"1x{w}@{s:g}" for w, s in pairs)
+
+
+def parse_rack(spec) -> Rack:
+    """Parse a rack spec (or pass a :class:`Rack` through).
+
+    Raises
+    ------
+    ValueError
+        Naming the bad group and showing the accepted form.
+    """
+    if isinstance(spec, Rack):
+        return spec
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"rack spec must be a non-empty string like 8x8, got {spec!r}")
+    workers, speeds = [], []
+    for group in spec.split(","):
+        g = group.strip()
+        m = _GROUP.match(g)
+        if not m:
+            raise ValueError(f"rack spec {spec!r}: bad group {g!r}; expected COUNTxWORKERS "
+                             "with optional @SPEED, e.g. 8x8 or 2x14@2.0,9x4")
+        count, w = int(m.group(1)), int(m.group(2))
+        try:
+            speed = float(m.group(3)) if m.group(3) else 1.0
+        except ValueError:
+            raise ValueError(f"rack spec {spec!r}: bad speed in {g!r}") from None
+        if count < 1 or w < 1:
+            raise ValueError(f"rack spec {spec!r}: group {g!r} needs at least 1 server "
+                             "and 1 worker")
+        if not (math.isfinite(speed) and speed > 0):
+            raise ValueError(f"rack spec {spec!r}: speed in {g!r} must be > 0")
+        if w > MAX_WORKERS:
+            raise ValueError(f"rack spec {spec!r}: at most {MAX_WORKERS} workers per server")
+        workers += [w] * count
+        speeds += [speed] * count
+    if len(workers) > MAX_SERVERS:
+        raise ValueError(f"rack spec {spec!r}: {len(workers)} servers, at most {MAX_SERVERS}")
+    return Rack(tuple(workers), tuple(speeds), spec.strip())

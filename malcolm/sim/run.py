@@ -1,0 +1,357 @@
+"""Python front end of the rack simulator: configuration in, latency statistics out."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from malcolm.policy import registry
+from malcolm.sim.rack import Rack, parse_rack
+from malcolm.workloads import Workload, parse_workload
+
+# Must match the enums in _engine.pyx.
+_MODE = {"dist": 0, "cfcfs": 1, "central_pod": 2}
+_SCHED = {"fcfs": 0, "rr": 1, "ps": 2}
+_CH = {"rate": 0, "shares": 1, "speed": 2}
+
+
+@dataclass(frozen=True)
+class Change:
+    """A change of the offered traffic or of a server at time ``t_us``.
+
+    Exactly one of:
+
+    * ``load``: new offered load, relative to the rack's *initial* capacity;
+    * ``rate_tps``: new total arrival rate, tasks per second;
+    * ``shares``: new per-server traffic shares (clients pick servers in these proportions);
+    * ``server`` and ``speed``: new speed factor of one server (under FCFS a task already in
+      service finishes at the old speed; under ideal PS the change is immediate).
+    """
+
+    t_us: float
+    load: float | None = None
+    rate_tps: float | None = None
+    shares: tuple | None = None
+    server: int | None = None
+    speed: float | None = None
+
+
+def _json_safe(v):
+    """NaN and infinities are not JSON: report them as null."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, list):
+        return [_json_safe(x) for x in v]
+    return v
+
+
+@dataclass
+class SimResult:
+    """Outcome of one run: summary statistics plus the raw per-task latencies."""
+
+    config: dict
+    p50_us: float
+    p99_us: float
+    p999_us: float
+    p9999_us: float
+    mean_us: float
+    max_us: float
+    throughput: float
+    offered: float
+    mean_load: list
+    mean_queue: list
+    utilization: list
+    migrations: int
+    steals: int
+    steal_requests: int
+    steal_empty: int
+    heartbeats_lost: int
+    generated: int
+    completed: int
+    measured: int
+    sim_time_s: float
+    events: int
+    wall_s: float
+    loop_s: float
+    little_L: float
+    latencies_us: np.ndarray = field(repr=False)
+    types: np.ndarray = field(repr=False)
+    service_us: np.ndarray = field(repr=False)
+    per_server: dict = field(repr=False)
+    loads: dict | None = field(default=None, repr=False)
+
+    @property
+    def events_per_s(self) -> float:
+        """Simulated events per CPU second of the engine's event loop (one core)."""
+        return self.events / self.loop_s if self.loop_s > 0 else float("nan")
+
+    def summary(self) -> dict:
+        """JSON-ready dict: ``p50_us``, ``p99_us``, ``p999_us``, ``mean_us``, ``throughput``,
+        ``mean_load`` (per server, µs of expected wait), ``migrations``, ``steals``, ...,
+        and ``config``."""
+        keys = ("p50_us", "p99_us", "p999_us", "p9999_us", "mean_us", "max_us", "throughput",
+                "offered", "mean_load", "mean_queue", "utilization", "migrations", "steals",
+                "steal_requests", "steal_empty", "heartbeats_lost", "generated", "completed",
+                "measured", "sim_time_s", "events", "wall_s", "loop_s")
+        out = {k: _json_safe(getattr(self, k)) for k in keys}
+        out["events_per_s"] = _json_safe(self.events_per_s)
+        out["config"] = self.config
+        return out
+
+    def quantile_us(self, q: float) -> float:
+        return float(np.quantile(self.latencies_us, q))
+
+
+def _phases(mode, n, window_ns, seed):
+    if mode == "aligned":
+        return [0.0] * n
+    if mode == "staggered":
+        return [s * window_ns / n for s in range(n)]
+    if mode == "random":
+        rng = np.random.default_rng([seed, 0x9A5E])
+        return list(rng.uniform(0, window_ns, n))
+    raise ValueError(f"phase must be aligned, staggered or random, got {mode!r}")
+
+
+def _shares(shares, n):
+    if shares is None:
+        return [1.0] * n
+    if isinstance(shares, str):
+        try:
+            shares = [float(x) for x in shares.split(",")]
+        except ValueError:
+            raise ValueError(f"shares {shares!r} must be comma-separated numbers") from None
+    shares = [float(x) for x in shares]
+    if len(shares) != n:
+        raise ValueError(f"shares: need one per server ({n}), got {len(shares)}")
+    if any(not math.isfinite(x) or x < 0 for x in shares) or sum(shares) <= 0:
+        raise ValueError("shares must be non-negative with a positive sum")
+    return shares
+
+
+def simulate(rack="8x8", policy="random", workload="exp:50", load=0.5, tasks=100_000,
+             seed=1, delay_us=2.0, jitter_us=0.0, window_us=100.0, sched="fcfs",
+             quantum_us=0.0, shares=None, loss=0.0, clients=None, warmup=0.1, ewma=0.05,
+             phase="random", record_loads=False, changes=(), rate_tps=None,
+             policy_params=None) -> SimResult:
+    """Simulate one rack configuration.
+
+    Parameters
+    ----------
+    rack : str or Rack
+        Rack spec, e.g. ``"8x8"``, ``"2x16,14x2"``, ``"2x14@2.0,9x4"``.
+    policy : str
+        Policy spec ``name[:key=value,...]`` (see :mod:`malcolm.policy.registry`):
+        server policies (``random``, ``jsq``, ``jbt``, ``jiq``, ``sed``, ``steal``,
+        ``malcolm``), the client policy ``po2``, or the ideal references ``cfcfs`` and
+        ``racksched``.
+    workload : str or Workload
+        Workload name or mixture (see :mod:`malcolm.workloads`).
+    load : float
+        Offered load relative to rack capacity, sum(workers * speed) / mean service time.
+    tasks : int
+        Tasks whose latency counts (the first ``warmup`` fraction of them is dropped).
+    seed : int
+        Everything random derives from it; a run is a pure function of its arguments.
+    delay_us, jitter_us : float
+        One-way network delay of every message, plus a uniform [0, jitter) extra.
+    window_us : float
+        Load-broadcast (and policy) window.
+    sched : str
+        ``fcfs`` or ``ps`` inside each server; with ``ps``, ``quantum_us`` > 0 is round robin
+        with that quantum and 0 is ideal processor sharing.
+    shares : sequence of float, optional
+        Fraction of the client traffic sent to each server (default uniform).
+    loss : float
+        Probability that a heartbeat is lost (tasks and steal messages are never lost).
+    clients : int, optional
+        Number of clients (default: one per server). Matters for client policies.
+    warmup : float
+        Fraction of the first tasks excluded from the statistics.
+    ewma : float
+        Weight of a new sample in the load estimator's moving averages.
+    phase : str
+        Window phases of the servers: ``random`` (default), ``staggered`` or ``aligned``.
+    record_loads : bool
+        Also return every server's state at each of its windows: ``result.loads`` is a dict
+        with ``t_us`` (row r is every server's r-th window, about r x window after the
+        start; phases differ by less than a window), ``load_us`` (the estimator's load, what
+        the policy saw), ``queue`` (true tasks in the server) and ``true_load_us`` (true
+        tasks x mean service time / (workers x speed): the load a perfect estimator would
+        report), each of shape (windows, servers).
+    changes : sequence of Change or dict
+        Changes of load, rate, shares or server speed at given times.
+    rate_tps : float, optional
+        Total arrival rate in tasks per second, instead of ``load``.
+    policy_params : dict, optional
+        Extra policy parameters (merged over those in the policy spec).
+
+    Returns
+    -------
+    SimResult
+    """
+    from malcolm.sim._engine import Engine
+
+    rk: Rack = parse_rack(rack)
+    wl: Workload = parse_workload(workload)
+    name, params = registry.parse_policy(policy)
+    if policy_params:
+        params = {**params, **policy_params}
+        if registry.POLICIES[name].params is not None:
+            params = registry.check_params(name, params)
+    info = registry.POLICIES[name]
+    n = rk.n
+    tasks = int(tasks)
+    if tasks < 1:
+        raise ValueError(f"tasks must be >= 1, got {tasks}")
+    if not 0.0 <= warmup < 1.0:
+        raise ValueError(f"warmup must be in [0, 1), got {warmup}")
+    for label, v in (("delay_us", delay_us), ("jitter_us", jitter_us),
+                     ("quantum_us", quantum_us)):
+        if not (math.isfinite(v) and v >= 0):
+            raise ValueError(f"{label} must be >= 0, got {v}")
+    if not (math.isfinite(window_us) and window_us > 0):
+        raise ValueError(f"window_us must be > 0, got {window_us}")
+    if not 0.0 <= loss < 1.0:
+        raise ValueError(f"loss must be in [0, 1), got {loss}")
+    if sched not in ("fcfs", "ps"):
+        raise ValueError(f"sched must be fcfs or ps, got {sched!r}")
+
+    mean_ns = wl.mean_us * 1e3
+    capacity = rk.capacity / mean_ns                     # tasks per ns
+    if rate_tps is not None:
+        rate = float(rate_tps) * 1e-9
+        load = rate / capacity
+    else:
+        if not (math.isfinite(load) and load > 0):
+            raise ValueError(f"load must be > 0, got {load}")
+        rate = load * capacity
+
+    mode = "dist"
+    sched_kind = _SCHED["fcfs"] if sched == "fcfs" else (
+        _SCHED["rr"] if quantum_us > 0 else _SCHED["ps"])
+    quantum = quantum_us
+    central_delay = 0.0
+    pod_d = 2
+    policies = clients_pol = None
+    n_clients = int(clients) if clients else n
+    if n_clients < 1:
+        raise ValueError("clients must be >= 1")
+    if info.kind == "central":
+        if name == "cfcfs":
+            mode = "cfcfs"
+            central_delay = float(params["delay"]) * 1e3
+            if central_delay < 0:
+                raise ValueError("cfcfs delay must be >= 0")
+            sched_kind = _SCHED["fcfs"]
+        else:
+            mode = "central_pod"
+            pod_d = int(params["d"])
+            if not 1 <= pod_d <= n:
+                raise ValueError(f"racksched d must be in 1..{n}")
+            quantum = float(params["quantum"])
+            if params["sched"] not in ("ps", "fcfs"):
+                raise ValueError("racksched sched must be ps or fcfs")
+            if params["sched"] == "fcfs":
+                sched_kind = _SCHED["fcfs"]
+            else:
+                sched_kind = _SCHED["rr"] if quantum > 0 else _SCHED["ps"]
+    elif info.kind == "client":
+        clients_pol = [registry.make_client_policy(name, n, seed, c, **params)
+                       for c in range(n_clients)]
+    else:
+        if name == "malcolm" and "window_ns" not in params:
+            params = {**params, "window_ns": int(round(window_us * 1e3))}   # learn per window
+        policies = [registry.make_policy(name, n, s, seed, **params) for s in range(n)]
+
+    ch = []
+    for c in changes:
+        c = Change(**c) if isinstance(c, dict) else c
+        set_ = [x for x in ("load", "rate_tps", "shares", "speed") if getattr(c, x) is not None]
+        if len(set_) != 1:
+            raise ValueError(f"change {c}: give exactly one of load, rate_tps, shares, speed")
+        t = float(c.t_us) * 1e3
+        if not t >= 0:
+            raise ValueError(f"change {c}: t_us must be >= 0")
+        if (c.load is not None and not c.load > 0) or (
+                c.rate_tps is not None and not c.rate_tps > 0):
+            raise ValueError(f"change {c}: the arrival rate must stay > 0")
+        if c.load is not None:
+            ch.append((t, _CH["rate"], 0, float(c.load) * capacity, None))
+        elif c.rate_tps is not None:
+            ch.append((t, _CH["rate"], 0, float(c.rate_tps) * 1e-9, None))
+        elif c.shares is not None:
+            ch.append((t, _CH["shares"], 0, 0.0, _shares(c.shares, n)))
+        else:
+            if c.server is None or not 0 <= int(c.server) < n:
+                raise ValueError(f"change {c}: speed needs a server index in 0..{n - 1}")
+            if not c.speed > 0:
+                raise ValueError(f"change {c}: speed must be > 0")
+            ch.append((t, _CH["speed"], int(c.server), float(c.speed), None))
+    ch.sort(key=lambda x: x[0])
+
+    window_ns = float(window_us) * 1e3
+    n_warm = int(tasks * warmup)
+    eng = Engine(list(rk.workers), list(rk.speeds), wl.native(), mode=_MODE[mode],
+                 sched=sched_kind, quantum_ns=quantum * 1e3, rate_per_ns=rate,
+                 shares=_shares(shares, n), n_tasks=tasks, n_warm=n_warm, seed=seed,
+                 delay_ns=delay_us * 1e3, jitter_ns=jitter_us * 1e3, window_ns=window_ns,
+                 loss=loss, phases_ns=_phases(phase, n, window_ns, seed), policies=policies,
+                 clients=clients_pol, n_clients=n_clients, central_delay_ns=central_delay,
+                 pod_d=pod_d, ewma=ewma, record=record_loads, changes=ch)
+    t0 = time.perf_counter()
+    raw = eng.run()
+    wall = time.perf_counter() - t0
+
+    lat = raw["latency_ns"][n_warm:] / 1e3
+    sent = raw["sent_ns"][n_warm:]
+    per = raw["server"]
+    end_s = raw["end_ns"] / 1e9
+    # Throughput as clients see it: responses received while the measured tasks were being
+    # sent, per second of that interval (tasks created later cannot answer before it ends).
+    span = (sent[-1] - sent[0]) / 1e9 if len(sent) > 1 else 0.0
+    recv = raw["sent_ns"] + raw["latency_ns"]
+    thr = (float(np.count_nonzero((recv >= sent[0]) & (recv <= sent[-1])) / span)
+           if span > 0 else float("nan"))
+    windows = np.maximum(per["windows"], 1)
+    has_windows = bool(per["windows"].sum())
+    q = np.quantile(lat, [0.5, 0.99, 0.999, 0.9999]) if len(lat) else [math.nan] * 4
+
+    config = dict(rack=str(rk), policy=policy, workload=wl.name, load=float(load),
+                  tasks=tasks, seed=seed, delay_us=delay_us, jitter_us=jitter_us,
+                  window_us=window_us, sched=sched, quantum_us=quantum_us, loss=loss,
+                  clients=n_clients, warmup=warmup, ewma=ewma, phase=phase,
+                  shares=None if shares is None else _shares(shares, n),
+                  changes=[asdict(c) if isinstance(c, Change) else dict(c) for c in changes],
+                  policy_params=params, mean_service_us=wl.mean_us,
+                  capacity_tps=capacity * 1e9)
+    loads = None
+    if record_loads:
+        loads = dict(t_us=np.arange(raw["rec_load_ns"].shape[0]) * window_us,
+                     load_us=raw["rec_load_ns"] / 1e3, queue=raw["rec_queue"],
+                     true_load_us=raw["rec_true_ns"] / 1e3)
+    return SimResult(
+        config=config, p50_us=float(q[0]), p99_us=float(q[1]), p999_us=float(q[2]),
+        p9999_us=float(q[3]), mean_us=float(lat.mean()) if len(lat) else math.nan,
+        max_us=float(lat.max()) if len(lat) else math.nan, throughput=thr,
+        offered=rate * 1e9,
+        mean_load=[float(x) for x in (per["load_sum"] / windows / 1e3)] if has_windows
+        else [math.nan] * n,
+        mean_queue=[float(x) for x in per["q_sum"] / windows] if has_windows
+        else [math.nan] * n,
+        utilization=[float(b / (w * raw["end_ns"])) if raw["end_ns"] else 0.0
+                     for b, w in zip(per["busy_ns"], rk.workers, strict=False)],
+        migrations=int(per["migrations"].sum()), steals=int(per["steals"].sum()),
+        steal_requests=int(per["steal_requests"].sum()),
+        steal_empty=int(per["steal_empty"].sum()), heartbeats_lost=int(raw["hb_lost"]),
+        generated=int(raw["generated"]), completed=int(raw["completed"]),
+        measured=int(len(lat)), sim_time_s=end_s, events=int(raw["events"]), wall_s=wall,
+        loop_s=float(raw["loop_s"]),
+        little_L=raw["area"] / raw["end_ns"] if raw["end_ns"] else 0.0,
+        latencies_us=lat, types=raw["types"][n_warm:],
+        service_us=raw["service_ns"][n_warm:] / 1e3,
+        per_server={k: v.tolist() for k, v in per.items()}, loads=loads,
+    )

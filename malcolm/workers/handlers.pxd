@@ -1,0 +1,29 @@
+# cython: language_level=3
+"""Task handlers: C function pointers that worker threads call without the GIL."""
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+
+
+cdef extern from "workers/malcolm_handler.h" nogil:
+    ctypedef struct malcolm_task:
+        uint32_t client_id
+        uint16_t task_type
+        uint16_t flags
+        uint64_t request_id
+        int64_t service_ns
+        const uint8_t* payload
+        uint32_t payload_len
+        int32_t worker
+        uint8_t* out
+        uint32_t out_cap
+        uint32_t out_len
+    ctypedef int (*malcolm_handler_fn)(void* ctx, malcolm_task* task) noexcept
+
+
+cdef class Handler:
+    cdef malcolm_handler_fn fn
+    cdef void* ctx
+    cdef readonly str spec
+    cdef readonly bint python          # calls into Python (takes the GIL per task)
+    cdef object _keep                  # objects that must outlive the function pointer
+    cdef void* _dl                     # dlopen handle
+    cdef uint8_t* _state               # the built-in handlers' parameters

@@ -1,0 +1,26 @@
+/* The ABI of a malcolm task handler. Include this in a handler written in C (compiled with
+   cffi, or as any shared library) and name it in the rack file:
+       handler = "so:/path/libmine.so:my_handler"      (dlopen + dlsym)
+       handler = "cffi:my_package._handlers:my_handler" (a cffi API-mode module)
+   A worker thread calls it without the GIL, once per task. */
+#ifndef MALCOLM_HANDLER_H
+#define MALCOLM_HANDLER_H
+#include <stdint.h>
+
+typedef struct malcolm_task {
+  uint32_t client_id;
+  uint16_t task_type;
+  uint16_t flags;            /* 1 migrated, 2 stolen */
+  uint64_t request_id;
+  int64_t service_ns;        /* the service time the client asked for (synthetic handlers) */
+  const uint8_t *payload;    /* the task's payload, payload_len bytes (<= 1024) */
+  uint32_t payload_len;
+  int32_t worker;            /* index of the worker thread running it */
+  uint8_t *out;              /* write the response payload here ... */
+  uint32_t out_cap;          /* ... at most this many bytes (1024) ... */
+  uint32_t out_len;          /* ... and say how many */
+} malcolm_task;
+
+/* Return 0 on success; anything else answers the task with status "handler error". */
+typedef int (*malcolm_handler_fn)(void *ctx, malcolm_task *task);
+#endif

@@ -1,0 +1,262 @@
+"""Service-time workloads: named distributions and a syntax for user-defined mixtures.
+
+A workload is a finite mixture. Each component is a *task type* (the load estimator keeps
+per-type service-rate averages), drawn with probability ``weight`` and with a service time
+from one of a few distributions. All times are in microseconds here; the native sampler
+(:mod:`malcolm._workload`) works in nanoseconds.
+
+This module is pure Python (numpy only), so the load generator can import it without the
+simulator being built.
+
+Names
+-----
+``exp:MEAN``      Exp(MEAN), one type.
+``bimodal``       90% 50 µs, 10% 500 µs (constants), thesis §7.1.2.
+``hyperexp1``     50% Exp(50), 50% Exp(500).
+``hyperexp2``     75% Exp(50), 20% Exp(500), 5% Exp(5000).
+``rocksdb1``      90% GET(16), 10% GET(64).
+``rocksdb2``      50% GET(16), 50% GET(64).
+``fig2.1a``       Exp(20) (thesis Fig 2.1, low dispersion).
+``fig2.1b``       95% Exp(20), 5% Exp(400) (thesis Fig 2.1, high dispersion).
+``fig3.2a``       50% Exp(10), 50% Exp(1000) (thesis Fig 3.2 "HyperExp-1").
+``fig3.2b``       99.9% Exp(25), 0.1% Exp(25025) (thesis Fig 3.2 "HyperExp-2").
+
+RocksDB service-time model: the thesis gives only the means of a GET(16) (about 30 µs) and a
+GET(64) (about 100 µs) on its machines. A GET of n keys does a fixed amount of work, so we
+model each as *near-constant*: lognormal with that mean and shape sigma = 0.1 (coefficient of
+variation about 10%).
+
+Mixture syntax
+--------------
+``mix:W:DIST,W:DIST,...`` where each ``W`` is a positive weight (weights are normalised)
+and ``DIST`` is one of
+
+* ``const:V``          always V µs;
+* ``exp:MEAN``         exponential with mean MEAN µs;
+* ``uniform:LO:HI``    uniform on [LO, HI] µs;
+* ``lognormal:MEAN:SIGMA``  lognormal with mean MEAN µs and shape SIGMA.
+
+Example: ``mix:90:const:50,10:exp:500``. At most 16 components.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+MAX_COMPONENTS = 16
+KINDS = ("const", "exp", "uniform", "lognormal")
+
+
+@dataclass(frozen=True)
+class Component:
+    """One task type: drawn with probability ``weight``, service time from ``kind``.
+
+    Parameters
+    ----------
+    weight : float
+        Probability of this type (the workload normalises weights to sum to 1).
+    kind : str
+        ``const``, ``exp``, ``uniform`` or ``lognormal``.
+    a, b : float
+        Parameters in µs: const (V, -), exp (MEAN, -), uniform (LO, HI),
+        lognormal (MEAN, SIGMA; SIGMA is dimensionless).
+    """
+
+    weight: float
+    kind: str
+    a: float
+    b: float = 0.0
+
+    @property
+    def mean_us(self) -> float:
+        if self.kind == "uniform":
+            return 0.5 * (self.a + self.b)
+        return self.a
+
+    @property
+    def second_moment_us2(self) -> float:
+        if self.kind == "const":
+            return self.a**2
+        if self.kind == "exp":
+            return 2 * self.a**2
+        if self.kind == "uniform":
+            return (self.a**2 + self.a * self.b + self.b**2) / 3
+        return self.a**2 * math.exp(self.b**2)
+
+    def describe(self) -> str:
+        if self.kind == "const":
+            return f"{self.a:g}"
+        if self.kind == "exp":
+            return f"Exp({self.a:g})"
+        if self.kind == "uniform":
+            return f"U({self.a:g},{self.b:g})"
+        return f"LogN({self.a:g},{self.b:g})"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A mixture of task types. Build one with :func:`parse_workload`."""
+
+    name: str
+    components: tuple[Component, ...]
+
+    @property
+    def n_types(self) -> int:
+        return len(self.components)
+
+    @property
+    def weights(self) -> np.ndarray:
+        w = np.array([c.weight for c in self.components], dtype=float)
+        return w / w.sum()
+
+    @property
+    def mean_us(self) -> float:
+        """Mean service time in µs."""
+        pairs = zip(self.weights, self.components, strict=True)
+        return float(sum(p * c.mean_us for p, c in pairs))
+
+    @property
+    def scv(self) -> float:
+        """Squared coefficient of variation of the service time."""
+        pairs = zip(self.weights, self.components, strict=True)
+        m2 = sum(p * c.second_moment_us2 for p, c in pairs)
+        return float(m2 / self.mean_us**2 - 1.0)
+
+    def describe(self) -> str:
+        pairs = zip(self.weights, self.components, strict=True)
+        parts = [f"{100 * p:g}%:{c.describe()}" for p, c in pairs]
+        return f"{self.name} = " + " + ".join(parts) + f" (mean {self.mean_us:.4g} µs)"
+
+    def sample(self, n: int, rng: np.random.Generator | None = None):
+        """Draw ``n`` tasks with numpy: returns ``(types int32, service_us float64)``."""
+        rng = np.random.default_rng() if rng is None else rng
+        types = rng.choice(self.n_types, size=n, p=self.weights).astype(np.int32)
+        out = np.empty(n)
+        for t, c in enumerate(self.components):
+            idx = np.flatnonzero(types == t)
+            k = idx.size
+            if c.kind == "const":
+                out[idx] = c.a
+            elif c.kind == "exp":
+                out[idx] = rng.exponential(c.a, k)
+            elif c.kind == "uniform":
+                out[idx] = rng.uniform(c.a, c.b, k)
+            else:
+                out[idx] = rng.lognormal(math.log(c.a) - 0.5 * c.b**2, c.b, k)
+        return types, out
+
+    def native(self):
+        """The nogil sampler (:class:`malcolm._workload.NativeWorkload`) for this mixture."""
+        from malcolm._workload import NativeWorkload
+
+        return NativeWorkload(
+            [c.weight for c in self.components],
+            [KINDS.index(c.kind) for c in self.components],
+            [c.a for c in self.components],
+            [c.b for c in self.components],
+        )
+
+
+def _exp(mean):
+    return Component(1.0, "exp", float(mean))
+
+
+def _lognormal_get(mean):
+    return Component(1.0, "lognormal", float(mean), 0.1)
+
+
+def _mixture(name, pairs):
+    return Workload(name, tuple(Component(w, c.kind, c.a, c.b) for w, c in pairs))
+
+
+NAMED = {
+    "bimodal": _mixture("bimodal", [(90, Component(1, "const", 50.0)),
+                                    (10, Component(1, "const", 500.0))]),
+    "hyperexp1": _mixture("hyperexp1", [(50, _exp(50)), (50, _exp(500))]),
+    "hyperexp2": _mixture("hyperexp2", [(75, _exp(50)), (20, _exp(500)), (5, _exp(5000))]),
+    "rocksdb1": _mixture("rocksdb1", [(90, _lognormal_get(30)), (10, _lognormal_get(100))]),
+    "rocksdb2": _mixture("rocksdb2", [(50, _lognormal_get(30)), (50, _lognormal_get(100))]),
+    "fig2.1a": _mixture("fig2.1a", [(1, _exp(20))]),
+    "fig2.1b": _mixture("fig2.1b", [(95, _exp(20)), (5, _exp(400))]),
+    "fig3.2a": _mixture("fig3.2a", [(50, _exp(10)), (50, _exp(1000))]),
+    "fig3.2b": _mixture("fig3.2b", [(99.9, _exp(25)), (0.1, _exp(25025))]),
+}
+
+WORKLOAD_NAMES = ("exp:MEAN", *NAMED, "mix:W:DIST,...")
+
+
+def _num(text, what, spec, positive=True):
+    try:
+        v = float(text)
+    except ValueError:
+        raise ValueError(f"workload {spec!r}: {what} {text!r} is not a number") from None
+    if not math.isfinite(v) or (v <= 0 if positive else v < 0):
+        raise ValueError(f"workload {spec!r}: {what} must be {'> 0' if positive else '>= 0'}"
+                         f", got {text}")
+    return v
+
+
+def _parse_dist(fields, spec):
+    kind, args = fields[0], fields[1:]
+    need = {"const": 1, "exp": 1, "uniform": 2, "lognormal": 2}
+    if kind not in need:
+        raise ValueError(f"workload {spec!r}: unknown distribution {kind!r} "
+                         f"(choose from {', '.join(KINDS)})")
+    if len(args) != need[kind]:
+        raise ValueError(f"workload {spec!r}: {kind} takes {need[kind]} parameter(s), "
+                         f"got {len(args)}")
+    if kind == "uniform":
+        lo = _num(args[0], "uniform low", spec, positive=False)
+        hi = _num(args[1], "uniform high", spec)
+        if hi < lo:
+            raise ValueError(f"workload {spec!r}: uniform needs LO <= HI")
+        if hi == 0:
+            raise ValueError(f"workload {spec!r}: uniform needs HI > 0")
+        return Component(1.0, kind, lo, hi)
+    if kind == "lognormal":
+        return Component(1.0, kind, _num(args[0], "mean", spec),
+                         _num(args[1], "sigma", spec, positive=False))
+    return Component(1.0, kind, _num(args[0], "mean" if kind == "exp" else "value", spec))
+
+
+def parse_workload(spec: str | Workload) -> Workload:
+    """Turn a workload name or mixture spec into a :class:`Workload`.
+
+    Raises
+    ------
+    ValueError
+        With a message that names the problem and the accepted forms.
+    """
+    if isinstance(spec, Workload):
+        return spec
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"workload must be a non-empty string, got {spec!r}")
+    s = spec.strip()
+    low = s.lower()
+    if low in NAMED:
+        return NAMED[low]
+    if low.startswith("exp:"):
+        return Workload(s, (Component(1.0, "exp", _num(s[4:], "mean", spec)),))
+    if low.startswith("mix:"):
+        parts = [p.strip() for p in s[4:].split(",")]
+        if not parts or parts == [""]:
+            raise ValueError(f"workload {spec!r}: mix needs at least one component "
+                             "W:DIST, e.g. mix:90:const:50,10:exp:500")
+        if len(parts) > MAX_COMPONENTS:
+            raise ValueError(f"workload {spec!r}: at most {MAX_COMPONENTS} components")
+        comps = []
+        for p in parts:
+            fields = [f.strip().lower() for f in p.split(":")]
+            if len(fields) < 3:
+                raise ValueError(f"workload {spec!r}: component {p!r} must look like "
+                                 "W:DIST:PARAMS, e.g. 10:exp:500")
+            w = _num(fields[0], "weight", spec)
+            c = _parse_dist(fields[1:], spec)
+            comps.append(Component(w, c.kind, c.a, c.b))
+        return Workload(s, tuple(comps))
+    raise ValueError(
+        f"unknown workload {spec!r}; choose from {', '.join(WORKLOAD_NAMES)} "
+        "(mixture example: mix:90:const:50,10:exp:500)")

@@ -1,0 +1,209 @@
+"""The load generator against a stub server whose behaviour is known exactly.
+
+Tolerances: this runs on a 2-vCPU VM shared with other work, so only what the generator
+must get right whatever the noise is checked tightly (no latency below the stub's delay,
+exact accounting, the stall visible in the tail); the median gets a generous upper margin.
+"""
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from malcolm.loadgen._client import hist_from_values
+
+from malcolm.cli import main
+from malcolm.loadgen import hist as H
+from malcolm.loadgen.run import (
+    Change,
+    LoadgenError,
+    LoadSpec,
+    Target,
+    parse_change,
+    parse_rate,
+    parse_shares,
+    run_load,
+)
+from malcolm.loadgen.stub import StubServer
+
+
+def spec_for(stubs, kind="udp", **kw):
+    kw.setdefault("warmup_s", 0.2)
+    kw.setdefault("duration_s", 1.5)
+    return LoadSpec(Target(kind, [s.address for s in stubs], "test"), **kw)
+
+
+def test_histogram_percentiles_within_half_a_percent():
+    rng = np.random.default_rng(3)
+    vals = np.concatenate([rng.lognormal(11, 1.0, 20000), rng.integers(0, 300, 1000)])
+    vals = vals.astype(np.int64)
+    h = hist_from_values(vals.tolist())
+    assert h["n"] == vals.size and h["min"] == vals.min() and h["max"] == vals.max()
+    for q in (1, 50, 90, 99, 99.9, 100):
+        exact = H.exact_percentile(vals, q)
+        got = H.percentile(h, q)
+        assert abs(got - exact) <= 0.005 * exact + 1, (q, got, exact)
+    assert sum(c for _, _, c in H.buckets(h)) == vals.size
+    # merging two halves gives the same histogram as one
+    a = hist_from_values(vals[:5000].tolist())
+    b = hist_from_values(vals[5000:].tolist())
+    m = H.merge([a, b])
+    assert np.array_equal(m["counts"], h["counts"]) and m["max"] == h["max"]
+
+
+@pytest.mark.parametrize("kind", ["udp", "shm"])
+def test_fixed_delay_percentiles(kind):
+    delay_us = 2000.0
+    with StubServer(kind, delay_us=delay_us) as s:
+        rep = run_load(spec_for([s], kind, workload="exp:50", threads=2, raw=True), 1000)
+        st = s.core
+        assert st.tasks == rep["sent"] + rep["warmup"]["sent"]
+    lu = rep["latency_us"]
+    assert rep["accounted"] and rep["timed_out"] == 0 and rep["completed"] == rep["sent"]
+    assert 1000 < rep["sent"] < 2000                      # 1.5 s at 1000/s, Poisson
+    # The stub answers `delay` after it received the task, which is after the intended
+    # send time: no latency can be below the delay.
+    assert lu["min"] >= delay_us
+    assert delay_us <= lu["p50"] <= delay_us + 700, lu
+    assert lu["p99"] >= lu["p50"]
+    # the histogram agrees with the exact samples
+    raw = rep["_raw"]
+    assert raw.size == rep["completed"]
+    h = hist_from_values(raw.tolist())
+    for q in (50, 99):
+        assert abs(H.percentile(h, q) - H.exact_percentile(raw, q)) <= 0.005 * \
+            H.exact_percentile(raw, q)
+    assert sum(c for _, _, c in rep["histogram"]["buckets"]) == rep["completed"]
+
+
+def test_stall_shows_in_the_tail():
+    """A 60 ms stall: every task sent during it waits for its end. A closed-loop generator
+    would record one slow request; an open-loop one records all of them."""
+    rate, stall_s = 2000, 0.06
+    with StubServer("udp", delay_us=200) as s:
+        s.stall(0.2 + 0.6 + 0.02, stall_s)               # 0.6 s into the measurement
+        rep = run_load(spec_for([s], raw=True), rate)
+    lat = rep["_raw"] / 1e3
+    assert rep["accounted"] and rep["timed_out"] == 0
+    assert rep["latency_us"]["max"] >= 0.8 * stall_s * 1e6
+    # tasks intended in the first half of the stall waited at least half of it
+    slow = int((lat >= 0.5 * stall_s * 1e6).sum())
+    assert slow >= 0.5 * rate * stall_s / 2, slow
+    assert rep["latency_us"]["p99.9"] >= 0.5 * stall_s * 1e6
+    assert rep["latency_us"]["p50"] < 5000
+
+
+def test_rejections_timeouts_and_flags_are_accounted():
+    with StubServer("udp", delay_us=300, every_reject=7, reject_status=1, every_drop=10,
+                    every_migrated=5, every_stolen=4) as s:
+        rep = run_load(spec_for([s], warmup_s=0.0, timeout_s=0.2), 1500)
+        st = s.stop()
+    assert st["tasks"] == rep["sent"]
+    assert rep["timed_out"] == st["ignored"] > 0
+    assert rep["rejected"] == {"dropped": st["rejected"]} and st["rejected"] > 0
+    assert rep["completed"] == st["answered"] - st["rejected"]
+    assert rep["accounted"] and rep["unaccounted"] == 0
+    assert rep["late_responses"] == 0 and rep["duplicates"] == 0
+    assert 0.12 < rep["migrated"] / rep["completed"] < 0.28
+    assert 0.17 < rep["stolen"] / rep["completed"] < 0.33
+
+
+def test_shares_changes_and_client_po2():
+    with StubServer("udp", index=0, delay_us=100) as a, \
+            StubServer("udp", index=1, delay_us=100) as b:
+        sp = spec_for([a, b], duration_s=2.0, warmup_s=0.0, shares=[1, 3],
+                      changes=[Change(1.0, factor=3.0, shares=[3, 1])])
+        rep = run_load(sp, 1000)
+    sent = rep["per_server"]["sent"]
+    assert rep["accounted"]
+    # 1 s at 1000/s split 1:3, then 1 s at 3000/s split 3:1
+    assert 3000 < rep["sent"] < 5000
+    exp0 = 250 + 2250
+    assert abs(sent[0] - exp0) < 0.15 * exp0, sent
+    assert rep["per_server"]["answered"] == sent
+
+    # po2 learns from piggybacked queue lengths: the slow stub holds more tasks, so it gets
+    # fewer than the uniform half (not none: its reports are up to 20 ms stale, and a
+    # drained slow stub ties with the fast one)
+    with StubServer("udp", index=0, delay_us=20000) as slow, \
+            StubServer("udp", index=1, delay_us=100) as fast:
+        rep = run_load(spec_for([slow, fast], policy="po2"), 1000)
+    sent = rep["per_server"]["sent"]
+    assert rep["accounted"] and sent[1] > 0.62 * sum(sent), sent
+
+
+def test_parsers_reject_bad_input():
+    assert parse_rate("20k") == 20000 and parse_rate("1.5M") == 1.5e6
+    for bad in ("fast", "-3", "0", ""):
+        with pytest.raises(LoadgenError):
+            parse_rate(bad)
+    c = parse_change("2s:rate=2x,shares=1/0/1", 3)
+    assert c.at_s == 2 and c.factor == 2 and c.shares == [1, 0, 1]
+    assert parse_change("500ms:rate=30k", 1).rate == 30000
+    for bad in ("2s", "2s:speed=3", "soon:rate=2x", "1s:shares=1/1"):
+        with pytest.raises(LoadgenError):
+            parse_change(bad, 3)
+    with pytest.raises(LoadgenError):
+        parse_shares("1,-1", 2)
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--server", "127.0.0.1:9", "--rate", "lots"], "not a number"),
+    (["--server", "127.0.0.1:9", "--workload", "nope"], "unknown workload"),
+    (["--server", "127.0.0.1:9", "--policy", "jsq"], "server policy"),
+    (["--server", "127.0.0.1:9", "--policy", "cfcfs"], "central policy"),
+    (["--rate", "1k"], "no servers"),
+    (["--server", "127.0.0.1:9,127.0.0.1:10", "--shares", "1,2,3"], "3 weight(s) for 2"),
+    (["--server", "127.0.0.1:9", "--change", "9s:rate=2x", "--duration", "1s"], "after the end"),
+    (["--server", "127.0.0.1:9", "--transport", "shm", "--server", "x" * 20], "address"),
+    (["--rack", "/nonexistent.toml"], "not found"),
+])
+def test_cli_errors_are_clear(args, msg):
+    r = CliRunner().invoke(main, ["loadgen", "--duration", "0.2s", "--warmup", "0"] + args)
+    assert r.exit_code == 2, r.output
+    assert msg in r.output, r.output
+
+
+def test_cli_json_against_stub():
+    with StubServer("udp", delay_us=500) as s:
+        r = CliRunner().invoke(main, ["loadgen", "--server", s.address, "--rate", "500,1000",
+                                      "--duration", "0.5s", "--warmup", "0.1s", "--json",
+                                      "--workload", "bimodal"])
+    assert r.exit_code == 0, r.output
+    runs = json.loads(r.output)["runs"]
+    assert [x["rate"] for x in runs] == [500, 1000]
+    for x in runs:
+        assert x["accounted"] and x["completed"] == x["sent"] > 0
+        assert sum(b[2] for b in x["histogram"]["buckets"]) == x["completed"]
+        assert x["latency_us"]["p50"] >= 500 and "p99.9" in x["latency_us"]
+        assert "late_sends" in x["schedule"]
+
+
+@pytest.mark.parametrize("kind", ["udp", "shm"])
+def test_against_a_real_server(kind):
+    """The native client against the runtime's own server (in this process)."""
+    from malcolm.loadgen.runtime_bench import _server
+    srv, addr = _server(kind, "adaptive", workers=2)
+    try:
+        rep = run_load(LoadSpec(Target(kind, [addr], "test"), workload="exp:100",
+                                duration_s=0.6, warmup_s=0.1), 2000)
+        responses = srv.stats()["responses"]
+    finally:
+        srv.stop(0.5)
+    assert rep["accounted"] and rep["completed"] == rep["sent"] > 600
+    assert responses == rep["sent"] + rep["warmup"]["sent"]
+    assert rep["per_server"]["answered"] == [rep["sent"] + rep["warmup"]["answered"]]
+    assert 0 < rep["latency_us"]["p50"] <= rep["latency_us"]["max"]
+
+
+
+def test_a_lagging_generator_says_so():
+    """Ask one thread for far more than it can send: the report must say how late it was,
+    and still account for every task (the stub may not keep up either)."""
+    with StubServer("udp", delay_us=10) as s:
+        rep = run_load(spec_for([s], duration_s=0.1, warmup_s=0.0, timeout_s=0.3), 1_000_000)
+    sch = rep["schedule"]
+    assert rep["accounted"]
+    assert sch["late_sends"] > 0 and sch["late_episodes"] >= 1
+    assert sch["lag_max_us"] > sch["threshold_us"]
+    assert rep["offered_per_s"] > 0

@@ -1,0 +1,146 @@
+"""Wire format: the native codec agrees with the pure-Python reference, byte for byte, and
+rejects malformed input (with the same reason) instead of reading out of bounds."""
+
+import math
+import random
+import struct
+
+import pytest
+
+from malcolm.net import _wire as native
+from malcolm.net import wire
+
+REPLY = (2, 7001, 0, bytes([127, 0, 0, 1]) + bytes(12))
+
+SAMPLES = [
+    ("task", dict(client_id=7, request_id=2**40 + 5, task_type=3, service_ns=25_000,
+                  send_ns=123456789, payload=b"abc")),
+    ("task", dict(client_id=0, request_id=0)),
+    ("move", dict(src=2, client_id=9, request_id=11, reply=REPLY, task_type=1,
+                  service_ns=5, send_ns=-3, payload=b"x" * 1024, origin=2, flags=1, seq=0)),
+    ("move", dict(src=1, client_id=9, request_id=12, reply=REPLY, flags=3, seq=77,
+                  steal_reply=True)),
+    ("steal_request", dict(src=3, seq=4, sent_ns=99)),
+    ("steal_empty", dict(src=3, seq=4)),
+    ("response", dict(src=1, client_id=5, request_id=6, task_type=2, send_ns=7,
+                      service_ns=8, load=12.5, queue_len=3, server=1, status=4, flags=2,
+                      payload=b"out")),
+    ("heartbeat", dict(src=5, seq=9, sent_ns=10, load=1.5, queue_len=2.0, rate=1e-4,
+                       migrations=11, steals=12, theta=[0.5, -1.25, 3.0])),
+    ("heartbeat", dict(src=0, theta=[float(i) for i in range(256)])),
+]
+
+
+def _encode(mod, kind, kw):
+    return getattr(mod, f"encode_{kind}")(**kw)
+
+
+@pytest.mark.parametrize("kind,kw", SAMPLES)
+def test_native_and_reference_encoders_agree(kind, kw):
+    py = _encode(wire, kind, kw)
+    nat = _encode(native, kind, kw)
+    assert py == nat
+    d_py, d_nat = wire.decode(py), native.decode(nat)
+    assert d_py == d_nat
+    assert d_nat["length"] == len(nat)
+
+
+def test_decoded_fields_round_trip():
+    d = native.decode(native.encode_task(7, 2**63 + 1, 65535, 2**62, -5, b"\0\xff"))
+    assert (d["client_id"], d["request_id"], d["task_type"], d["service_ns"], d["send_ns"],
+            d["payload"]) == (7, 2**63 + 1, 65535, 2**62, -5, b"\0\xff")
+    assert d["src"] == wire.CLIENT_SRC and d["kind"] == "task"
+    hb = native.decode(native.encode_heartbeat(3, theta=[1.0, 2.0], load=4.0))
+    assert hb["theta"] == [1.0, 2.0] and hb["src"] == 3 and hb["load"] == 4.0
+    mv = native.decode(native.encode_move(1, 2, 3, REPLY, steal_reply=True, flags=2, seq=8))
+    assert mv["kind"] == "steal_reply" and not mv["empty"] and mv["reply"] == REPLY
+    assert native.decode(native.encode_steal_empty(1, 8)) == {
+        "kind": "steal_reply", "src": 1, "length": 16, "seq": 8, "empty": True}
+
+
+def _code(data):
+    try:
+        native.decode(data)
+    except native.BadMessage as e:
+        return e.code, e.reason
+    return 0, "ok"
+
+
+def _code_py(data):
+    try:
+        wire.decode(data)
+    except wire.BadMessage as e:
+        return e.code, e.reason
+    return 0, "ok"
+
+
+def test_specific_rejections_have_reasons():
+    task = native.encode_task(1, 2, payload=b"hello")
+    assert _code(b"")[1] == "shorter than a header"
+    assert _code(task[:7])[1] == "shorter than a header"
+    assert _code(b"XX" + task[2:])[1] == "bad magic"
+    assert _code(task[:2] + b"\x02" + task[3:])[1] == "unsupported version"
+    assert _code(task[:3] + b"\x09" + task[4:])[1] == "unknown message kind"
+    assert _code(task[:-1])[1] == "length does not match"            # truncated
+    assert _code(task + b"\0")[1] == "length does not match"          # trailing bytes
+    # header length consistent with the bytes, but the payload length field lies
+    bad = bytearray(task)
+    struct.pack_into("<H", bad, 14, 9)
+    assert _code(bytes(bad))[1] == "length does not match"
+    struct.pack_into("<H", bad, 14, 2000)
+    assert _code(bytes(bad))[1] == "payload too large"
+    neg = native.encode_task(1, 2, service_ns=-1)
+    assert _code(neg)[1] == "field out of range"
+    hb = bytearray(native.encode_heartbeat(1, load=1.0))
+    struct.pack_into("<d", hb, 24, math.nan)
+    assert _code(bytes(hb))[1] == "field out of range"
+    struct.pack_into("<d", hb, 24, -1.0)
+    assert _code(bytes(hb))[1] == "field out of range"
+    hb = bytearray(native.encode_heartbeat(1))
+    struct.pack_into("<H", hb, 12, 300)
+    assert _code(bytes(hb))[1] == "too many critic parameters"
+    resp = bytearray(native.encode_response(1, 2, 3))
+    resp[54] = 9                                                       # no such status
+    assert _code(bytes(resp))[1] == "field out of range"
+
+
+def test_encoders_refuse_oversized_input():
+    with pytest.raises(ValueError):
+        native.encode_task(1, 1, payload=b"x" * 1025)
+    with pytest.raises(ValueError):
+        wire.encode_task(1, 1, payload=b"x" * 1025)
+    with pytest.raises(ValueError):
+        native.encode_heartbeat(1, theta=[0.0] * 257)
+
+
+def test_fuzzed_input_is_rejected_identically_and_never_crashes():
+    rng = random.Random(1234)
+    seeds = [_encode(native, k, kw) for k, kw in SAMPLES]
+    n_bad = 0
+    for i in range(4000):
+        m = bytearray(rng.choice(seeds))
+        op = i % 4
+        if op == 0:
+            m = m[:rng.randrange(len(m) + 1)]
+        elif op == 1:
+            for _ in range(rng.randrange(1, 4)):
+                m[rng.randrange(len(m))] = rng.randrange(256)
+        elif op == 2:
+            m += bytes(rng.randrange(256) for _ in range(rng.randrange(1, 9)))
+        else:
+            m = bytearray(rng.randrange(256) for _ in range(rng.randrange(0, 120)))
+        data = bytes(m)
+        c_nat, c_py = _code(data), _code_py(data)
+        assert c_nat[0] == c_py[0], (data.hex(), c_nat, c_py)
+        assert native.check(data) == c_nat[0]
+        n_bad += c_nat[0] != 0
+        if c_nat[0] == 0:
+            assert native.decode(data) == wire.decode(data)
+    assert n_bad > 2000          # the mutations do hit the checks
+
+
+def test_error_names_are_total():
+    assert native.error_name(-1) == "shorter than a header"
+    assert native.error_name(-10) == "sender address outside the rack"
+    assert native.error_name(-99) == "unknown error"
+    assert native.error_name(5) == "unknown error"

@@ -1,0 +1,87 @@
+"""Workload names, the mixture syntax and the native sampler."""
+
+import numpy as np
+import pytest
+
+from malcolm.workloads import NAMED, parse_workload
+
+MEANS = {"exp:50": 50.0, "bimodal": 95.0, "hyperexp1": 275.0, "hyperexp2": 387.5,
+         "rocksdb1": 37.0, "rocksdb2": 65.0, "fig2.1a": 20.0, "fig2.1b": 39.0,
+         "fig3.2a": 505.0, "fig3.2b": 0.999 * 25 + 0.001 * 25025}
+
+
+@pytest.mark.parametrize("name,mean", sorted(MEANS.items()))
+def test_named_means(name, mean):
+    w = parse_workload(name)
+    assert w.mean_us == pytest.approx(mean)
+    nw = w.native()
+    assert nw.mean_ns == pytest.approx(mean * 1e3)
+    types, svc = nw.sample(400_000, seed=1)
+    assert svc.mean() / 1e3 == pytest.approx(mean, rel=0.03 if name != "fig3.2b" else 0.1)
+    for t, p in enumerate(w.weights):
+        assert np.mean(types == t) == pytest.approx(p, abs=0.004)
+    # each type's draws come from its own component
+    c0 = w.components[0]
+    assert svc[types == 0].mean() / 1e3 == pytest.approx(c0.mean_us, rel=0.02)
+
+
+def test_all_named_are_listed():
+    assert set(MEANS) - {"exp:50"} == set(NAMED)
+
+
+def test_bimodal_is_two_constants():
+    types, svc = parse_workload("bimodal").native().sample(10_000, seed=2)
+    assert set(np.unique(svc)) == {50_000.0, 500_000.0}
+    assert np.all(svc[types == 1] == 500_000.0)
+
+
+def test_rocksdb_is_near_constant():
+    w = parse_workload("rocksdb2")
+    types, svc = w.native().sample(200_000, seed=3)
+    get16 = svc[types == 0] / 1e3
+    assert get16.mean() == pytest.approx(30.0, rel=0.01)
+    assert get16.std() / get16.mean() == pytest.approx(0.1, rel=0.1)
+
+
+def test_mixture_syntax():
+    w = parse_workload("mix:90:const:50,10:exp:500")
+    assert w.n_types == 2 and w.mean_us == pytest.approx(95.0)
+    w = parse_workload("mix:1:uniform:10:30,3:lognormal:40:0.5")
+    assert w.weights.tolist() == [0.25, 0.75]
+    assert w.mean_us == pytest.approx(0.25 * 20 + 0.75 * 40)
+    t, x = w.native().sample(200_000, seed=1)
+    assert x[t == 0].min() >= 10e3 and x[t == 0].max() <= 30e3
+    assert x.mean() / 1e3 == pytest.approx(35.0, rel=0.02)
+
+
+def test_numpy_sampler_agrees():
+    w = parse_workload("hyperexp2")
+    types, svc = w.sample(400_000, np.random.default_rng(1))
+    assert svc.mean() == pytest.approx(w.mean_us, rel=0.03)
+    assert np.mean(types == 2) == pytest.approx(0.05, abs=0.002)
+
+
+def test_scv():
+    assert parse_workload("exp:10").scv == pytest.approx(1.0)
+    assert parse_workload("mix:1:const:5").scv == pytest.approx(0.0)
+
+
+def test_same_seed_same_draws():
+    nw = parse_workload("hyperexp1").native()
+    a = nw.sample(1000, seed=5)
+    b = nw.sample(1000, seed=5)
+    c = nw.sample(1000, seed=6)
+    assert np.array_equal(a[1], b[1]) and not np.array_equal(a[1], c[1])
+
+
+@pytest.mark.parametrize("bad,msg", [
+    ("gauss", "unknown workload"), ("exp:", "not a number"), ("exp:-3", "> 0"),
+    ("mix:", "at least one component"), ("mix:1:exp", "W:DIST:PARAMS"),
+    ("mix:1:foo:3", "unknown distribution"), ("mix:0:exp:3", "> 0"),
+    ("mix:1:exp:3:4", "takes 1 parameter"), ("mix:1:uniform:5:2", "LO <= HI"),
+    ("mix:x:exp:3", "not a number"), ("", "non-empty"),
+    ("mix:" + ",".join(["1:exp:1"] * 17), "at most 16"),
+])
+def test_bad_workloads(bad, msg):
+    with pytest.raises(ValueError, match=msg):
+        parse_workload(bad)
