@@ -148,23 +148,37 @@ cdef inline int cdf_search(const double* cdf, int npad, double u) noexcept nogil
     return <int>idx
 
 
-cdef inline int cat_sample(Categorical* c, Rng* r) noexcept nogil:
-    """Draw an outcome from the published distribution; never sees a half-written table."""
-    cdef double u = rng_uniform(r)
-    cdef uint64_t gen, s1
+cdef inline CdfTable* cat_read_begin(Categorical* c, uint64_t* seq) noexcept nogil:
+    """Seqlock read, step 1: the live table and its (even) sequence number."""
+    cdef uint64_t gen, s
     cdef CdfTable* t
-    cdef int idx
     while True:
         gen = mc_load_acq(&c.current)
         t = &c.tables[gen & 1]
-        s1 = mc_load_acq(&t.seq)
-        if s1 & 1:
-            mc_cpu_relax()
-            continue
+        s = mc_load_acq(&t.seq)
+        if (s & 1) == 0:
+            seq[0] = s
+            return t
+        mc_cpu_relax()
+
+
+cdef inline bint cat_read_valid(CdfTable* t, uint64_t seq) noexcept nogil:
+    """Seqlock read, step 2: True if the table did not change while it was being read."""
+    mc_fence_acq()
+    return mc_load_relaxed(&t.seq) == seq
+
+
+cdef inline int cat_sample(Categorical* c, Rng* r) noexcept nogil:
+    """Draw an outcome from the published distribution; never sees a half-written table."""
+    cdef double u = rng_uniform(r)
+    cdef uint64_t s
+    cdef CdfTable* t
+    cdef int idx
+    while True:
+        t = cat_read_begin(c, &s)
         idx = cdf_search(t.cdf, t.npad, u)
         mc_assert(0 <= idx < t.n)
-        mc_fence_acq()
-        if mc_load_relaxed(&t.seq) == s1:
+        if cat_read_valid(t, s):
             return idx
 
 

@@ -202,18 +202,12 @@ cdef void cat_publish_probs(Categorical* c, const double* p) noexcept nogil:
 
 cdef void cat_snapshot(Categorical* c, double* cdf_out) noexcept nogil:
     """Copy the live CDF, with the same consistency guarantee as ``cat_sample``."""
-    cdef uint64_t gen, s1
+    cdef uint64_t s
     cdef CdfTable* t
     while True:
-        gen = mc_load_acq(&c.current)
-        t = &c.tables[gen & 1]
-        s1 = mc_load_acq(&t.seq)
-        if s1 & 1:
-            mc_cpu_relax()
-            continue
+        t = cat_read_begin(c, &s)
         memcpy(cdf_out, t.cdf, sizeof(double) * c.n_out)
-        mc_fence_acq()
-        if mc_load_relaxed(&t.seq) == s1:
+        if cat_read_valid(t, s):
             return
 
 
