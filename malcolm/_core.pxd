@@ -143,6 +143,8 @@ cdef inline int cdf_search(const double* cdf, int npad, double u) noexcept nogil
     matches the width of the double compares, which lets the loop vectorize cleanly."""
     cdef int i
     cdef int64_t idx = 0
+    if npad == 4:
+        return (u >= cdf[0]) + (u >= cdf[1]) + (u >= cdf[2])
     for i in range(npad):
         idx += u >= cdf[i]
     return <int>idx
