@@ -44,5 +44,5 @@ def test_cli_json():
                                   "--transport", "shm"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
-    assert set(d["round_trip"]) == {"shm", "shm_adaptive"}
+    assert set(d["round_trip"]) == {"shm", "shm_blocking"}
     assert "malcolm" in d["decision"]

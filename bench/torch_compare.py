@@ -48,10 +48,15 @@ def torch_step_fns(torch, n, p):
     gamma, ent = p.gamma, p.entropy
     mc, sc = p.migration_cost, p.steal_cost
 
+    symmetric = p.features_kind == "symmetric"
+
     def features(u):
         mean = u.mean()
         imb = (u[:, None] - u[None, :]).abs().sum() / (n - 1)
-        return torch.cat([torch.ones(1, dtype=dt), imb.reshape(1), u, (u - mean).abs()]), imb
+        head = [torch.ones(1, dtype=dt), imb.reshape(1)]
+        if symmetric:
+            return torch.cat(head + [torch.stack([mean, u.max() - mean, mean - u.min()])]), imb
+        return torch.cat(head + [u, (u - mean).abs()]), imb
 
     def dist(u):
         with torch.no_grad():
@@ -71,11 +76,12 @@ def torch_step_fns(torch, n, p):
             total = total - delta * (k * logp).sum() / k.sum() - ent * -(pi * logp).sum()
         return total, delta
 
-    def param(u_prev, u_cur, km, ks, own_mig, own_stl):
+    def param(u_prev, u_cur, km, ks, own_mig, own_stl, step=True):
         opt.zero_grad(set_to_none=True)
         loss, _ = losses(u_prev, u_cur, km, ks, own_mig, own_stl)
         loss.backward()
-        opt.step()
+        if step:
+            opt.step()
 
     def grads(u_prev, u_cur, km, ks, own_mig, own_stl):
         for q in params:
@@ -131,7 +137,11 @@ def time_torch(torch, n, iters):
     for i in range(iters):
         param(us[i & 63], us[(i + 1) & 63], km, ks, 3.0, 1.0)
     t_param = (time.perf_counter() - t0) / iters
-    return t_dist * 1e9, t_param * 1e9
+    t0 = time.perf_counter()
+    for i in range(iters):
+        param(us[i & 63], us[(i + 1) & 63], km, ks, 3.0, 1.0, step=False)
+    t_grad = (time.perf_counter() - t0) / iters
+    return t_dist * 1e9, t_param * 1e9, t_grad * 1e9
 
 
 def main():
@@ -154,20 +164,21 @@ def main():
         torch.set_num_threads(1)
     out = {}
     print(f"{'N':>3} {'native dist µs':>15} {'native param µs':>16} "
-          f"{'torch dist µs':>14} {'torch param µs':>15}")
+          f"{'torch dist µs':>14} {'torch param µs':>15} {'(of which grad)':>16}")
     for n in SIZES:
         nat = native[n]
         row = dict(native_dist_update_ns=nat[f"dist_update_ns.{n}"],
                    native_param_update_ns=nat[f"param_update_ns.{n}"])
         if torch is not None:
             row["params"] = check_against_native(torch, n)
-            td, tp = time_torch(torch, n, a.iters)
-            row.update(torch_dist_update_ns=td, torch_param_update_ns=tp)
+            td, tp, tg = time_torch(torch, n, a.iters)
+            row.update(torch_dist_update_ns=td, torch_param_update_ns=tp, torch_grad_ns=tg)
         out[n] = row
         tds = f"{row['torch_dist_update_ns'] / 1e3:14.2f}" if torch else f"{'-':>14}"
         tps = f"{row['torch_param_update_ns'] / 1e3:15.2f}" if torch else f"{'-':>15}"
+        tgs = f"{row['torch_grad_ns'] / 1e3:16.2f}" if torch else f"{'-':>16}"
         print(f"{n:3d} {row['native_dist_update_ns'] / 1e3:15.3f} "
-              f"{row['native_param_update_ns'] / 1e3:16.3f} {tds} {tps}")
+              f"{row['native_param_update_ns'] / 1e3:16.3f} {tds} {tps} {tgs}")
     if torch is not None:
         print(f"torch {torch.__version__}, {torch.get_num_threads()} thread, float64, eager; "
               "gradients checked equal to the native step before timing", file=sys.stderr)

@@ -17,13 +17,15 @@ S = 50_000.0          # the default load_scale, ns
 
 
 # ---------------------------------------------------------------- numpy reference
-def ref_features(u, known):
+def ref_features(u, known, kind="symmetric"):
     u = np.asarray(u, float)
     known = np.asarray(known, bool)
     k = known.sum()
     mean = u[known].mean()
     uk = u[known]
     imb = np.abs(uk[:, None] - uk[None, :]).sum() / (k - 1) if k > 1 else 0.0
+    if kind == "symmetric":
+        return np.array([1.0, imb, mean, uk.max() - mean, mean - uk.min()])
     dev = np.where(known, np.abs(u - mean), 0.0)
     return np.concatenate([[1.0, imb], np.where(known, u, 0.0), dev])
 
@@ -52,11 +54,13 @@ def make(n=4, me=1, **kw):
 
 
 # ---------------------------------------------------------------- one window vs reference
-def test_window_gradients_match_numpy_reference_and_finite_differences():
+@pytest.mark.parametrize("kind", ["symmetric", "per_server"])
+def test_window_gradients_match_numpy_reference_and_finite_differences(kind):
     n, me = 4, 1
     mc, sc, gamma, beta = 0.05, 0.02, 0.9, 0.3
     p = make(n, me, migration_cost=mc, steal_cost=sc, gamma=gamma, init_scale=0.3,
-             entropy=beta)
+             entropy=beta, features=kind)
+    assert p.n_theta == (5 if kind == "symmetric" else 2 * n + 2)
     # window A: own load and three heartbeats with cumulative counts (baselines)
     loads_a = np.array([3.0, 5.0, 1.0, 2.5]) * S
     p.py_step(0, loads_a[me], list(loads_a), peer_migrations=[7, 0, 2, 0],
@@ -64,7 +68,7 @@ def test_window_gradients_match_numpy_reference_and_finite_differences():
     theta = p.theta
     Wm, Bm, Ws, Bs = p.W_migrate, p.B_migrate, p.W_steal, p.B_steal
     u_a = loads_a / S
-    f_a = ref_features(u_a, [True] * n)
+    f_a = ref_features(u_a, [True] * n, kind)
     np.testing.assert_allclose(p.features(), f_a, rtol=1e-12)
     pim, pis = p.probs_migrate, p.probs_steal
     np.testing.assert_allclose(pim, softmax(Wm @ u_a + Bm), rtol=1e-9)
@@ -85,7 +89,7 @@ def test_window_gradients_match_numpy_reference_and_finite_differences():
               peer_migrations=[10, 0, 0, 4], peer_steals=[1, 0, 0, 9])
     u_b = np.array([2.0, 4.0, 1.0, 6.0])
     u_b[2] = 1.0      # stale: the last load heard from peer 2 (same value here)
-    f_b = ref_features(u_b, [True] * n)
+    f_b = ref_features(u_b, [True] * n, kind)
     cost = mc * (own_mig + 3 + 4) + sc * (own_stl + 0 + 5)
     payoff = -f_b[1] - cost
     delta = payoff + gamma * theta @ f_b - theta @ f_a
@@ -312,7 +316,8 @@ def test_learns_to_migrate_when_own_load_is_much_higher(seed):
     mirror image. Migrating shrinks the imbalance in the first and grows it in the second,
     so the learned migrate probability must go up in the first and stay low in the second:
     a state-dependent rule, learned from the payoff alone."""
-    p = MalcolmPolicy(2, 0, seed=seed, batch_windows=4, consensus_every=0)
+    p = MalcolmPolicy(2, 0, seed=seed, batch_windows=4, consensus_every=0, actor_lr=0.01,
+                      init_scale=0.1)
     state = np.array([8.0, 1.0])
     before = _migrate_prob(p, state)
     x = state.copy()
@@ -355,6 +360,7 @@ def test_frozen_policy_does_not_change():
     (dict(load_scale=0.0), ValueError, "load_scale"),
     (dict(migration_cost="high"), TypeError, "migration_cost"),
     (dict(init="xavier"), ValueError, "init"),
+    (dict(features="deep"), ValueError, "features"),
     (dict(learn="maybe"), TypeError, "learn"),
 ])
 def test_bad_params_raise_clear_errors(kw, exc, match):

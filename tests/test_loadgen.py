@@ -64,7 +64,7 @@ def test_fixed_delay_percentiles(kind):
     # The stub answers `delay` after it received the task, which is after the intended
     # send time: no latency can be below the delay.
     assert lu["min"] >= delay_us
-    assert delay_us <= lu["p50"] <= delay_us + 700, lu
+    assert delay_us <= lu["p50"] <= delay_us + 1000, lu
     assert lu["p99"] >= lu["p50"]
     # the histogram agrees with the exact samples
     raw = rep["_raw"]
@@ -121,6 +121,13 @@ def test_shares_changes_and_client_po2():
     exp0 = 250 + 2250
     assert abs(sent[0] - exp0) < 0.15 * exp0, sent
     assert rep["per_server"]["answered"] == sent
+
+    # the uniform client policy spreads evenly
+    with StubServer("udp", index=0, delay_us=100) as a, \
+            StubServer("udp", index=1, delay_us=100) as b:
+        rep = run_load(spec_for([a, b], duration_s=0.5, policy="random"), 2000)
+    sent = rep["per_server"]["sent"]
+    assert rep["accounted"] and abs(sent[0] - sent[1]) < 0.15 * sum(sent), sent
 
     # po2 learns from piggybacked queue lengths: the slow stub holds more tasks, so it gets
     # fewer than the uniform half (not none: its reports are up to 20 ms stale, and a

@@ -1,6 +1,8 @@
 """The verbs transport refuses to start without pyverbs, its extension or a device, and says
 how to fix it. These run everywhere (no RDMA needed): the missing parts are simulated."""
 
+import os
+import subprocess
 import sys
 import types
 
@@ -24,7 +26,7 @@ def test_missing_extension_names_the_build(monkeypatch):
     with pytest.raises(verbs.VerbsUnavailable, match="libibverbs-dev"):
         verbs._native()
     with pytest.raises(verbs.VerbsUnavailable, match="libibverbs-dev"):
-        verbs.VerbsTransport
+        _ = verbs.VerbsTransport
 
 
 def test_no_device_names_rdma_rxe(monkeypatch):
@@ -36,6 +38,17 @@ def test_no_device_names_rdma_rxe(monkeypatch):
         verbs.Endpoint()
 
 
+def test_kernel_without_rdma_names_the_fix(monkeypatch):
+    def fail():
+        raise RuntimeError("Failed to get devices list")      # what pyverbs raises then
+
+    fake = types.SimpleNamespace(get_device_list=fail)
+    monkeypatch.setattr(verbs, "_pyverbs", lambda: (None, None, fake, None, None, None, None))
+    assert verbs.list_devices() == []
+    with pytest.raises(verbs.VerbsUnavailable, match="no RDMA support.*modprobe rdma_rxe"):
+        verbs.require()
+
+
 def test_address_round_trip_and_bounds():
     a = verbs.Address(bytes(range(16)), 0x1234, 0x11111111)
     assert len(a.pack()) == verbs.Address.SIZE
@@ -44,3 +57,27 @@ def test_address_round_trip_and_bounds():
         verbs.Address.unpack(a.pack()[:-1])
     with pytest.raises(ValueError):
         verbs.Address.unpack(bytes(16) + bytes(8))
+
+
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                      "scripts", "rdma-vm")
+
+
+def _run_script(*args, **env):
+    return subprocess.run(["bash", SCRIPT, *args], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, **env))
+
+
+def test_rdma_vm_missing_qemu_fails_clearly_unless_told_to_skip():
+    r = _run_script("--no-install", RDMA_VM_QEMU="/nonexistent/qemu")
+    assert r.returncode == 3, r.stderr
+    assert "qemu-system-x86" in r.stderr and "apt-get install" in r.stderr
+    r = _run_script("--no-install", "--skip-if-missing", RDMA_VM_QEMU="/nonexistent/qemu")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("MALCOLM-VM-SKIP") and "qemu-system-x86" in r.stdout
+
+
+def test_rdma_vm_help_and_bad_option():
+    assert _run_script("--help").returncode == 0
+    r = _run_script("--frobnicate")
+    assert r.returncode == 2 and "unknown option" in r.stderr

@@ -176,3 +176,89 @@ def test_transport_pingpong_through_an_echo_thread(capsys):
     finally:
         a.close()
         b.close()
+
+
+def test_dead_destination_fails_counted_and_stalls_only_once():
+    import time
+
+    from malcolm.net.transport import open_transport
+
+    host = os.environ.get("MALCOLM_RDMA_HOST", "10.77.0.1")
+    a = open_transport("verbs", f"{host}:0")
+    try:
+        nobody = f"{host}:9"
+        t0 = time.monotonic()
+        a.send(nobody, b"one")              # first contact: a bounded wait for the answer
+        assert time.monotonic() - t0 < 2.0
+        a.recv(2.6)                         # polling gives up on it after 2 s
+        s = a.stats()
+        assert s["resolve_failed"] == 1 and s["n_send_failed"] == 1, s
+        t0 = time.monotonic()
+        a.send(nobody, b"two")              # known dead: held and resolved in the background
+        assert time.monotonic() - t0 < 0.2
+        a.recv(2.6)
+        s = a.stats()
+        assert s["resolve_failed"] == 2 and s["n_send_failed"] == 2 and s["n_sent"] == 0, s
+    finally:
+        a.close()
+
+
+def test_many_clients_each_get_their_own_answer():
+    from malcolm.net.transport import open_transport
+
+    host = os.environ.get("MALCOLM_RDMA_HOST", "10.77.0.1")
+    server = open_transport("verbs", f"{host}:0")
+    clients = []
+    try:
+        # 20 peers grow the peer list and rebuild its hash tables several times.
+        clients = [open_transport("verbs", f"{host}:0") for _ in range(20)]
+        for i, c in enumerate(clients):
+            c.send(server.address, f"client {i}".encode())
+        got = []
+        for _ in range(100):
+            got += server.recv(0.1)
+            if len(got) == len(clients):
+                break
+        assert sorted(d for d, _ in got) == sorted(f"client {i}".encode()
+                                                   for i in range(len(clients)))
+        for data, src in got:
+            server.send(src, data.upper())
+        for i, c in enumerate(clients):
+            assert [d for d, _ in c.recv(5.0)] == [f"CLIENT {i}".encode()]
+        s = server.stats()
+        assert s["peers"] == 20 and s["unknown_src"] == 0 and s["n_send_failed"] == 0, s
+    finally:
+        for c in clients:
+            c.close()
+        server.close()
+
+
+def test_garbage_on_the_address_port_is_counted_and_harmless():
+    import random
+    import socket
+    import struct
+
+    from malcolm.net.transport import open_transport
+
+    host = os.environ.get("MALCOLM_RDMA_HOST", "10.77.0.1")
+    a = open_transport("verbs", f"{host}:0")
+    b = open_transport("verbs", f"{host}:0")
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        rng = random.Random(3)
+        good = b"MCV1" + bytes([1, 0]) + struct.pack("!HII", 0, 0x1234, 0x11111111) + bytes(16)
+        bad = [b"", b"MCV1", bytes(32), good[:31], good + b"x",
+               b"MCV2" + good[4:], good[:4] + b"\x07" + good[5:],                 # bad type
+               good[:8] + struct.pack("!I", 0) + good[12:],                     # QP number 0
+               good[:8] + struct.pack("!I", 1 << 24) + good[12:]]               # too large
+        bad += [bytes(rng.randrange(256) for _ in range(rng.randrange(64))) for _ in range(40)]
+        for m in bad:
+            s.sendto(m, b.address)
+        a.send(b.address, b"still fine")
+        assert [d for d, _ in b.recv(5.0)] == [b"still fine"]
+        st = b.stats()
+        assert st["ctl_bad"] >= 9 and st["peers"] == 1, st
+    finally:
+        s.close()
+        a.close()
+        b.close()

@@ -11,8 +11,12 @@ delay, 100 µs window); the first ``--warmup`` fraction of tasks is not measured
 policy alike (Malcolm learns during it, and keeps learning after it). Malcolm's
 ``load_scale`` is set to the workload's mean service time (its documented normalisation).
 
+"Malcolm frozen at init" is the same random initial policy with learning off: the control
+that shows what learning adds.
+
 Writes ``fig7_1.{csv,png}``, ``fig7_2.{csv,png}`` and ``fig7_1_2_summary.csv`` (the highest
-load at which each policy keeps p99 <= 10x the mean service time).
+load at which each policy keeps p99 <= 10x the mean service time, and the highest with p99
+within 1.5x of the ideal cFCFS's p99 at the lowest load).
 
     python3 bench/figures/fig7_1_2.py [--out out/figures] [--quick] [--rack homo|hetero|both]
 """
@@ -31,18 +35,20 @@ MEAN_US = {"exp:50": 50.0, "bimodal": 95.0, "hyperexp1": 275.0, "hyperexp2": 387
 
 def policies(wl):
     scale = int(MEAN_US[wl] * 1000)
-    return [("Malcolm", f"malcolm:load_scale={scale}"), ("JSQ", "jsq"), ("JBT", "jbt"),
+    return [("Malcolm", f"malcolm:load_scale={scale}"),
+            ("Malcolm frozen at init", f"malcolm:load_scale={scale},learn=0"),
+            ("JSQ", "jsq"), ("JBT", "jbt"),
             ("client po2", "po2"), ("cFCFS (ideal)", "cfcfs"),
             ("RackSched (ideal)", "racksched")]
 
 
-def max_load(rows, factor=10.0):
-    """Per (series, workload): the highest load up to which p99 <= factor x mean service."""
+def max_load(rows, limit):
+    """Per (series, workload): the highest load up to which p99 <= limit(workload)."""
     out = {}
     for r in sorted(rows, key=lambda r: r["load"]):
         k = (r["series"], r["workload"])
         ld, ok = out.get(k, (0.0, True))
-        if ok and r["p99_us"] <= factor * MEAN_US[r["workload"]]:
+        if ok and r["p99_us"] <= limit(r["workload"]):
             out[k] = (r["load"], True)
         else:
             out[k] = (ld, False)
@@ -60,7 +66,7 @@ def plot(rows, path, title):
         sel = [r for r in rows if r["workload"] == wl]
         for s in dict.fromkeys(r["series"] for r in sel):
             pts = sorted((r["load"], r["p99_us"]) for r in sel if r["series"] == s)
-            style = "--" if "ideal" in s else "-"
+            style = "--" if "ideal" in s else (":" if "frozen" in s else "-")
             ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", ms=3,
                     label=s, lw=2.2 if s == "Malcolm" else 1.2)
         ax.axhline(10 * MEAN_US[wl], color="grey", lw=0.8, ls=":", label="10x mean service")
@@ -102,16 +108,27 @@ def main():
         plot(rows, os.path.join(a.out, f"{name}.png"),
              f"{name.replace('fig', 'Fig ').replace('_', '.')}: p99 vs load, {title} "
              f"({tasks} tasks/point, first {a.warmup:.0%} not measured)")
-        for (s, wl), ld in max_load(rows).items():
-            summary.append(dict(rack=rack, series=s, workload=wl, max_load_p99_10x=ld))
+        # the issue's criterion, and one that HyperExp-2 (p99 > 10x mean even for the ideal
+        # cFCFS) can meet: within 1.5x of cFCFS's p99 at the lowest load
+        ideal = {wl: min(r["p99_us"] for r in rows
+                         if r["workload"] == wl and r["series"].startswith("cFCFS"))
+                 for wl in wls}
+        ten = max_load(rows, lambda wl: 10 * MEAN_US[wl])
+        near = max_load(rows, lambda wl, ideal=ideal: 1.5 * ideal[wl])
+        for (s, wl), ld in ten.items():
+            summary.append(dict(rack=rack, series=s, workload=wl, max_load_p99_10x=ld,
+                                max_load_p99_1_5x_ideal=near[(s, wl)]))
+    fields = ["rack", "series", "workload", "max_load_p99_10x", "max_load_p99_1_5x_ideal"]
     with open(os.path.join(a.out, "fig7_1_2_summary.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["rack", "series", "workload", "max_load_p99_10x"])
+        w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         w.writerows(summary)
-    print("max load with p99 <= 10x mean service time", file=sys.stderr)
+    print("max load with p99 <= 10x mean service time | <= 1.5x ideal cFCFS low-load p99",
+          file=sys.stderr)
     for r in summary:
-        print(f"  {r['rack']:>9} {r['workload']:>9} {r['series']:>18}: "
-              f"{r['max_load_p99_10x']:.2f}", file=sys.stderr)
+        print(f"  {r['rack']:>9} {r['workload']:>9} {r['series']:>22}: "
+              f"{r['max_load_p99_10x']:.2f} | {r['max_load_p99_1_5x_ideal']:.2f}",
+              file=sys.stderr)
 
 
 if __name__ == "__main__":

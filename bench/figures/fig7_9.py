@@ -14,8 +14,8 @@ all of them (1.6 gives 60% before the change).
 
 The plot shows the mean load (expected wait) of each server type, 1 ms bins. "Time to
 re-converge" is the time from the change until the 5 ms moving average of the spread between
-the types' mean loads first comes back within 1.5x its pre-change mean (plus 1 µs);
-``inf`` if it never does within the run.
+the types' mean loads is back within 1.5x its pre-change mean (plus 1 µs) and stays there for
+50 ms; ``inf`` if that never happens within the run.
 
 Writes ``fig7_9.csv`` (curves), ``fig7_9_reconverge.csv`` and ``fig7_9.png``.
 
@@ -60,14 +60,20 @@ def bins(t_us, y, ms):
         np.bincount(b, None, nb), 1)
 
 
-def reconverge_ms(tm, spread, t_change_ms):
+def reconverge_ms(tm, spread, t_change_ms, hold_ms=50):
+    """Time from the change until the 5 ms moving average of the spread is back within 1.5x
+    (+1 µs) of its pre-change mean and stays there for ``hold_ms``; inf if never."""
     before = spread[(tm < t_change_ms) & (tm > t_change_ms / 2)]
     if not len(before):
         return float("nan")
     thr = 1.5 * before.mean() + 1.0
     ma = np.convolve(spread, np.ones(5) / 5, mode="same")
-    after = np.nonzero((tm > t_change_ms) & (ma <= thr))[0]
-    return float(tm[after[0]] - t_change_ms) if len(after) else float("inf")
+    ok = ma <= thr
+    for i in np.nonzero(tm > t_change_ms)[0]:
+        win = (tm >= tm[i]) & (tm < tm[i] + hold_ms)
+        if tm[i] + hold_ms <= tm[-1] and ok[win].all():
+            return float(tm[i] - t_change_ms)
+    return float("inf")
 
 
 def main():

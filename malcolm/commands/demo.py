@@ -51,7 +51,7 @@ def _free_udp_ports(n):
     return ports
 
 
-def rack_toml(policy, servers, window_us=200.0, name="demo"):
+def rack_toml(policy, servers, window_us=1000.0, name="demo"):
     """The rack file of one demo run; ``servers`` is a list of (address, workers)."""
     lines = ["[rack]", f'name = "{name}"', 'transport = "udp"', 'poll = "adaptive"',
              f"window_us = {window_us}", 'handler = "sleep"', "capacity = 4096", "",
@@ -68,7 +68,7 @@ class Demo:
 
     def __init__(self, quick=False, fast=2, slow=2, fast_workers=3, workload="exp:2000",
                  policies=("malcolm", "jsq", "po2"), loads=None, duration=None,
-                 warmup=None, echo=print, logdir=None):
+                 warmup=None, echo=print, logdir=None, window_us=1000.0):
         from malcolm.workloads import parse_workload
         cfg = QUICK if quick else FULL
         self.loads = tuple(loads or cfg["loads"])
@@ -91,6 +91,7 @@ class Demo:
         self.stop = threading.Event()
         self.logdir = logdir
         self.rack = None
+        self.window_us = window_us
 
     def _run_policy(self, name, tmp):
         from malcolm.commands.rack import LocalRack
@@ -99,12 +100,13 @@ class Demo:
         if name == "malcolm":
             # Malcolm scales loads (ns) by load_scale before they enter its features; its
             # default suits ~50 µs tasks, so set it to this workload's mean service time.
-            server_pol = dict(server_pol, load_scale=float(self.wl.mean_us * 1e3))
+            server_pol = dict(server_pol, load_scale=float(self.wl.mean_us * 1e3),
+                              window_ns=int(self.window_us * 1e3))
         ports = _free_udp_ports(len(self.workers))
         servers = [(f"127.0.0.1:{p}", w) for p, w in zip(ports, self.workers, strict=True)]
         path = os.path.join(tmp, f"rack-{name}.toml")
         with open(path, "w") as f:
-            f.write(rack_toml(server_pol, servers))
+            f.write(rack_toml(server_pol, servers, window_us=self.window_us))
         logdir = os.path.join(self.logdir or tmp, f"logs-{name}")
         os.makedirs(logdir, exist_ok=True)
         self.rack = LocalRack(path, logdir=logdir)
@@ -204,9 +206,11 @@ def plot(rows, path, title):
 @click.option("--duration", type=float, default=None, help="Seconds measured per load.")
 @click.option("--workload", default="exp:2000", show_default=True,
               help="Service times (µs), as in `malcolm sim`.")
+@click.option("--window-us", default=1000.0, show_default=True,
+              help="Policy window (heartbeat period) of the demo racks, µs.")
 @click.option("--logdir", default=None, type=click.Path(file_okay=False),
               help="Keep the servers' output here (default: a temporary directory).")
-def demo(quick, png, json_path, policies, loads, duration, workload, logdir):
+def demo(quick, png, json_path, policies, loads, duration, workload, window_us, logdir):
     """Run a small heterogeneous rack here and compare Malcolm with JSQ and client po2.
 
     Two fast servers (3 workers) and two slow ones (1 worker), `sleep` handler, UDP on
@@ -220,11 +224,13 @@ def demo(quick, png, json_path, policies, loads, duration, workload, logdir):
         raise click.UsageError(f"--loads {loads!r} must be numbers like 0.5,0.7") from None
     d = Demo(quick=quick, policies=[p.strip() for p in policies.split(",") if p.strip()],
              loads=load_list, duration=duration, workload=workload,
-             echo=lambda s: (click.echo(s), sys.stdout.flush()), logdir=logdir)
+             echo=lambda s: (click.echo(s), sys.stdout.flush()), logdir=logdir,
+             window_us=window_us)
     old_int = signal.signal(signal.SIGINT, lambda *a: d.stop.set())
     old_term = signal.signal(signal.SIGTERM, lambda *a: d.stop.set())
     t0 = time.monotonic()
-    click.echo(f"malcolm demo: 4 servers (workers {d.workers}, sleep handler, udp), "
+    click.echo(f"malcolm demo: 4 servers (workers {d.workers}, sleep handler, udp, "
+               f"{d.window_us:g} µs windows), "
                f"workload {d.wl.describe()}; capacity {d.capacity:.0f} tasks/s; loads "
                f"{', '.join(f'{x:g}' for x in d.loads)}; {d.duration:g} s each")
     click.echo(HEADER)

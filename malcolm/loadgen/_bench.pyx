@@ -26,7 +26,7 @@ cdef extern from "loadgen/_floor.h" nogil:
         int64_t cpu_ns
         int64_t wall_ns
     int fl_udp_pingpong(int n, int size, int64_t* rtt, double max_s, int block)
-    int fl_shm_pingpong(int n, int size, int64_t* rtt, double max_s)
+    int fl_shm_pingpong(int n, int size, int64_t* rtt, double max_s, int block)
     int fl_udp_reflect(double seconds, int size, fl_refl* out)
     int fl_shm_reflect(double seconds, int size, fl_refl* out)
 
@@ -39,8 +39,9 @@ def _kind(str kind):
 
 def floor_pingpong(str kind, int n=20000, int size=64, double max_s=5.0, bint block=False):
     """Round-trip times (ns, numpy) of a plain-C ping-pong over ``udp`` or ``shm`` rings:
-    ``n`` of them, or as many as fit in ``max_s`` seconds. Both sides busy-poll, or with
-    ``block`` (udp only) both block in ``recv``."""
+    ``n`` of them, or as many as fit in ``max_s`` seconds. The pinging side busy-polls; the
+    answering side too, or with ``block`` it blocks (udp: in ``recv``; shm: on the ring's
+    futex doorbell) like a server that sleeps when idle."""
     rtt = np.zeros(n, dtype=np.int64)
     cdef int64_t[::1] v = rtt
     cdef int rc
@@ -49,7 +50,7 @@ def floor_pingpong(str kind, int n=20000, int size=64, double max_s=5.0, bint bl
         if udp:
             rc = fl_udp_pingpong(n, size, &v[0], max_s, block)
         else:
-            rc = fl_shm_pingpong(n, size, &v[0], max_s)
+            rc = fl_shm_pingpong(n, size, &v[0], max_s, block)
     if rc < 0:
         raise OSError(-rc, f"floor {kind} ping-pong failed")
     return rtt[:rc]
@@ -134,13 +135,15 @@ def ping_server(Transport tr not None, server, int n=20000, int warm=1000,
 
 
 def flood_server(Transport tr not None, server, double seconds=1.0, int window=256):
-    """Keep up to ``window`` tasks in flight at a server for ``seconds``; returns the
-    responses received. Tasks the transport loses are replaced after 2 ms."""
+    """Keep up to ``window`` tasks in flight at a server for ``seconds``. Tasks the transport
+    reports it could not send free their place at once; over udp, where the kernel drops
+    silently, the window is refilled after 50 ms without any response."""
     cdef NetAddr dst
     cdef MsgBuf* b
     cdef int k
     cdef int64_t now, end, last_rx
-    cdef uint64_t sent = 0, recv = 0
+    cdef uint64_t sent = 0, recv = 0, failed0 = tr.n_send_failed
+    cdef bint udp = tr.kind == "udp"
     addr_parse(tr.kind, server, &dst)
     with nogil:
         now = mc_now_ns()
@@ -155,12 +158,14 @@ def flood_server(Transport tr not None, server, double seconds=1.0, int window=2
                     sent += 1
                     k += 1
                 tr.tx_flush()
+                recv += tr.n_send_failed - failed0
+                failed0 = tr.n_send_failed
             k = tr.rx_poll(BATCH)
             if k:
                 recv += k
                 tr.rx_release(k)
                 last_rx = now
-            elif now - last_rx > 2_000_000:
+            elif udp and now - last_rx > 50_000_000:
                 recv = sent          # lost in the kernel: refill the window
                 last_rx = now
             now = mc_now_ns()

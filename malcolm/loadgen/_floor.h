@@ -73,7 +73,8 @@ static void *fl_udp_pong_main(void *arg) {
 }
 
 /* Up to n round trips of `size`-byte datagrams, for at most max_s seconds; rtt[i] in ns.
-   Both sides busy-poll, or (block) both block in recv. Returns the number done, or -errno. */
+   The pinging side busy-polls; the answering side too, or (block) it blocks in recv, like a
+   client busy-polling a server that sleeps when idle. Returns the number done, or -errno. */
 static int fl_udp_pingpong(int n, int size, int64_t *rtt, double max_s, int block) {
   struct sockaddr_in a, b; uint8_t buf[256];
   if (size < 2 || size > 256) return -EINVAL;
@@ -90,7 +91,7 @@ static int fl_udp_pingpong(int n, int size, int64_t *rtt, double max_s, int bloc
     if (t0 > deadline) break;
     sendto(fa, buf, (size_t)size, 0, (struct sockaddr *)&b, sizeof(b));
     int64_t spins = 0;
-    while (recv(fa, buf, sizeof(buf), block ? 0 : MSG_DONTWAIT) <= 0) {
+    while (recv(fa, buf, sizeof(buf), MSG_DONTWAIT) <= 0) {   /* the client always spins */
       fl_relax();
       if (++spins > 200000000) { rtt[i] = -1; break; }
     }
@@ -110,24 +111,39 @@ static mc_ring_hdr *fl_ring_new(uint32_t cap, uint32_t cell) {
   return r;
 }
 
+/* Wait for a message on ring r: spin, or (block) sleep on its doorbell like the shm
+   transport does. NULL only when *stop is set. */
+static mc_cell_hdr *fl_ring_wait(mc_ring_hdr *r, int block, volatile int *stop) {
+  mc_cell_hdr *c;
+  while (!(c = mc_ring_peek(r, 0))) {
+    if (stop && *stop) return NULL;
+    if (!block) { fl_relax(); continue; }
+    uint32_t t = mc_bell_prepare(&r->bell);
+    if (!mc_ring_empty(r) || (stop && *stop)) { mc_bell_cancel(&r->bell); continue; }
+    mc_bell_wait(&r->bell, t, 1000000);
+  }
+  return c;
+}
+
 static void *fl_shm_pong_main(void *arg) {
   fl_pong *p = (fl_pong *)arg;
   while (!p->stop) {
-    mc_cell_hdr *c = mc_ring_peek(p->in, 0);
-    if (!c) { fl_relax(); continue; }
+    mc_cell_hdr *c = fl_ring_wait(p->in, p->block, &p->stop);
+    if (!c) break;
     while (mc_ring_push(p->out, c->src, (const uint8_t *)(c + 1), c->len) != 0) fl_relax();
+    mc_bell_ring(&p->out->bell);
     mc_ring_release(p->in, 1);
   }
   return NULL;
 }
 
 /* n round trips through two message rings (the shm transport's ring, in one process). */
-static int fl_shm_pingpong(int n, int size, int64_t *rtt, double max_s) {
+static int fl_shm_pingpong(int n, int size, int64_t *rtt, double max_s, int block) {
   uint8_t buf[256], src[24] = {0};
   if (size < 2 || size > 256) return -EINVAL;
   mc_ring_hdr *ra = fl_ring_new(64, 64 + 256), *rb = fl_ring_new(64, 64 + 256);
   if (!ra || !rb) { free(ra); free(rb); return -ENOMEM; }
-  fl_pong p = {-1, 0, ra, rb, 0};
+  fl_pong p = {-1, 0, ra, rb, block};
   pthread_t th;
   if (pthread_create(&th, NULL, fl_shm_pong_main, &p)) { free(ra); free(rb); return -EAGAIN; }
   memset(buf, 7, sizeof(buf));
@@ -137,13 +153,14 @@ static int fl_shm_pingpong(int n, int size, int64_t *rtt, double max_s) {
     int64_t t0 = fl_now();
     if (t0 > deadline) break;
     while (mc_ring_push(ra, src, buf, (uint32_t)size) != 0) fl_relax();
-    mc_cell_hdr *c;
-    while (!(c = mc_ring_peek(rb, 0))) fl_relax();
+    mc_bell_ring(&ra->bell);
+    fl_ring_wait(rb, 0, NULL);                                 /* the client always spins */
     mc_ring_release(rb, 1);
     rtt[i] = fl_now() - t0;
     done++;
   }
   p.stop = 1;
+  mc_bell_ring(&ra->bell);
   pthread_join(th, NULL);
   free(ra); free(rb);
   return done;

@@ -226,9 +226,12 @@ class LoadSpec:
             return None
         from malcolm.policy import registry
         try:
-            name, params = registry.parse_policy(self.policy) if not self.policy.strip() \
-                .lower().startswith("random") else ("random", {})
-            info = registry.POLICIES.get(name)
+            if self.policy.strip().lower() == "random":
+                # the uniform base ClientPolicy (the registry's "random" is the server one)
+                name, params, info = "random", {}, None
+            else:
+                name, params = registry.parse_policy(self.policy)
+                info = registry.POLICIES.get(name)
             if info is not None and info.kind != "client":
                 where = ("set it in the rack file's [policy] section: it runs in the "
                          "gateways" if info.kind == "server" else "it exists only in the "

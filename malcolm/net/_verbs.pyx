@@ -21,7 +21,7 @@ slot's wr_id is its index; a send's wr_id is its sequence number.
 
 from cpython.object cimport PyObject
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
-from libc.stdlib cimport calloc, free
+from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcmp, memcpy, memmove, memset
 
 from malcolm.net._wire cimport MAX_MSG, NetAddr
@@ -196,12 +196,13 @@ cdef struct Peer:
     uint32_t qkey
     uint8_t gid[16]
     int v4          # IPv4-mapped GID: RoCE v2 over IPv4 puts the source address at GRH+32
-    NetAddr logical # the peer's transport address (its control socket); zero when none
+    NetAddr logical  # the peer's transport address (its control socket); zero when none
 
 
 cdef enum:
     CTL_LEN = 32
     INTRO_CAP = 256
+    MAX_PEERS = 1 << 16          # anyone can introduce itself: bound the table
 
 
 cdef struct Intro:
@@ -270,7 +271,15 @@ cdef class UDQueue:
     cdef ibv_wc stash[WC_BATCH]
     cdef int n_stash
     cdef Peer *peers
-    cdef int n_peers, cap_peers, last_peer
+    cdef int n_peers, cap_peers
+    # Open-addressing hash tables of peer indices (-1 empty): by transport address, for
+    # sends, and by QP number, for receives. Peers are never removed; an entry left behind
+    # by a peer's old QP number is skipped (the peer's qpn no longer matches) and dropped at
+    # the next rebuild.
+    cdef int32_t *ltab
+    cdef int32_t *qtab
+    cdef uint32_t tmask
+    cdef int t_used
     # Introductions (GID, QP number, Q_Key, LID of a transport address) that the transport's
     # address thread receives; only the polling thread turns them into peers.
     cdef Intro *intros
@@ -330,7 +339,10 @@ cdef class UDQueue:
         self.cap_peers = 16
         self.peers = <Peer *>calloc(self.cap_peers, sizeof(Peer))
         self.intros = <Intro *>calloc(INTRO_CAP, sizeof(Intro))
-        if (self.intros == NULL or self.rwr == NULL or self.rsge == NULL or self.repost == NULL or self.swr == NULL
+        if _tables_rebuild(self, 32) != 0:
+            raise MemoryError()
+        if (self.intros == NULL or self.rwr == NULL or self.rsge == NULL
+                or self.repost == NULL or self.swr == NULL
                 or self.ssge == NULL or self.peers == NULL):
             raise MemoryError()
         cdef int i
@@ -362,6 +374,8 @@ cdef class UDQueue:
         free(self.ssge)
         free(self.peers)
         free(self.intros)
+        free(self.ltab)
+        free(self.qtab)
 
     cdef void _destroy_ahs(self) noexcept:
         cdef int i
@@ -420,6 +434,8 @@ cdef class UDQueue:
         memcpy(p.gid, <const char *>gid, 16)
         p.v4 = gid[:12] == b"\0" * 10 + b"\xff\xff"
         self.keep = (self.keep, ah)
+        if _tab_add(self, self.qtab, _hash_qpn(qpn), i) != 0:
+            raise MemoryError()
         return i
 
     @property
@@ -529,6 +545,62 @@ cdef class UDQueue:
         return self.send_head - self.send_tail
 
 
+cdef inline uint32_t _hash_qpn(uint32_t qpn) noexcept nogil:
+    return qpn * <uint32_t>2654435761U
+
+
+cdef inline uint32_t _hash_addr(const NetAddr *a) noexcept nogil:
+    cdef uint32_t w[6]
+    cdef uint64_t h = <uint64_t>0x9E3779B97F4A7C15ULL
+    cdef int i
+    memcpy(w, a, 24)
+    for i in range(6):
+        h = (h ^ w[i]) * <uint64_t>0xff51afd7ed558ccdULL
+    return <uint32_t>(h >> 29)
+
+
+cdef int _tables_rebuild(UDQueue q, uint32_t size) noexcept nogil:
+    """(Re)build both tables at ``size`` slots (a power of two) from the peer list."""
+    cdef int32_t *lt = <int32_t *>malloc(size * sizeof(int32_t))
+    cdef int32_t *qt = <int32_t *>malloc(size * sizeof(int32_t))
+    cdef int i
+    if lt == NULL or qt == NULL:
+        free(lt)
+        free(qt)
+        return -1
+    memset(lt, 0xff, size * sizeof(int32_t))
+    memset(qt, 0xff, size * sizeof(int32_t))
+    free(q.ltab)
+    free(q.qtab)
+    q.ltab, q.qtab, q.tmask, q.t_used = lt, qt, size - 1, 0
+    for i in range(q.n_peers):
+        if q.peers[i].logical.family != 0:
+            _tab_put(q, q.ltab, _hash_addr(&q.peers[i].logical), i)
+        if q.peers[i].qpn != 0:
+            _tab_put(q, q.qtab, _hash_qpn(q.peers[i].qpn), i)
+    return 0
+
+
+cdef inline void _tab_put(UDQueue q, int32_t *tab, uint32_t h, int idx) noexcept nogil:
+    h &= q.tmask
+    while tab[h] >= 0:
+        h = (h + 1) & q.tmask
+    tab[h] = idx
+    q.t_used += 1
+
+
+cdef int _tab_add(UDQueue q, int32_t *tab, uint32_t h, int idx) noexcept nogil:
+    """Insert, first growing both tables if they would get over a quarter full."""
+    cdef bint is_l = tab == q.ltab
+    if <uint32_t>(q.t_used + 1) * 4 > q.tmask + 1:
+        if _tables_rebuild(q, (q.tmask + 1) * 2) != 0:
+            return -1
+        # The rebuild already holds idx if the peer's fields are set; adding it again would
+        # only leave a duplicate, which lookups tolerate.
+    _tab_put(q, q.ltab if is_l else q.qtab, h, idx)
+    return 0
+
+
 cdef int _peer_slot(UDQueue q, const NetAddr *logical) noexcept nogil:
     """Index of the peer with this logical address (a zero address always gets a new slot),
     growing the table when needed; -1 when out of memory."""
@@ -538,6 +610,8 @@ cdef int _peer_slot(UDQueue q, const NetAddr *logical) noexcept nogil:
         i = uq_find_logical(q, logical)
         if i >= 0:
             return i
+    if q.n_peers >= MAX_PEERS:
+        return -1
     if q.n_peers == q.cap_peers:
         grown = <Peer *>calloc(2 * q.cap_peers, sizeof(Peer))
         if grown == NULL:
@@ -550,19 +624,23 @@ cdef int _peer_slot(UDQueue q, const NetAddr *logical) noexcept nogil:
     memset(&q.peers[i], 0, sizeof(Peer))
     q.peers[i].logical = logical[0]
     q.n_peers += 1
+    if logical.family != 0 and _tab_add(q, q.ltab, _hash_addr(logical), i) != 0:
+        q.n_peers -= 1
+        return -1
     return i
 
 
 cdef int uq_find_logical(UDQueue q, const NetAddr *a) noexcept nogil:
     """Index of the peer registered under transport address ``a``, or -1."""
-    cdef int i = q.last_peer
-    if i < q.n_peers and memcmp(&q.peers[i].logical, a, sizeof(NetAddr)) == 0:
-        return i
-    for i in range(q.n_peers):
+    cdef uint32_t h = _hash_addr(a) & q.tmask
+    cdef int32_t i
+    while True:
+        i = q.ltab[h]
+        if i < 0:
+            return -1
         if memcmp(&q.peers[i].logical, a, sizeof(NetAddr)) == 0:
-            q.last_peer = i
             return i
-    return -1
+        h = (h + 1) & q.tmask
 
 
 cdef int uq_set_peer(UDQueue q, const NetAddr *logical, const uint8_t *gid, uint32_t qpn,
@@ -602,7 +680,13 @@ cdef int uq_set_peer(UDQueue q, const NetAddr *logical, const uint8_t *gid, uint
         ibv_destroy_ah(p.ah)
     p.ah = ah
     p.owned_ah = 1
-    p.qpn = qpn
+    if p.qpn != qpn:
+        p.qpn = qpn
+        if _tab_add(q, q.qtab, _hash_qpn(qpn), i) != 0:
+            q.ah_failed += 1
+            p = &q.peers[i]
+            p.qpn = 0       # unreachable by receives, but no dangling state
+    p = &q.peers[i]
     p.qkey = qkey
     memcpy(p.gid, gid, 16)
     cdef uint8_t v4[12]
@@ -616,7 +700,9 @@ cdef int uq_set_peer(UDQueue q, const NetAddr *logical, const uint8_t *gid, uint
 cdef extern from *:
     """
     static inline uint64_t mcv_load64(uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-    static inline void mcv_store64(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+    static inline void mcv_store64(uint64_t *p, uint64_t v) {
+        __atomic_store_n(p, v, __ATOMIC_RELEASE);
+    }
     """
     uint64_t mcv_load64(uint64_t *p) nogil
     void mcv_store64(uint64_t *p, uint64_t v) nogil
@@ -681,9 +767,14 @@ cdef int _repost(UDQueue q, bint force) noexcept nogil:
 
 cdef inline int _match_peer(UDQueue q, const uint8_t *grh, uint32_t src_qp,
                             unsigned int flags) noexcept nogil:
-    cdef int i
+    cdef uint32_t h = _hash_qpn(src_qp) & q.tmask
+    cdef int32_t i
     cdef Peer *p
-    for i in range(q.n_peers):
+    while True:
+        i = q.qtab[h]
+        if i < 0:
+            return -1
+        h = (h + 1) & q.tmask
         p = &q.peers[i]
         if p.qpn != src_qp or p.ah == NULL:
             continue
@@ -694,7 +785,6 @@ cdef inline int _match_peer(UDQueue q, const uint8_t *grh, uint32_t src_qp,
                 return i
         elif memcmp(grh + 8, p.gid, 16) == 0:
             return i
-    return -1
 
 
 cdef int uq_poll_recv(UDQueue q, UDMsg *out, int max_msgs) noexcept nogil:
@@ -996,6 +1086,7 @@ cdef enum:
     CTL_REPLY = 2
     MAX_PENDING = 256            # destinations being resolved at once
     MAX_PARKED = 256             # messages held while their destination resolves
+    MAX_FAILED = 64              # destinations that did not answer (no more blocking waits)
     RESOLVE_RETRY_NS = 20_000_000
     RESOLVE_GIVE_UP_NS = 2_000_000_000
     RESOLVE_SYNC_NS = 500_000_000       # first contact: wait this long for the answer
@@ -1028,11 +1119,11 @@ cdef class VerbsTransport(Transport):
     device's network interface (RoCE) or of its IPoIB interface, ``port`` a UDP port where a
     small thread of the endpoint answers address queries. The first message to a new
     destination sends it a 32-byte query (GID, QP number, Q_Key, LID; the destination learns
-    ours from it) and waits up to 0.5 s for the answer (microseconds on a real network); after that every message goes over
-    the queue pair. A destination that does not answer in time has its messages held (at
-    most 256) while the query is retried for 2 s, then they are counted as failed. Messages
-    from queue pairs that never introduced themselves are counted (``unknown_src``) and
-    dropped.
+    ours from it) and waits up to 0.5 s for the answer (microseconds on a real network);
+    after that every message goes over the queue pair. A destination that does not answer
+    in time has its messages held (at most 256) while the query is retried for 2 s, then
+    they are counted as failed. Messages from queue pairs that never introduced themselves
+    are counted (``unknown_src``) and dropped.
 
     Parameters
     ----------
@@ -1062,6 +1153,8 @@ cdef class VerbsTransport(Transport):
     cdef Parked *park
     cdef uint8_t *park_mem
     cdef int n_park
+    cdef NetAddr failed[MAX_FAILED]
+    cdef int n_failed
     cdef uint32_t polls
     cdef UDMsg msgs[BATCH]
     cdef readonly uint64_t ctl_bad, ctl_queries, ctl_answers, intro_full, resolve_failed
@@ -1267,6 +1360,11 @@ cdef class VerbsTransport(Transport):
             if peer >= 0 or now - self.pend[i].first_ns > RESOLVE_GIVE_UP_NS:
                 if peer < 0:
                     self.resolve_failed += 1
+                    # Later messages to it are resolved in the background only: a dead
+                    # peer must not stall the gateway again and again.
+                    if self._failed_index(&self.pend[i].dst) < 0:
+                        self.failed[self.n_failed % MAX_FAILED] = self.pend[i].dst
+                        self.n_failed += 1
                 self._unpark(&self.pend[i].dst, peer)
                 self.n_pend -= 1
                 self.pend[i] = self.pend[self.n_pend]
@@ -1297,6 +1395,13 @@ cdef class VerbsTransport(Transport):
             self.n_sent += sent
             uq_flush(self.q)
 
+    cdef int _failed_index(self, const NetAddr *dst) noexcept nogil:
+        cdef int i
+        for i in range(min(self.n_failed, MAX_FAILED)):
+            if memcmp(&self.failed[i], dst, sizeof(NetAddr)) == 0:
+                return i
+        return -1
+
     cdef int _pending_index(self, const NetAddr *dst) noexcept nogil:
         cdef int i
         for i in range(self.n_pend):
@@ -1315,6 +1420,7 @@ cdef class VerbsTransport(Transport):
             self.pend[self.n_pend].first_ns = now
             self.pend[self.n_pend].last_ns = now
             self.n_pend += 1
+            mcv_sendto(self.ctl_fd, self.ctl_query, CTL_LEN, &b.peer)
         memcpy(self.park[self.n_park].data, b.data, b.len)
         self.park[self.n_park].dst = b.peer
         self.park[self.n_park].len = b.len
@@ -1362,7 +1468,8 @@ cdef class VerbsTransport(Transport):
         for i in range(n):
             peer = uq_find_logical(self.q, &self.tx[i].peer)
             if peer < 0 and self.tx[i].peer.family != 0:
-                if self._pending_index(&self.tx[i].peer) < 0:
+                if (self._pending_index(&self.tx[i].peer) < 0
+                        and self._failed_index(&self.tx[i].peer) < 0):
                     peer = self._resolve_now(&self.tx[i].peer)
                 if peer < 0:
                     if now == 0:

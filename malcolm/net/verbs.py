@@ -14,6 +14,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import struct
+import sys
 from dataclasses import dataclass
 
 PYVERBS_DIR = "/usr/lib/python3/dist-packages/pyverbs"
@@ -73,14 +74,24 @@ def require():
 def list_devices(require_one=False):
     """Names of the RDMA devices that libibverbs sees."""
     device = _pyverbs()[2]
-    names = [d.name.decode() if isinstance(d.name, bytes) else d.name
-             for d in device.get_device_list()]
-    if require_one and not names:
+    try:
+        devs = device.get_device_list()
+    except Exception as exc:  # noqa: BLE001 - PyverbsRDMAError when the kernel has no RDMA
+        if not require_one:
+            return []
         raise VerbsUnavailable(
-            "no RDMA device found. Fix: load the adapter's driver (mlx5_ib, say); or for "
-            "Soft-RoCE as root: modprobe rdma_rxe && rdma link add rxe0 type rxe netdev "
-            "<interface>; or run the RDMA tests in the Soft-RoCE guest with scripts/rdma-vm.")
+            f"cannot list RDMA devices ({exc}): this kernel has no RDMA support loaded. "
+            + _NO_DEVICE_FIX) from exc
+    names = [d.name.decode() if isinstance(d.name, bytes) else d.name for d in devs]
+    if require_one and not names:
+        raise VerbsUnavailable("no RDMA device found. " + _NO_DEVICE_FIX)
     return names
+
+
+_NO_DEVICE_FIX = (
+    "Fix: load the adapter's driver (mlx5_ib, say); or for Soft-RoCE as root: modprobe "
+    "rdma_rxe && rdma link add rxe0 type rxe netdev <interface>; or run the RDMA tests in "
+    "the Soft-RoCE guest with scripts/rdma-vm.")
 
 
 def split_address(address):
@@ -306,18 +317,27 @@ class Endpoint:
 
     def close(self):
         """Destroy the verbs objects (the queue first: it borrows their pointers)."""
-        if self.ctx is None:
+        if getattr(self, "ctx", None) is None:
             return
-        if self.queue is not None:
+        if getattr(self, "queue", None) is not None:
             self.queue.close()
         self.queue = None
-        for ah in self._ahs:
+        for ah in getattr(self, "_ahs", ()):
             ah.close()
-        self._ahs.clear()
-        for obj in (self.qp, self.mr, self.scq, self.rcq, self.channel, self.pd, self.ctx):
+        self._ahs = []
+        for name in ("qp", "mr", "scq", "rcq", "channel", "pd", "ctx"):
+            obj = getattr(self, name, None)
             if obj is not None:
                 obj.close()
         self.ctx = None
+
+    def __del__(self):
+        # Close in order (queue first) rather than leave it to pyverbs' deallocators, which
+        # would find the PD still holding address handles.
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - nothing to report to at interpreter exit
+            pass
 
     def __enter__(self):
         return self
@@ -352,6 +372,14 @@ def _main(argv=None):
         q.add_argument("--transport", default="verbs", choices=("verbs", "udp"))
     args = ap.parse_args(argv)
 
+    try:
+        return _run(args, np)
+    except VerbsUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args, np):
     from malcolm.net import _verbs
     from malcolm.net.transport import open_transport
 

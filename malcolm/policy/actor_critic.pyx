@@ -84,7 +84,7 @@ DEFAULTS = dict(
     consensus_every=16,
     gamma=0.9,
     critic_lr=0.05,
-    actor_lr=0.005,
+    actor_lr=0.001,
     weight_decay=1e-4,
     beta1=0.9,
     beta2=0.999,
@@ -94,7 +94,7 @@ DEFAULTS = dict(
     entropy=0.1,
     features="symmetric",
     init="random",
-    init_scale=0.1,
+    init_scale=0.02,
     load_scale=50_000.0,
     load_clip=8.0,
     learn=True,
@@ -395,10 +395,11 @@ cdef class MalcolmPolicy(Policy):
 
     # ------------------------------------------------------------ policy thread
     cdef void _set_load(self, int j, double load) noexcept nogil:
-        cdef double v = load / self.load_scale
-        if not (v > 0.0):           # also maps NaN to 0
-            v = 0.0
-        elif v > self.load_clip:
+        cdef double v
+        if not (load >= 0.0):       # NaN or negative: an estimator glitch, not a load
+            load = 0.0
+        v = load / self.load_scale
+        if v > self.load_clip:
             v = self.load_clip
         self.x[j] = load
         self.u[j] = v
@@ -449,6 +450,8 @@ cdef class MalcolmPolicy(Policy):
         hb.steals = mc_load_relaxed(&self.steals)
         hb.n_theta = self.n_theta
         memcpy(hb.theta, self.P, sizeof(double) * self.n_theta)
+        # the unused tail too: whatever the transport copies must not be stale memory
+        memset(&hb.theta[self.n_theta], 0, sizeof(double) * (MAX_THETA - self.n_theta))
 
     cdef void end_window(self, int64_t now) noexcept nogil:
         self.last_now = now
@@ -648,6 +651,7 @@ cdef class MalcolmPolicy(Policy):
 
     @property
     def B_migrate(self):
+        """Migrate actor biases (copy), length n."""
         return self._vec(self.off_bm, self.n)
 
     @property
@@ -657,6 +661,7 @@ cdef class MalcolmPolicy(Policy):
 
     @property
     def B_steal(self):
+        """Steal actor biases (copy), length n."""
         return self._vec(self.off_bs, self.n)
 
     @property
