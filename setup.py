@@ -5,6 +5,7 @@ Environment switches
 MALCOLM_NATIVE=1   add ``-march=native`` (the binary then runs only on this CPU family).
 MALCOLM_DEBUG=1    debug build: ``-O0 -g``, C assertions on, Cython bounds checks on.
 MALCOLM_ONLY=glob  build only the extensions whose module name matches (for fast iteration).
+MALCOLM_JOBS=N     parallel compile jobs (default: the number of CPUs).
 
 An extension that needs a system library which is missing (libibverbs for the RDMA
 transport) is skipped with a message; the rest of the package still installs.
@@ -18,6 +19,7 @@ import sys
 import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 NATIVE = os.environ.get("MALCOLM_NATIVE") == "1"
 DEBUG = os.environ.get("MALCOLM_DEBUG") == "1"
@@ -69,7 +71,19 @@ def _extensions():
         ))
     return cythonize(exts, language_level=3, compiler_directives=dict(
         directives, cdivision=True, embedsignature=True), annotate=False,
-        nthreads=int(os.environ.get("MALCOLM_JOBS", "0")) or None, quiet=True)
+        nthreads=JOBS, quiet=True)
 
 
-setup(ext_modules=_extensions())
+class ParallelBuildExt(build_ext):
+    """Compile the extensions in parallel (cythonize is parallel too): a fresh build of the
+    whole package is several minutes of gcc on one core."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        if not self.parallel:
+            self.parallel = JOBS
+
+
+JOBS = int(os.environ.get("MALCOLM_JOBS", "0")) or os.cpu_count() or 1
+
+setup(ext_modules=_extensions(), cmdclass={"build_ext": ParallelBuildExt})

@@ -13,7 +13,7 @@ COMMANDS = {
     "bench": ("malcolm.commands.bench", "bench", "Microbenchmarks of the native core and runtime."),
     "sim": ("malcolm.commands.sim", "sim", "Simulate a rack under a load-balancing policy."),
     "serve": ("malcolm.commands.serve", "serve", "Run one server of a rack (real runtime)."),
-    "rack": ("malcolm.commands.rack", "rack", "Start a local rack of servers, or check a rack file."),
+    "rack": ("malcolm.commands.rack", "rack", "Start a local rack, or check a rack file."),
     "loadgen": ("malcolm.commands.loadgen", "loadgen", "Open-loop load generator for a rack."),
     "demo": ("malcolm.commands.demo", "demo", "Main job: a small rack, Malcolm vs baselines."),
 }
