@@ -8,8 +8,9 @@
   oldest waiting task, and sends the policy thread's heartbeat to every peer once a window.
 * **Workers** pop the central queue and run the handler, a C function pointer, without the
   GIL; they feed the measured service times to the load ``Estimator``.
-* The **policy thread** calls ``observe_local`` at the start of each window, ``observe_peer``
-  for each heartbeat as it arrives, then ``end_window`` and ``fill_heartbeat`` (base.pxd).
+* The **policy thread** calls ``observe_peer`` for each heartbeat as it arrives and, at each
+  window boundary, ``observe_local`` (the load now), ``end_window`` and ``fill_heartbeat``
+  (base.pxd), in the simulator's order.
 
 Only the gateway touches the transport (RDMA queue pairs are not thread-safe either); the
 other threads talk to it through lock-free queues and wake it with ``Transport.wake``.
@@ -553,6 +554,13 @@ cdef class Server:
             self._observe_heartbeats()
             now = mc_now_ns()
             if now >= end:
+                # The own load is observed at the boundary, *before* end_window, as the
+                # simulator does: end_window then learns from the state its window's decisions
+                # led to, and the heartbeat carries the current load. (Observing it after
+                # end_window left the policy's own load, its published distribution and its
+                # heartbeats a window stale; on the demo rack that alone made the learning
+                # drift, see docs/loadgen.md "Why Malcolm loses in the demo".)
+                self._observe_local(now)
                 self.policy.end_window(now)
                 self.c.windows += 1
                 if not mc_load_acq(&self.hb_out_pending):
@@ -566,7 +574,6 @@ cdef class Server:
                 else:
                     self.c.hb_skipped += 1
                 now = mc_now_ns()
-                self._observe_local(now)
                 end += self.window_ns
                 if end <= now:          # we fell behind (descheduled): skip, do not burst
                     end = now + self.window_ns

@@ -1,0 +1,66 @@
+"""How the server runtime drives its policy, compared with the simulator.
+
+The simulator calls, at each window boundary of a server, ``observe_local`` (the load now),
+then ``end_window`` and ``fill_heartbeat`` (``malcolm/sim/_engine.pyx``, ``on_window``). The
+runtime used to call ``observe_local`` *after* ``end_window``, so the load the policy learnt
+from, published its distributions with and sent in its heartbeats was a window old. With the
+demo's 1 ms windows that was enough to make Malcolm's learning drift (docs/loadgen.md, "Why
+Malcolm loses in the demo"). These tests pin the simulator's order.
+"""
+
+import time
+
+from malcolm._core import now_ns
+from malcolm.net import wire
+from malcolm.net.server import Server
+from malcolm.net.transport import open_transport
+from malcolm.policy.registry import make_policy
+
+WINDOW_US = 100_000          # long windows, so that "this window" and "the last" differ clearly
+
+
+def _next_heartbeat(peer, srv_addr, deadline):
+    while time.monotonic() < deadline:
+        for data, src in peer.recv(0.05):
+            d = wire.decode(data)
+            if d["kind"] == "heartbeat" and src == srv_addr:
+                return d
+    raise AssertionError("no heartbeat from the server in time")
+
+
+def test_heartbeat_reports_the_load_at_the_end_of_its_window():
+    """Tasks that arrive during a window are in the heartbeat sent at its end.
+
+    A one-worker server with 100 ms windows; right after one of its heartbeats, three 600 ms
+    tasks are sent to it. The first heartbeat stamped more than 20 ms later (the tasks have
+    arrived by then) must count all three (one running, two waiting). With ``observe_local``
+    called after ``end_window`` it reported the load of the window's start: 0 tasks.
+    """
+    peer = open_transport("udp", "127.0.0.1:0")       # a silent "server 1" that only listens
+    client = open_transport("udp", "127.0.0.1:0")
+    tr = open_transport("udp", "127.0.0.1:0")
+    # jbt with an unreachable threshold keeps every task and never steals; without count_own
+    # its heartbeats carry exactly what observe_local gave it.
+    pol = make_policy("jbt", 2, 0, 1, threshold=1e9, count_own=False)
+    srv = Server(tr, [tr.address, peer.address], 0, pol, handler="sleep", workers=1,
+                 window_us=WINDOW_US).start()
+    try:
+        deadline = time.monotonic() + 10
+        _next_heartbeat(peer, tr.address, deadline)
+        # One window now lies ahead: send the tasks at its start.
+        t_sent = now_ns()
+        for i in range(3):
+            client.send(tr.address, wire.encode_task(1, i + 1, service_ns=600_000_000,
+                                                     send_ns=t_sent))
+        while True:
+            hb = _next_heartbeat(peer, tr.address, deadline)
+            if hb["sent_ns"] > t_sent + 20_000_000:
+                break
+        assert hb["queue_len"] == 3.0, hb
+        assert hb["load"] > 0.0, hb
+        assert srv.stats()["accepted"] == 3
+    finally:
+        rep = srv.stop(grace_s=1.5)
+        peer.close()
+        client.close()
+    assert rep["stuck_threads"] == []
