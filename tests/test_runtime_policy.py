@@ -11,9 +11,10 @@ Malcolm loses in the demo"). These tests pin the simulator's order.
 import time
 
 from malcolm._core import now_ns
-from malcolm.net import wire
 from malcolm.net.server import Server
 from malcolm.net.transport import open_transport
+
+from malcolm.net import wire
 from malcolm.policy.registry import make_policy
 
 WINDOW_US = 100_000          # long windows, so that "this window" and "the last" differ clearly
@@ -59,6 +60,56 @@ def test_heartbeat_reports_the_load_at_the_end_of_its_window():
         assert hb["queue_len"] == 3.0, hb
         assert hb["load"] > 0.0, hb
         assert srv.stats()["accepted"] == 3
+    finally:
+        rep = srv.stop(grace_s=1.5)
+        peer.close()
+        client.close()
+    assert rep["stuck_threads"] == []
+
+
+def test_end_window_learns_from_the_load_at_its_end():
+    """``end_window`` sees the own load of the boundary it is called at.
+
+    Malcolm, frozen and set to keep every task, on server 0 of a two-server rack whose other
+    server is this test, reporting load 0. Three 600 ms tasks arrive at the start of a window;
+    the imbalance that the window's ``end_window`` computed (``last_imbalance``, read right
+    after that window's heartbeat, a whole window before the next one) must include them. With
+    ``observe_local`` after ``end_window`` it was 0: the own load was the window start's.
+    """
+    import numpy as np
+    peer = open_transport("udp", "127.0.0.1:0")
+    client = open_transport("udp", "127.0.0.1:0")
+    tr = open_transport("udp", "127.0.0.1:0")
+    pol = make_policy("malcolm", 2, 0, 1, learn=0)
+    pol.set_params(W_migrate=np.zeros((2, 2)), B_migrate=np.array([50.0, 0.0]),
+                   W_steal=np.zeros((2, 2)), B_steal=np.array([0.0, 50.0]))
+    srv = Server(tr, [tr.address, peer.address], 0, pol, handler="sleep", workers=1,
+                 window_us=WINDOW_US).start()
+    seq = [0]
+
+    def report_idle():
+        seq[0] += 1
+        peer.send(tr.address, wire.encode_heartbeat(1, seq=seq[0], load=0.0, queue_len=0.0,
+                                                    rate=1e-5))
+
+    try:
+        deadline = time.monotonic() + 10
+        for _ in range(3):      # the peer is known (load 0) well before the tasks come
+            report_idle()
+            _next_heartbeat(peer, tr.address, deadline)
+        t_sent = now_ns()
+        for i in range(3):
+            client.send(tr.address, wire.encode_task(1, i + 1, service_ns=600_000_000,
+                                                     send_ns=t_sent))
+        while True:
+            report_idle()
+            hb = _next_heartbeat(peer, tr.address, deadline)
+            if hb["sent_ns"] > t_sent + 20_000_000:
+                break
+        imbalance = pol.last_imbalance
+        assert srv.stats()["accepted"] == 3
+        assert hb["load"] > 0.0, hb
+        assert imbalance > 0.0
     finally:
         rep = srv.stop(grace_s=1.5)
         peer.close()

@@ -556,10 +556,10 @@ cdef class Server:
             if now >= end:
                 # The own load is observed at the boundary, *before* end_window, as the
                 # simulator does: end_window then learns from the state its window's decisions
-                # led to, and the heartbeat carries the current load. (Observing it after
-                # end_window left the policy's own load, its published distribution and its
-                # heartbeats a window stale; on the demo rack that alone made the learning
-                # drift, see docs/loadgen.md "Why Malcolm loses in the demo".)
+                # led to, and the heartbeat carries the current load. (Observed after
+                # end_window, every load a window's TD error saw predated that window's
+                # decisions, so Malcolm's actors learnt from noise and could herd; see
+                # docs/loadgen.md, "Why Malcolm loses in the demo".)
                 self._observe_local(now)
                 self.policy.end_window(now)
                 self.c.windows += 1
