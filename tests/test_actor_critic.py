@@ -422,3 +422,147 @@ def test_decisions_never_see_a_torn_table_while_publishing():
     k = counts["k"]
     assert k.sum() == 2_000_000
     assert k[0] == 0 and k[2] == 0, k
+
+
+# ---------------------------------------------------------------- experimental options
+def test_relative_actor_inputs_logits_and_gradients():
+    """actor_input="relative": logits W z + B with z_j = u_j - u_me (0 for me and unknown
+    peers), and the TD actor gradient with z in place of u."""
+    n, me, beta = 4, 1, 0.2
+    p = make(n, me, init_scale=0.3, entropy=beta, actor_input="relative")
+    assert p.config()["actor_input"] == "relative"
+    # window A: peer 3 is never heard of
+    loads_a = np.array([3.0, 5.0, 1.0, 0.0]) * S
+    p.py_step(0, loads_a[me], [loads_a[0], None, loads_a[2], None])
+    Wm, Bm, Ws, Bs = p.W_migrate, p.B_migrate, p.W_steal, p.B_steal
+    theta = p.theta
+    z_a = np.array([3.0 - 5.0, 0.0, 1.0 - 5.0, 0.0])
+    pim, pis = p.probs_migrate, p.probs_steal
+    np.testing.assert_allclose(pim, softmax(Wm @ z_a + Bm), rtol=1e-9)
+    np.testing.assert_allclose(pis, softmax(Ws @ z_a + Bs), rtol=1e-9)
+    km = p.py_sample_many("arrival", 50)
+    ks = p.py_sample_many("steal", 20)
+    # window B: own load moves (every relative input moves), peer 3 appears
+    loads_b = np.array([2.0, 4.0, 1.0, 6.0]) * S
+    p.py_step(1, loads_b[me], list(loads_b))
+    z_b = np.array([2.0 - 4.0, 0.0, 1.0 - 4.0, 6.0 - 4.0])
+    np.testing.assert_allclose(p.probs_migrate, softmax(Wm @ z_b + Bm), rtol=1e-9)
+    known_a = [True, True, True, False]
+    f_a = ref_features(np.array([3.0, 5.0, 1.0, 0.0]), known_a)
+    f_b = ref_features(loads_b / S, [True] * n)
+    delta = -f_b[1] + 0.9 * theta @ f_b - theta @ f_a
+    assert p.last_td_error == pytest.approx(delta, rel=1e-10)
+
+    def ent_grad(pi):
+        return beta * pi * (np.log(pi) - (pi * np.log(pi)).sum())
+
+    g_bm = -delta * (km / km.sum() - pim) + ent_grad(pim)
+    g_bs = -delta * (ks / ks.sum() - pis) + ent_grad(pis)
+    ref = flat_params(-delta * f_a, np.outer(g_bm, z_a), g_bm, np.outer(g_bs, z_a), g_bs)
+    np.testing.assert_allclose(p.grad_cache, ref, rtol=1e-9, atol=1e-12)
+
+
+def ref_imbalance(v):
+    v = np.asarray(v, float)
+    return np.abs(v[:, None] - v[None, :]).sum() / (len(v) - 1)
+
+
+def ref_marginal_advantages(v, s, me, mc, sc):
+    """Brute force: the potential after one decision, per outcome (constant offsets drop
+    out of the gradient)."""
+    n = len(v)
+    am, ast = np.zeros(n), np.zeros(n)
+    for i in range(n):
+        w = v.copy()
+        w[i] += s[i]
+        am[i] = -ref_imbalance(w) - (mc if i != me else 0.0)
+        w = v.copy()
+        if i != me:
+            w[i] -= s[i]
+            w[me] += s[me]
+        ast[i] = -ref_imbalance(w) - (sc if i != me else 0.0)
+    return am, ast
+
+
+@pytest.mark.parametrize("kind", ["marginal", "difference"])
+def test_marginal_advantage_gradient_matches_brute_force_and_finite_differences(kind):
+    """advantage="marginal"/"difference": descent gradient -pi_i (A_i - pi . A) on the
+    logits, A from the exact one-task change of the potential (at the published state, or
+    at the end-of-window state for "difference"), one task = 1 / (rate * load_scale)."""
+    n, me, mc, sc, beta = 5, 2, 0.05, 0.03, 0.1
+    p = make(n, me, init_scale=0.3, entropy=beta, migration_cost=mc, steal_cost=sc,
+             advantage=kind, load_clip=4.0)
+    assert p.config()["advantage"] == kind
+    cores = np.array([14.0, 14.0, 4.0, 4.0, 8.0])
+    rates = cores / S                                   # tasks per ns at 50 µs a task
+    s = 1.0 / (rates * S)                               # one task's load, in load_scale units
+    loads_a = np.array([0.5, 2.0, 9.0, 1.0, 3.0]) * S   # 9 > load_clip: unclipped in A
+    p.py_step(0, loads_a[me], list(loads_a), rates=list(rates))
+    Wm, Bm, Ws, Bs = p.W_migrate, p.B_migrate, p.W_steal, p.B_steal
+    u_a = np.minimum(loads_a / S, 4.0)
+    pim, pis = p.probs_migrate, p.probs_steal
+    km = p.py_sample_many("arrival", 40)
+    ks = p.py_sample_many("steal", 40)
+    loads_b = np.array([1.0, 1.5, 7.0, 2.0, 0.2]) * S
+    p.py_step(1, loads_b[me], list(loads_b), rates=list(rates))
+    v = (loads_a if kind == "marginal" else loads_b) / S
+    am, ast = ref_marginal_advantages(v, s, me, mc, sc)
+
+    def actor_loss(W, B, A):       # -expected one-decision potential - beta H
+        pi = softmax(W @ u_a + B)
+        return -(pi * A).sum() + beta * (pi * np.log(pi)).sum()
+
+    def closed(pi, A):
+        return -pi * (A - pi @ A) + beta * pi * (np.log(pi) - (pi * np.log(pi)).sum())
+
+    g_bm, g_bs = closed(pim, am), closed(pis, ast)
+    g = p.grad_cache
+    d = p.n_theta
+    ref_actors = np.concatenate([np.outer(g_bm, u_a).T.ravel(), g_bm,
+                                 np.outer(g_bs, u_a).T.ravel(), g_bs])
+    np.testing.assert_allclose(g[d:], ref_actors, rtol=1e-9, atol=1e-12)
+    h = 1e-6
+    for W, B, A, gb in ((Wm, Bm, am, g_bm), (Ws, Bs, ast, g_bs)):
+        fd_b = np.array([(actor_loss(W, B + h * e, A) - actor_loss(W, B - h * e, A)) / (2 * h)
+                         for e in np.eye(n)])
+        np.testing.assert_allclose(fd_b, gb, rtol=1e-5, atol=1e-8)
+        E = np.zeros((n, n))
+        E[3, 2] = h
+        fd_w = (actor_loss(W + E, B, A) - actor_loss(W - E, B, A)) / (2 * h)
+        assert fd_w == pytest.approx(gb[3] * u_a[2], rel=1e-5, abs=1e-8)
+    # the critic still learns by TD(0), whatever the actors' signal
+    assert np.all(g[:d] != 0.0)
+    # the decision counts do not enter: a window without decisions leaves the actors alone
+    p.py_step(2, loads_b[me], list(loads_b), rates=list(rates))
+    np.testing.assert_allclose(p.grad_cache[d:], ref_actors, rtol=1e-12, atol=1e-15)
+
+
+def test_marginal_advantage_without_rates_uses_unit_task():
+    n, me = 3, 0
+    p = make(n, me, init="zero", entropy=0.0, migration_cost=0.0, steal_cost=0.0,
+             advantage="marginal")
+    loads = np.array([1.0, 3.0, 0.0]) * S
+    p.py_step(0, loads[me], list(loads))
+    p.py_sample_many("arrival", 10)
+    p.py_sample_many("steal", 10)
+    p.py_step(1, loads[me], list(loads))
+    am, ast = ref_marginal_advantages(loads / S, np.ones(n), me, 0.0, 0.0)
+    pi = np.full(n, 1.0 / n)
+    g = p.grad_cache[p.n_theta:]
+    np.testing.assert_allclose(g[n * n:n * n + n], -pi * (am - pi @ am), rtol=1e-12, atol=1e-14)
+    # migrating to the idle server 2 is best, so its logit's descent gradient is negative
+    assert g[n * n + 2] < 0 < g[n * n + 1]
+
+
+@pytest.mark.parametrize("kw, exc, match", [
+    (dict(actor_input="centred"), ValueError, "actor_input"),
+    (dict(advantage="gae"), ValueError, "advantage"),
+])
+def test_bad_experimental_params_raise(kw, exc, match):
+    with pytest.raises(exc, match=match):
+        MalcolmPolicy(4, 0, **kw)
+
+
+def test_experimental_defaults_unchanged():
+    p = MalcolmPolicy(4, 0)
+    assert p.config()["actor_input"] == "absolute" and p.config()["advantage"] == "td"

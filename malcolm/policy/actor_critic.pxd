@@ -28,6 +28,11 @@ cdef class MalcolmPolicy(Policy):
     cdef readonly double load_clip
     cdef readonly double init_scale
     cdef readonly str init
+    cdef readonly str actor_input  # "absolute" (u) or "relative" (u_j - u_me)
+    cdef bint rel_input
+    cdef readonly str advantage    # "td" (delta * (k/K - pi)) or "marginal" (see docstring)
+    cdef bint marginal               # "marginal" or "difference"
+    cdef bint adv_next               # "difference": advantages at the end-of-window state
     cdef public bint learn
 
     # sizes
@@ -64,6 +69,8 @@ cdef class MalcolmPolicy(Policy):
     cdef double* pm_pub
     cdef double* ps_pub
     cdef double* coef                    # per-outcome scratch of the actor gradient
+    cdef double* adv                     # 3n: marginal advantages (migrate, steal) at the
+                                         # last publish, then each server's rate (tasks/ns)
     cdef bint has_prev
 
     # decisions taken by the gateway: cumulative counts per outcome (gateway writes only)
@@ -95,6 +102,8 @@ cdef class MalcolmPolicy(Policy):
 
     cdef void _release(self) noexcept
     cdef void _set_load(self, int j, double load) noexcept nogil
+    cdef void _actor_inputs(self, double* z) noexcept nogil
+    cdef void _marginal_advantages(self) noexcept nogil
     cdef void _features(self, double* out) noexcept nogil
     cdef void _learn_window(self) noexcept nogil
     cdef void _apply_adamw(self) noexcept nogil

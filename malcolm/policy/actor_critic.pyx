@@ -98,6 +98,8 @@ DEFAULTS = dict(
     load_scale=50_000.0,
     load_clip=8.0,
     learn=True,
+    actor_input="absolute",
+    advantage="td",
 )
 
 
@@ -153,6 +155,12 @@ def _check_params(params):
     if cfg["features"] not in ("symmetric", "per_server"):
         raise ValueError("MalcolmPolicy: features must be 'symmetric' or 'per_server', "
                          f"got {cfg['features']!r}")
+    if cfg["actor_input"] not in ("absolute", "relative"):
+        raise ValueError("MalcolmPolicy: actor_input must be 'absolute' or 'relative', "
+                         f"got {cfg['actor_input']!r}")
+    if cfg["advantage"] not in ("td", "marginal", "difference"):
+        raise ValueError("MalcolmPolicy: advantage must be 'td', 'marginal' or 'difference', "
+                         f"got {cfg['advantage']!r}")
     if cfg["init"] not in ("random", "zero"):
         raise ValueError(f"MalcolmPolicy: init must be 'random' or 'zero', got {cfg['init']!r}")
     learn = cfg["learn"]
@@ -252,6 +260,25 @@ cdef class MalcolmPolicy(Policy):
         the logits or the gradients.
     learn : bool
         False freezes all parameters (the agent still tracks loads and publishes).
+    actor_input : {"absolute", "relative"}
+        The actors' input vector: the scaled loads ``u`` (default), or the loads relative to
+        our own, ``z_j = u_j - u_me`` for known peers and 0 for ``me`` and unknown peers
+        (experimental; see "Experiment: relative actor inputs" in docs/policy.md). Same
+        logit form ``W z + B`` and the same gradient with ``z`` in place of ``u``.
+    advantage : {"td", "marginal"}
+        The actors' learning signal. ``"td"`` (default, Algorithm 1): every decision of the
+        window is credited with the window's global TD error, descent gradient
+        ``-delta (k/K - pi)`` on the logits. ``"marginal"`` (experimental, a per-agent
+        counterfactual): for each outcome ``i`` the exact change of the potential if one
+        decision's task were put on ``i``, at the published state (unscaled loads
+        ``x / load_scale``, no clip): migrate ``A_i = -I(v + s_i e_i) - migration_cost [i != me]``,
+        steal ``A_j = -I(v + s_me e_me - s_j e_j) - steal_cost`` and ``A_me = -I(v)``, with
+        ``s_j = 1 / (rate_j load_scale)`` one task's load on server ``j`` (from
+        ``observe_local``/heartbeat rates; 1 where no rate is known). The actor then follows
+        the exact gradient of ``sum_i pi_i A_i``: descent gradient ``-pi_i (A_i - pi . A)``
+        on the logits, in every window with at least one decision. It is myopic (one window,
+        no critic) but has no sampling variance and credits each agent only with its own
+        decisions. The critic is still trained (it is what consensus averages).
     """
 
     def __init__(self, int n, int me, seed=0, **params):
@@ -282,6 +309,11 @@ cdef class MalcolmPolicy(Policy):
         self.init_scale = cfg["init_scale"]
         self.init = cfg["init"]
         self.features_kind = cfg["features"]
+        self.actor_input = cfg["actor_input"]
+        self.rel_input = self.actor_input == "relative"
+        self.advantage = cfg["advantage"]
+        self.marginal = self.advantage != "td"
+        self.adv_next = self.advantage == "difference"
         self.learn = cfg["learn"]
 
         self._release()
@@ -304,6 +336,7 @@ cdef class MalcolmPolicy(Policy):
         self.pm_pub = _dalloc(n)
         self.ps_pub = _dalloc(n)
         self.coef = _dalloc(n)
+        self.adv = _dalloc(3 * n)
         self.peer_theta = _dalloc(n * d)
         self.known = <uint8_t*>_zalloc(n)
         self.peer_theta_ok = <uint8_t*>_zalloc(n)
@@ -318,7 +351,7 @@ cdef class MalcolmPolicy(Policy):
         if (self.P == NULL or self.G == NULL or self.M == NULL or self.V == NULL
                 or self.x == NULL or self.u == NULL or self.u_pub == NULL
                 or self.feat_prev == NULL or self.feat_cur == NULL or self.pm_pub == NULL
-                or self.ps_pub == NULL or self.coef == NULL or self.peer_theta == NULL
+                or self.ps_pub == NULL or self.coef == NULL or self.adv == NULL or self.peer_theta == NULL
                 or self.known == NULL
                 or self.peer_theta_ok == NULL or self.peer_seen == NULL or self.peer_seq == NULL
                 or self.cnt_mig == NULL or self.cnt_stl == NULL or self.seen_mig == NULL
@@ -363,6 +396,7 @@ cdef class MalcolmPolicy(Policy):
         free(self.pm_pub)
         free(self.ps_pub)
         free(self.coef)
+        free(self.adv)
         free(self.peer_theta)
         free(self.known)
         free(self.peer_theta_ok)
@@ -376,7 +410,7 @@ cdef class MalcolmPolicy(Policy):
         free(self.peer_stl)
         self.P = self.G = self.M = self.V = NULL
         self.x = self.u = self.u_pub = self.feat_prev = self.feat_cur = NULL
-        self.pm_pub = self.ps_pub = self.coef = self.peer_theta = NULL
+        self.pm_pub = self.ps_pub = self.coef = self.adv = self.peer_theta = NULL
         self.known = self.peer_theta_ok = self.peer_seen = NULL
         self.peer_seq = NULL
         self.cnt_mig = self.cnt_stl = self.seen_mig = self.seen_stl = NULL
@@ -394,8 +428,71 @@ cdef class MalcolmPolicy(Policy):
         return -1 if a == self.me else a
 
     # ------------------------------------------------------------ policy thread
+    cdef void _actor_inputs(self, double* z) noexcept nogil:
+        """The actors' current input vector: u, or u_j - u_me for known peers (0 elsewhere)."""
+        cdef int j, n = self.n
+        if not self.rel_input:
+            memcpy(z, self.u, sizeof(double) * n)
+            return
+        for j in range(n):
+            z[j] = self.u[j] - self.u[self.me] if (j != self.me and self.known[j]) else 0.0
+
+    cdef void _marginal_advantages(self) noexcept nogil:
+        """Per-outcome one-decision changes of the potential at the current state (adv).
+
+        With v = x / load_scale (known servers, unclipped) and s_j one task's load on j,
+        I(v + d) - I(v) for a d touching one or two servers is O(n) per outcome.
+        """
+        cdef int n = self.n, me = self.me, i, k, cnt = 0
+        cdef double* am = self.adv
+        cdef double* st = self.adv + n
+        cdef const double* rate = self.adv + 2 * n
+        cdef double sme, si, vi, vme, dme, di, norm
+        for k in range(n):
+            if self.known[k]:
+                cnt += 1
+        norm = 2.0 / (cnt - 1) if cnt > 1 else 0.0
+        sme = 1.0 / (rate[me] * self.load_scale) if rate[me] > 0.0 else 1.0
+        vme = self.x[me] / self.load_scale
+        # migrate: the task goes to i (i = me: accepted here)
+        for i in range(n):
+            if not self.known[i]:
+                continue          # never heard of: set below
+            si = 1.0 / (rate[i] * self.load_scale) if rate[i] > 0.0 else 1.0
+            vi = self.x[i] / self.load_scale
+            di = 0.0
+            for k in range(n):
+                if k != i and self.known[k]:
+                    di += fabs(vi + si - self.x[k] / self.load_scale) - fabs(vi - self.x[k] / self.load_scale)
+            am[i] = -norm * di - (self.migration_cost if i != me else 0.0)
+        for i in range(n):
+            if not self.known[i]:
+                am[i] = am[me] - self.migration_cost   # no information: accepting, plus the cost
+        # steal: one task moves from i to me (i = me: nothing moves)
+        st[me] = 0.0
+        for i in range(n):
+            if i == me:
+                continue
+            if not self.known[i]:
+                st[i] = -self.steal_cost               # no information: nothing moves
+                continue
+            si = 1.0 / (rate[i] * self.load_scale) if rate[i] > 0.0 else 1.0
+            vi = self.x[i] / self.load_scale
+            di = 0.0
+            for k in range(n):
+                if k == i or k == me or not self.known[k]:
+                    continue
+                di += (fabs(vi - si - self.x[k] / self.load_scale)
+                       - fabs(vi - self.x[k] / self.load_scale)
+                       + fabs(vme + sme - self.x[k] / self.load_scale)
+                       - fabs(vme - self.x[k] / self.load_scale))
+            # the pair (i, me) itself
+            di += fabs((vi - si) - (vme + sme)) - fabs(vi - vme)
+            st[i] = -norm * di - self.steal_cost
+
     cdef void _set_load(self, int j, double load) noexcept nogil:
         cdef double v
+        cdef int k
         if not (load >= 0.0):       # NaN or negative: an estimator glitch, not a load
             load = 0.0
         v = load / self.load_scale
@@ -404,13 +501,24 @@ cdef class MalcolmPolicy(Policy):
         self.x[j] = load
         self.u[j] = v
         self.known[j] = 1
-        cat_update(&self.mig, j, v)
-        cat_update(&self.stl, j, v)
+        if not self.rel_input:
+            cat_update(&self.mig, j, v)
+            cat_update(&self.stl, j, v)
+        elif j != self.me:
+            cat_update(&self.mig, j, v - self.u[self.me])
+            cat_update(&self.stl, j, v - self.u[self.me])
+        else:
+            # our own load moved every relative input: O(n^2), once per window
+            for k in range(self.n):
+                if k != self.me and self.known[k]:
+                    cat_update(&self.mig, k, self.u[k] - v)
+                    cat_update(&self.stl, k, self.u[k] - v)
 
     cdef void observe_local(self, int64_t now, double load, double queue_len,
                             double rate) noexcept nogil:
         self.queue_len = queue_len
         self.rate = rate
+        self.adv[2 * self.n + self.me] = rate
         self.last_now = now
         self._set_load(self.me, load)
 
@@ -432,6 +540,7 @@ cdef class MalcolmPolicy(Policy):
         self.peer_seq[src] = hb.seq
         self.peer_mig[src] = hb.migrations
         self.peer_stl[src] = hb.steals
+        self.adv[2 * self.n + src] = hb.rate
         if hb.n_theta == d:
             memcpy(&self.peer_theta[<Py_ssize_t>src * d], hb.theta, sizeof(double) * d)
             self.peer_theta_ok[src] = 1
@@ -497,7 +606,8 @@ cdef class MalcolmPolicy(Policy):
         """One TD(0) actor-critic step for the window that just ended; gradients are cached."""
         cdef int n = self.n, d = self.n_theta, i, j
         cdef double vprev = 0.0, vcur = 0.0, delta, payoff, cost, tot, h
-        cdef double own_mig, own_stl, c
+        cdef double own_mig, own_stl, c, abar
+        cdef const double* a
         cdef uint64_t now_mig, now_stl
         cdef double* G = self.G
         cdef double* th = self.P
@@ -532,6 +642,8 @@ cdef class MalcolmPolicy(Policy):
         self.last_payoff = payoff
 
         if self.learn and self.has_prev:
+            if self.adv_next:
+                self._marginal_advantages()     # at the window's realised outcome
             delta = payoff + self.gamma * vcur - vprev
             self.last_td_error = delta
             # Critic, semi-gradient of 1/2 (V(x_r) - target)^2: -delta * feat(x_r).
@@ -551,10 +663,19 @@ cdef class MalcolmPolicy(Policy):
                     tot += <double>(mc_load_relaxed(&cnt[i]) - seen[i])
                 if tot <= 0.0:
                     continue
-                c = delta / tot
-                # coef_i = -delta * (k_i / tot - p_i): the logits' descent gradient
-                for i in range(n):
-                    coef[i] = delta * p[i] - c * <double>(mc_load_relaxed(&cnt[i]) - seen[i])
+                if self.marginal:
+                    # coef_i = -pi_i (A_i - pi . A): descent gradient of -sum_i pi_i A_i
+                    a = self.adv + (0 if actor == 0 else n)
+                    abar = 0.0
+                    for i in range(n):
+                        abar += p[i] * a[i]
+                    for i in range(n):
+                        coef[i] = -p[i] * (a[i] - abar)
+                else:
+                    c = delta / tot
+                    # coef_i = -delta * (k_i / tot - p_i): the logits' descent gradient
+                    for i in range(n):
+                        coef[i] = delta * p[i] - c * <double>(mc_load_relaxed(&cnt[i]) - seen[i])
                 if self.entropy > 0.0:
                     # - entropy * H(pi): d/df_i = entropy * pi_i (log pi_i + H)
                     h = 0.0
@@ -628,8 +749,10 @@ cdef class MalcolmPolicy(Policy):
         softmax(self.stl.f, self.ps_pub, n)
         cat_publish_probs(&self.mig, self.pm_pub)
         cat_publish_probs(&self.stl, self.ps_pub)
-        memcpy(self.u_pub, self.u, sizeof(double) * n)
+        self._actor_inputs(self.u_pub)     # the inputs the published logits were computed from
         self._features(self.feat_prev)
+        if self.marginal and not self.adv_next:
+            self._marginal_advantages()
 
     # ------------------------------------------------------------ Python inspection and driving
     def _vec(self, int off, int count):
@@ -748,14 +871,18 @@ cdef class MalcolmPolicy(Policy):
         self.observe_peer(now, &hb)
 
     def py_step(self, int64_t now, double own_load, peer_loads=None, peer_migrations=None,
-                peer_steals=None, peer_thetas=None):
+                peer_steals=None, peer_thetas=None, rates=None):
         """Drive one window from Python: own load, one heartbeat per peer, end of window.
 
         ``peer_loads`` etc. are sequences of length ``n`` (the entry at ``me`` is ignored;
-        ``None`` entries mean the peer's heartbeat was lost).
+        ``None`` entries mean the peer's heartbeat was lost). ``rates`` (length ``n``, tasks
+        per ns, own entry included) are the service rates reported with the loads (0 if
+        omitted).
         """
         cdef int j
-        self.observe_local(now, own_load, 0.0, 0.0)
+        if rates is not None and len(rates) != self.n:
+            raise ValueError(f"rates must have length n={self.n}")
+        self.observe_local(now, own_load, 0.0, 0.0 if rates is None else float(rates[self.me]))
         if peer_loads is not None:
             if len(peer_loads) != self.n:
                 raise ValueError(f"peer_loads must have length n={self.n}")
@@ -766,7 +893,8 @@ cdef class MalcolmPolicy(Policy):
                     now, j, float(peer_loads[j]),
                     0 if peer_migrations is None else peer_migrations[j],
                     0 if peer_steals is None else peer_steals[j],
-                    None if peer_thetas is None else peer_thetas[j])
+                    None if peer_thetas is None else peer_thetas[j],
+                    rate=0.0 if rates is None else float(rates[j]))
         self.end_window(now)
 
     def py_sample_many(self, str kind, Py_ssize_t count):
