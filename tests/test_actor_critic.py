@@ -501,8 +501,9 @@ def test_marginal_advantage_gradient_matches_brute_force_and_finite_differences(
     Wm, Bm, Ws, Bs = p.W_migrate, p.B_migrate, p.W_steal, p.B_steal
     u_a = np.minimum(loads_a / S, 4.0)
     pim, pis = p.probs_migrate, p.probs_steal
-    km = p.py_sample_many("arrival", 40)
-    ks = p.py_sample_many("steal", 40)
+    # Decisions in the window: the advantage must not depend on them (checked below).
+    p.py_sample_many("arrival", 40)
+    p.py_sample_many("steal", 40)
     loads_b = np.array([1.0, 1.5, 7.0, 2.0, 0.2]) * S
     p.py_step(1, loads_b[me], list(loads_b), rates=list(rates))
     v = (loads_a if kind == "marginal" else loads_b) / S

@@ -69,8 +69,9 @@ cdef class MalcolmPolicy(Policy):
     cdef double* pm_pub
     cdef double* ps_pub
     cdef double* coef                    # per-outcome scratch of the actor gradient
-    cdef double* adv                     # 3n: marginal advantages (migrate, steal) at the
-                                         # last publish, then each server's rate (tasks/ns)
+    # 3n: marginal advantages (migrate, steal) at the last publish, then each server's rate
+    # (tasks/ns)
+    cdef double* adv
     cdef bint has_prev
 
     # decisions taken by the gateway: cumulative counts per outcome (gateway writes only)

@@ -98,8 +98,10 @@ DEFAULTS = dict(
     load_scale=50_000.0,
     load_clip=8.0,
     learn=True,
-    actor_input="absolute",
-    advantage="td",
+    # Experimental, off by default (see the class docstring and docs/policy.md,
+    # "Experiment: per-agent difference advantage"):
+    actor_input="absolute",     # "relative": actor inputs u_j - u_me
+    advantage="td",             # "difference" / "marginal": per-agent one-decision counterfactual
 )
 
 
@@ -262,23 +264,29 @@ cdef class MalcolmPolicy(Policy):
         False freezes all parameters (the agent still tracks loads and publishes).
     actor_input : {"absolute", "relative"}
         The actors' input vector: the scaled loads ``u`` (default), or the loads relative to
-        our own, ``z_j = u_j - u_me`` for known peers and 0 for ``me`` and unknown peers
-        (experimental; see "Experiment: relative actor inputs" in docs/policy.md). Same
-        logit form ``W z + B`` and the same gradient with ``z`` in place of ``u``.
-    advantage : {"td", "marginal"}
+        our own, ``z_j = u_j - u_me`` for known peers and 0 for ``me`` and unknown peers.
+        Same logit form ``W z + B`` and the same gradient with ``z`` in place of ``u``.
+        Experimental, no gain (see "Experiment: per-agent difference advantage" in
+        docs/policy.md).
+    advantage : {"td", "difference", "marginal"}
         The actors' learning signal. ``"td"`` (default, Algorithm 1): every decision of the
         window is credited with the window's global TD error, descent gradient
-        ``-delta (k/K - pi)`` on the logits. ``"marginal"`` (experimental, a per-agent
-        counterfactual): for each outcome ``i`` the exact change of the potential if one
-        decision's task were put on ``i``, at the published state (unscaled loads
-        ``x / load_scale``, no clip): migrate ``A_i = -I(v + s_i e_i) - migration_cost [i != me]``,
-        steal ``A_j = -I(v + s_me e_me - s_j e_j) - steal_cost`` and ``A_me = -I(v)``, with
-        ``s_j = 1 / (rate_j load_scale)`` one task's load on server ``j`` (from
-        ``observe_local``/heartbeat rates; 1 where no rate is known). The actor then follows
-        the exact gradient of ``sum_i pi_i A_i``: descent gradient ``-pi_i (A_i - pi . A)``
-        on the logits, in every window with at least one decision. It is myopic (one window,
-        no critic) but has no sampling variance and credits each agent only with its own
-        decisions. The critic is still trained (it is what consensus averages).
+        ``-delta (k/K - pi)`` on the logits. ``"difference"`` and ``"marginal"``
+        (experimental, per-agent counterfactuals): for each outcome ``i`` the exact change
+        of the potential if one decision's task were put on ``i``, with unscaled, unclipped
+        loads ``v = x / load_scale``: migrate ``A_i = -I(v + s_i e_i) - migration_cost``
+        (no cost for ``i = me``), steal ``A_j = -I(v + s_me e_me - s_j e_j) - steal_cost``
+        and ``A_me = -I(v)``, where ``s_j = 1 / (rate_j load_scale)`` is one task's load on
+        server ``j`` (rates from ``observe_local`` and heartbeats; 1 where none is known).
+        ``"difference"`` evaluates ``v`` at the end of the window, i.e. at the outcome of
+        everyone's decisions (a difference reward); ``"marginal"`` at the published state
+        the decisions were drawn in. The actor follows the exact gradient of
+        ``sum_i pi_i A_i`` (no sampling): descent gradient ``-pi_i (A_i - pi . A)`` on the
+        logits, in each window with at least one decision of that actor, plus the entropy
+        term. It is myopic (one decision, no critic); the critic is still trained by TD(0)
+        and averaged by consensus. O(n^2) per window. See "Experiment: per-agent difference
+        advantage" in docs/policy.md for what it does (faster, more stable learning;
+        sharper policies that need ``entropy`` ~0.3 to survive a sudden slowdown).
     """
 
     def __init__(self, int n, int me, seed=0, **params):
@@ -351,8 +359,8 @@ cdef class MalcolmPolicy(Policy):
         if (self.P == NULL or self.G == NULL or self.M == NULL or self.V == NULL
                 or self.x == NULL or self.u == NULL or self.u_pub == NULL
                 or self.feat_prev == NULL or self.feat_cur == NULL or self.pm_pub == NULL
-                or self.ps_pub == NULL or self.coef == NULL or self.adv == NULL or self.peer_theta == NULL
-                or self.known == NULL
+                or self.ps_pub == NULL or self.coef == NULL or self.adv == NULL
+                or self.peer_theta == NULL or self.known == NULL
                 or self.peer_theta_ok == NULL or self.peer_seen == NULL or self.peer_seq == NULL
                 or self.cnt_mig == NULL or self.cnt_stl == NULL or self.seen_mig == NULL
                 or self.seen_stl == NULL or self.peer_mig == NULL or self.peer_stl == NULL):
@@ -447,7 +455,7 @@ cdef class MalcolmPolicy(Policy):
         cdef double* am = self.adv
         cdef double* st = self.adv + n
         cdef const double* rate = self.adv + 2 * n
-        cdef double sme, si, vi, vme, dme, di, norm
+        cdef double sme, si, vi, vme, di, norm, vk
         for k in range(n):
             if self.known[k]:
                 cnt += 1
@@ -463,7 +471,8 @@ cdef class MalcolmPolicy(Policy):
             di = 0.0
             for k in range(n):
                 if k != i and self.known[k]:
-                    di += fabs(vi + si - self.x[k] / self.load_scale) - fabs(vi - self.x[k] / self.load_scale)
+                    vk = self.x[k] / self.load_scale
+                    di += fabs(vi + si - vk) - fabs(vi - vk)
             am[i] = -norm * di - (self.migration_cost if i != me else 0.0)
         for i in range(n):
             if not self.known[i]:
