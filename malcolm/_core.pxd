@@ -93,9 +93,12 @@ cdef inline uint64_t rng_below(Rng* r, uint64_t n) noexcept nogil:
 
 # ---------------------------------------------------------------- categorical distribution
 ctypedef struct CdfTable:
+    # The header fills one cache line so that cdf starts on one: the scan's vector loads then
+    # never straddle two lines.
     uint64_t seq                # seqlock: odd while the writer is filling this half
     int32_t n
     int32_t npad                # n rounded up to a multiple of 4
+    uint64_t _pad[6]
     double cdf[MAX_OUT]         # cdf[n-1] == 1.0 exactly; cdf[n:npad] == 2.0 (never drawn)
 
 

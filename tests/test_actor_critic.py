@@ -533,9 +533,12 @@ def test_marginal_advantage_gradient_matches_brute_force_and_finite_differences(
         assert fd_w == pytest.approx(gb[3] * u_a[2], rel=1e-5, abs=1e-8)
     # the critic still learns by TD(0), whatever the actors' signal
     assert np.all(g[:d] != 0.0)
-    # the decision counts do not enter: a window without decisions leaves the actors alone
+    # the decision counts do not enter: a window without decisions leaves the actors'
+    # cached gradients exactly as they were (compared with the native values themselves,
+    # so the check is bit-exact whatever rounding the build's FMA contraction gives)
+    before = p.grad_cache[d:].copy()
     p.py_step(2, loads_b[me], list(loads_b), rates=list(rates))
-    np.testing.assert_allclose(p.grad_cache[d:], ref_actors, rtol=1e-12, atol=1e-15)
+    assert np.array_equal(p.grad_cache[d:], before)
 
 
 def test_marginal_advantage_without_rates_uses_unit_task():
