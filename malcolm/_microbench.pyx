@@ -102,51 +102,19 @@ cdef int _setup(Categorical* c, int n) except -1:
 
 def core(sizes=(4, 8, 16, 32), long iters=2_000_000, long rebuild_iters=500_000,
          int repeats=7):
-    """Run every core microbenchmark; returns a flat dict of ns per operation.
+    """Run every core microbenchmark; returns a flat dict of ns per operation (the best of
+    ``repeats`` runs of ``single``).
 
     Keys: ``sample_ns.N``, ``incremental_ns.N``, ``rebuild_ns.N`` for each N in ``sizes``,
     and ``queue_pushpop_ns`` (MPMC push + pop, one thread), ``spsc_pushpop_ns``.
     """
-    cdef Categorical c
-    cdef Rng r
-    cdef Mpmc* q
-    cdef Spsc* s
-    cdef int n, _rep, which
-    cdef double best, v
     out = {}
-    rng_seed(&r, 1, 0)
     for n in sizes:
-        if n & (n - 1):
-            raise ValueError("benchmark sizes must be powers of two")
-        _setup(&c, n)
-        for name, w in (("sample_ns", 0), ("incremental_ns", 1), ("rebuild_ns", 2)):
-            which = w
-            best = 1e18
-            for _rep in range(repeats):
-                with nogil:
-                    if which == 0:
-                        v = _bench_sample(&c, &r, iters)
-                    elif which == 1:
-                        v = _bench_incremental(&c, iters)
-                    else:
-                        v = _bench_rebuild(&c, rebuild_iters)
-                best = v if v < best else best
-            out[f"{name}.{n}"] = best
-        cat_free(&c)
-    q = <Mpmc*>mc_aligned_alloc(64, mpmc_bytes(1024))
-    mpmc_init(q, 1024)
-    s = <Spsc*>mc_aligned_alloc(64, spsc_bytes(1024))
-    spsc_init(s, 1024)
-    for name, w in (("queue_pushpop_ns", 0), ("spsc_pushpop_ns", 1)):
-        which = w
-        best = 1e18
-        for _rep in range(repeats):
-            with nogil:
-                v = _bench_mpmc(q, iters) if which == 0 else _bench_spsc(s, iters)
-            best = v if v < best else best
-        out[name] = best
-    free(q)
-    free(s)
+        for op in ("sample", "incremental", "rebuild"):
+            it = rebuild_iters if op == "rebuild" else iters
+            out[f"{op}_ns.{n}"] = min(single(op, n, it) for _ in range(repeats))
+    out["queue_pushpop_ns"] = min(single("mpmc", 0, iters) for _ in range(repeats))
+    out["spsc_pushpop_ns"] = min(single("spsc", 0, iters) for _ in range(repeats))
     return out
 
 

@@ -90,6 +90,25 @@ cdef bint addr_eq(const NetAddr* a, const NetAddr* b) noexcept nogil:
     return memcmp(a, b, sizeof(NetAddr)) == 0
 
 
+def split_host_port(obj, str what="udp"):
+    """``(host, port)`` of ``"host:port"``, ``"[v6]:port"`` or a ``(host, port)`` pair, with the
+    port checked; ``what`` names the transport in error messages. udp and verbs share it."""
+    if isinstance(obj, str):
+        host, sep, port = obj.rpartition(":")
+        if not sep:
+            raise ValueError(f"{what} address {obj!r} must be host:port")
+        host = host.strip("[]")
+    else:
+        host, port = obj
+    try:
+        port = int(port)
+    except ValueError:
+        raise ValueError(f"{what} address {obj!r}: port {port!r} is not a number") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"{what} address {obj!r}: port out of range")
+    return host, port
+
+
 cdef int addr_parse(str kind, object obj, NetAddr* out) except -1:
     """Parse a Python address for transport ``kind`` into ``out``.
 
@@ -110,19 +129,7 @@ cdef int addr_parse(str kind, object obj, NetAddr* out) except -1:
     # socket (malcolm/net/_verbs.pyx).
     if kind != "udp" and kind != "verbs":
         raise ValueError(f"no address syntax for transport {kind!r}")
-    if isinstance(obj, str):
-        host, sep, port = obj.rpartition(":")
-        if not sep:
-            raise ValueError(f"udp address {obj!r} must be host:port")
-        host = host.strip("[]")
-    else:
-        host, port = obj
-    try:
-        port = int(port)
-    except ValueError:
-        raise ValueError(f"udp address {obj!r}: port {port!r} is not a number") from None
-    if not 0 <= port <= 65535:
-        raise ValueError(f"udp address {obj!r}: port out of range")
+    host, port = split_host_port(obj, "udp")
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:

@@ -17,6 +17,8 @@ import struct
 import sys
 from dataclasses import dataclass
 
+from malcolm.net.transport import split_host_port
+
 PYVERBS_DIR = "/usr/lib/python3/dist-packages/pyverbs"
 DEFAULT_QKEY = 0x11111111
 _MTU_BYTES = {1: 256, 2: 512, 3: 1024, 4: 2048, 5: 4096}
@@ -99,21 +101,12 @@ def split_address(address):
     ``(None, 0)`` for ``None``."""
     if address is None:
         return None, 0
-    if isinstance(address, str):
-        host, sep, port = address.rpartition(":")
-        if not sep:
-            raise ValueError(f"verbs address {address!r} must be host:port")
-        host = host.strip("[]")
-    else:
-        host, port = address
+    host, port = split_host_port(address, "verbs")
     try:
-        port = int(port)
         ip = ipaddress.ip_address(host)
     except ValueError:
         raise ValueError(f"verbs address {address!r}: want an IP address and a port "
                          "(the RDMA interface's address)") from None
-    if not 0 <= port <= 65535:
-        raise ValueError(f"verbs address {address!r}: port out of range")
     return str(ip), port
 
 
