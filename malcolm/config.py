@@ -7,7 +7,7 @@ Example (``examples`` in ``docs/runtime.md`` has more)::
     transport = "udp"        # udp | shm | verbs: one for the whole rack
     poll = "adaptive"        # busy | adaptive (spin, then block)
     window_us = 100          # policy window = heartbeat period
-    workers = 2              # defaults for every server
+    workers = 2              # defaults for every server (0: the gateway runs the tasks)
     handler = "sleep"
 
     [policy]
@@ -124,9 +124,12 @@ def parse_rack(data: dict, path: str = "<rack>") -> RackConfig:
                           "to the shm transport")
     if vals["poll"] not in ("busy", "adaptive"):
         raise ConfigError(f"{path}: [rack] poll {vals['poll']!r} must be busy or adaptive")
-    for k in ("window_us", "workers", "task_types", "capacity", "shm_capacity"):
+    for k in ("window_us", "task_types", "capacity", "shm_capacity"):
         if vals[k] <= 0:
             raise ConfigError(f"{path}: [rack] {k} must be positive")
+    if vals["workers"] < 0:
+        raise ConfigError(f"{path}: [rack] workers must be 0 (the gateway runs the tasks "
+                          "itself) or more")
     pol = dict(data.get("policy", {"name": "random"}))
     if "name" not in pol:
         raise ConfigError(f"{path}: [policy] needs a name "
@@ -180,8 +183,9 @@ def parse_rack(data: dict, path: str = "<rack>") -> RackConfig:
                 raise ConfigError(f"{where}: address {addr!r} used twice")
             seen.add(key)
         workers = _typed(where, "workers", s.get("workers", vals["workers"]), int)
-        if not 1 <= workers <= 1024:
-            raise ConfigError(f"{where}: workers must be in 1..1024")
+        if not 0 <= workers <= 1024:
+            raise ConfigError(f"{where}: workers must be in 0..1024 (0: the gateway runs "
+                              f"the tasks itself)")
         handler = _typed(where, "handler", s.get("handler", vals["handler"]), str)
         cpus = s.get("cpus")
         if cpus is not None and (not isinstance(cpus, list) or not cpus or not all(

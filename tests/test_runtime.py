@@ -267,6 +267,55 @@ def test_heartbeats_carry_theta_and_reach_the_policy():
     assert rep["windows"] > 0 and rep["hb_sent"] >= 5 and rep["stuck_threads"] == []
 
 
+def test_heartbeats_wake_the_policy_thread_before_its_window_ends():
+    # eq. 6.1 applies each load as it arrives: with a 0.5 s window, a heartbeat must be
+    # observed long before the window's end (it used to wait for it in adaptive mode).
+    peer = open_transport("udp", "127.0.0.1:0")
+    tr = open_transport("udp", "127.0.0.1:0")
+    srv = Server(tr, [tr.address, peer.address], 0, make_policy("jsq", 2, 0, 1),
+                 handler="echo", window_us=500_000).start()
+    try:
+        time.sleep(0.05)
+        t0 = time.monotonic()
+        peer.send(tr.address, wire.encode_heartbeat(1, seq=1, load=1000.0, queue_len=2.0,
+                                                    rate=1e-4))
+        while srv.stats()["hb_observed"] == 0 and time.monotonic() - t0 < 2.0:
+            time.sleep(0.002)
+        waited = time.monotonic() - t0
+        s = srv.stats()
+        assert s["hb_observed"] == 1
+        assert s["windows"] == 0 and waited < 0.3, (waited, s["windows"])
+    finally:
+        srv.stop()
+        peer.close()
+
+
+@pytest.mark.parametrize("kind", LOCAL)
+def test_inline_server_without_workers_answers_everything(inproc, kind):
+    r = inproc(kind, 2, handler="spin", workers=0)
+    with r.client() as c:
+        acc = c.run(300, service_ns=20_000, rate=5000)
+    assert acc.lost == 0 and len(acc.answered) == 300
+    assert all(v["status"] == wire.Status.OK for v in acc.answered.values())
+    assert all(v["service_ns"] >= 20_000 for v in acc.answered.values())
+    st = [s.stats() for s in r.servers]
+    assert sum(x["completed"] for x in st) == 300
+    # The gateway charged itself for the passes that did this work, and not for idling.
+    for x in st:
+        assert 0 < x["gateway_busy_ns"] < x["uptime_s"] * 1e9
+
+
+def test_busy_server_warns_when_spinners_outnumber_cpus(caplog):
+    tr = open_transport("udp", "127.0.0.1:0")
+    srv = Server(tr, [tr.address], 0, make_policy("random", 1, 0, 1), handler="echo",
+                 workers=2, poll="busy", cpus=[sorted(os.sched_getaffinity(0))[0]])
+    with caplog.at_level("WARNING", logger="malcolm.server"):
+        srv.start()
+        srv.stop()
+    assert any("spins 3 threads" in r.getMessage() and "on 1 CPUs" in r.getMessage()
+               for r in caplog.records)
+
+
 def test_client_networks_outside_the_allowlist_are_dropped():
     tr = open_transport("udp", "127.0.0.1:0")
     srv = Server(tr, [tr.address], 0, make_policy("random", 1, 0), handler="echo",

@@ -172,14 +172,20 @@ typedef struct {
   volatile int stop;
   uint64_t count;
   int64_t cpu_ns, wall_ns;
+  int64_t busy_ns;            /* passes that moved messages, to the next pass (as the gateway) */
 } fl_refl;
 
 static void *fl_udp_refl_main(void *arg) {
   fl_refl *r = (fl_refl *)arg;
   struct mmsghdr m[64]; struct iovec iov[64]; struct sockaddr_in sa[64];
   static __thread uint8_t bufs[64][256];
-  int64_t c0 = fl_cpu(), w0 = fl_now(), idle_since = 0;
+  int64_t c0 = fl_cpu(), w0 = fl_now(), idle_since = 0, prev = w0;
+  int worked = 0;
   while (!r->stop) {
+    int64_t t = fl_now();
+    if (worked) r->busy_ns += t - prev;
+    prev = t;
+    worked = 0;
     for (int i = 0; i < 64; i++) {
       iov[i].iov_base = bufs[i]; iov[i].iov_len = 256;
       memset(&m[i].msg_hdr, 0, sizeof(m[i].msg_hdr));
@@ -189,14 +195,14 @@ static void *fl_udp_refl_main(void *arg) {
     int n = recvmmsg(r->fd, m, 64, MSG_DONTWAIT, NULL);
     if (n <= 0) {
       /* idle like an adaptive gateway: spin a while, then block */
-      int64_t now = fl_now();
-      if (!idle_since) idle_since = now;
-      if (now - idle_since < FL_SPIN_NS) { fl_relax(); continue; }
+      if (!idle_since) idle_since = t;
+      if (t - idle_since < FL_SPIN_NS) { fl_relax(); continue; }
       struct pollfd pf = {r->fd, POLLIN, 0};
       poll(&pf, 1, 5);
       continue;
     }
     idle_since = 0;
+    worked = 1;
     for (int i = 0; i < n; i++) iov[i].iov_len = m[i].msg_len;
     int sent = 0;
     while (sent < n) {
@@ -241,18 +247,22 @@ static int fl_udp_reflect(double seconds, int size, fl_refl *out) {
 
 static void *fl_shm_refl_main(void *arg) {
   fl_refl *r = (fl_refl *)arg;
-  int64_t c0 = fl_cpu(), w0 = fl_now(), idle_since = 0;
+  int64_t c0 = fl_cpu(), w0 = fl_now(), idle_since = 0, prev = w0;
+  int worked = 0;
   while (!r->stop) {
+    int64_t t = fl_now();
+    if (worked) r->busy_ns += t - prev;
+    prev = t;
     int n = 0;
     mc_cell_hdr *c;
     while (n < 64 && (c = mc_ring_peek(r->in, (uint64_t)n)) != NULL) {
       mc_ring_push(r->out, c->src, (const uint8_t *)(c + 1), c->len);   /* full: dropped */
       n++;
     }
+    worked = n > 0;
     if (!n) {
-      int64_t now = fl_now();
-      if (!idle_since) idle_since = now;
-      if (now - idle_since < FL_SPIN_NS) { fl_relax(); continue; }
+      if (!idle_since) idle_since = t;
+      if (t - idle_since < FL_SPIN_NS) { fl_relax(); continue; }
       struct timespec ts = {0, 20000};
       nanosleep(&ts, NULL);
       continue;

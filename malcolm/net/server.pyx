@@ -7,8 +7,11 @@
   responses, asks ``decide_steal`` after each one, answers peers' steal requests with its
   oldest waiting task, and sends the policy thread's heartbeat to every peer once a window.
 * **Workers** pop the central queue and run the handler, a C function pointer, without the
-  GIL; they feed the measured service times to the load ``Estimator``.
-* The **policy thread** calls ``observe_peer`` for each heartbeat as it arrives and, at each
+  GIL; they feed the measured service times to the load ``Estimator``. With ``workers=0``
+  the gateway pops and runs one task per pass itself.
+* The **policy thread** sleeps until a heartbeat arrives (the gateway rings it) or its
+  window ends; it never spins.
+  It calls ``observe_peer`` for each heartbeat as it arrives and, at each
   window boundary, ``observe_local`` (the load now), ``end_window`` and ``fill_heartbeat``
   (base.pxd), in the simulator's order.
 
@@ -64,6 +67,7 @@ cdef enum:
     HB_RING = 64
     MAX_CLIENT_NETS = 16
     IDLE_WAIT_NS = 5_000_000     # longest block in adaptive mode: bounds the reaction to stop
+    INLINE_BUDGET_NS = 5_000     # workers=0: the longest run of tasks between two polls
 
 
 ctypedef struct TaskSlot:
@@ -124,6 +128,7 @@ ctypedef struct Counters:
     uint64_t stopped             # answered "server stopped"
     uint64_t malformed
     uint64_t unexpected
+    uint64_t gateway_busy_ns     # gateway: time in loop passes that moved a message or task
     uint64_t by_reason[E_NCODES]
 
 
@@ -153,6 +158,9 @@ cdef class Server:
         The server-side policy (``registry.make_policy(name, n, me, seed, **params)``).
     handler : Handler, str or callable
     workers : int
+        Worker threads. 0 runs each task in the gateway itself, between polls (run to
+        completion, as eRPC runs short handlers in its dispatch thread): for a server with
+        one core, where a separate worker would only be time-sliced against the gateway.
     capacity : int
         Task slots: the most tasks this server holds (waiting + running).
     n_types : int
@@ -160,7 +168,9 @@ cdef class Server:
     window_us : float
         The policy window (heartbeat period).
     poll : {"adaptive", "busy"}
-        ``busy`` spins without pause; ``adaptive`` spins ``spin_us`` then blocks.
+        How the gateway and the workers wait for work: ``busy`` spins without pause (one
+        core each); ``adaptive`` spins ``spin_us`` then blocks. The policy thread always
+        sleeps between heartbeats and window ends.
     task_timeout_ms : float
         A task that waited longer in the queue is answered ``timed out`` (0: never).
     steal_timeout_us : float
@@ -170,9 +180,10 @@ cdef class Server:
     clients : list of str or None
         CIDR networks clients may send from (udp); ``None`` accepts any.
     cpus : list of int or None
-        Pin threads: the gateway to ``cpus[0]``, the policy thread to ``cpus[1]`` (or
-        ``cpus[0]`` if there is one), the workers round-robin over the rest (or all of them).
-        Busy polling wants one core per thread.
+        Pin threads: the gateway to ``cpus[0]``, the workers round-robin over the others
+        (or over ``cpus[0]`` if there is only one); the policy thread, which mostly sleeps,
+        shares ``cpus[1]`` (or ``cpus[0]``).
+        Busy polling wants one core per gateway and worker thread.
     """
     # configuration
     cdef readonly int n, me, n_workers, n_types
@@ -192,7 +203,8 @@ cdef class Server:
     # state
     cdef TaskSlot* slots
     cdef Mpmc* runq
-    cdef Mpmc* freeq
+    cdef uint32_t* free_slots      # gateway only: a LIFO stack, so the hottest slot is reused
+    cdef uint32_t n_free
     cdef Mpmc* doneq
     cdef Estimator est
     cdef bint est_ok
@@ -236,8 +248,8 @@ cdef class Server:
         if policy.n != self.n or policy.me != me:
             raise ValueError(f"policy was built for n={policy.n}, me={policy.me}; "
                              f"this server is {me} of {self.n}")
-        if workers < 1 or workers > 1024:
-            raise ValueError(f"workers={workers} must be in 1..1024")
+        if workers < 0 or workers > 1024:
+            raise ValueError(f"workers={workers} must be in 0..1024")
         if not 1 <= n_types <= 65535:
             raise ValueError(f"n_types={n_types} must be in 1..65535")
         if capacity < 1 or capacity > (1 << 22):
@@ -276,19 +288,20 @@ cdef class Server:
             cap2 <<= 1
         self.slots = <TaskSlot*>mc_aligned_alloc(64, sizeof(TaskSlot) * capacity)
         self.runq = <Mpmc*>mc_aligned_alloc(64, mpmc_bytes(cap2))
-        self.freeq = <Mpmc*>mc_aligned_alloc(64, mpmc_bytes(cap2))
+        self.free_slots = <uint32_t*>mc_aligned_alloc(64, sizeof(uint32_t) * cap2)
         self.doneq = <Mpmc*>mc_aligned_alloc(64, mpmc_bytes(cap2))
         self.hb_in = <Heartbeat*>mc_aligned_alloc(64, sizeof(Heartbeat) * HB_RING)
         self.hb_out = <Heartbeat*>mc_aligned_alloc(64, sizeof(Heartbeat))
-        if (self.slots == NULL or self.runq == NULL or self.freeq == NULL
+        if (self.slots == NULL or self.runq == NULL or self.free_slots == NULL
                 or self.doneq == NULL or self.hb_in == NULL or self.hb_out == NULL):
             raise MemoryError("cannot allocate the server's queues")
-        if (mpmc_init(self.runq, cap2) != 0 or mpmc_init(self.freeq, cap2) != 0
+        if (mpmc_init(self.runq, cap2) != 0
                 or mpmc_init(self.doneq, cap2) != 0):
             raise MemoryError("cannot initialise the server's queues")
         for i in range(capacity):
-            mpmc_push(self.freeq, i)
-        if est_init(&self.est, workers, n_types, est_alpha, prior_service_us * 1000) != 0:
+            self.free_slots[i] = capacity - 1 - i
+        self.n_free = capacity
+        if est_init(&self.est, max(workers, 1), n_types, est_alpha, prior_service_us * 1000) != 0:
             raise ValueError("bad estimator parameters")
         self.est_ok = True
         memset(&self.c, 0, sizeof(Counters))
@@ -320,14 +333,14 @@ cdef class Server:
         elif role == "policy":
             cpu = c[1] if len(c) > 1 else c[0]
         else:
-            rest = c[2:] if len(c) > 2 else c
+            rest = c[1:] if len(c) > 1 else c
             cpu = rest[w % len(rest)]
         os.sched_setaffinity(0, {cpu})      # 0: the calling thread on Linux
 
     def __dealloc__(self):
         free(self.slots)
         free(self.runq)
-        free(self.freeq)
+        free(self.free_slots)
         free(self.doneq)
         free(self.hb_in)
         free(self.hb_out)
@@ -365,6 +378,7 @@ cdef class Server:
             self.peer_seen[i] = self.started_ns
         self.stop_gateway = self.stop_workers = self.stop_policy = 0
         self.running = True
+        self._warn_oversubscribed()
         ts = [threading.Thread(target=self._worker_main, args=(w,), daemon=True,
                                name=f"malcolm-worker-{w}") for w in range(self.n_workers)]
         ts.append(threading.Thread(target=self._policy_main, daemon=True,
@@ -375,6 +389,20 @@ cdef class Server:
         for t in ts:
             t.start()
         return self
+
+    def _warn_oversubscribed(self):
+        # A spinning thread without a core of its own is time-sliced by the kernel, which
+        # turns microsecond hand-offs into millisecond ones: say so rather than be slow.
+        import os
+        if not self.busy:
+            return
+        cores = len(self.cpus) if self.cpus else len(os.sched_getaffinity(0))
+        spinners = 1 + self.n_workers
+        if spinners > cores:
+            log.warning("server %d: poll=busy spins %d threads (gateway + %d workers) on %d "
+                        "CPUs; they will be time-sliced and round trips will take "
+                        "milliseconds. Use poll='adaptive' or give each spinner a core.",
+                        self.me, spinners, self.n_workers, cores)
 
     def stop(self, grace_s=None):
         """Stop cleanly and return the final statistics.
@@ -473,48 +501,53 @@ cdef class Server:
             raise
 
     # ------------------------------------------------------------ workers
+    cdef int64_t _run_task(self, int w, uint64_t idx, int64_t t0) noexcept nogil:
+        """Run the task in slot ``idx`` as worker ``w``, starting at ``t0`` (a clock read the
+        caller just made), and queue it for its response. Returns the clock at the end."""
+        cdef TaskSlot* s = &self.slots[idx]
+        cdef malcolm_task t
+        cdef int64_t t1 = t0
+        cdef int rc
+        if self.timeout_ns > 0 and t0 - s.arrive_ns > self.timeout_ns:
+            s.status = ST_TIMED_OUT
+            s.out_len = 0
+            s.measured_ns = 0
+            mc_add64_relaxed(&self.c.timed_out, 1)
+        else:
+            t.client_id = s.client_id
+            t.task_type = s.task_type
+            t.flags = s.flags
+            t.request_id = s.request_id
+            t.service_ns = s.service_ns
+            t.payload = s.payload
+            t.payload_len = s.payload_len
+            t.worker = w
+            t.out = s.out
+            t.out_cap = MAX_PAYLOAD
+            t.out_len = 0
+            rc = self.handler.fn(self.handler.ctx, &t)
+            t1 = mc_now_ns()
+            s.measured_ns = t1 - t0
+            est_observe(&self.est, w, s.task_type, <double>(t1 - t0))
+            if rc == 0:
+                s.status = ST_OK
+                s.out_len = t.out_len if t.out_len <= MAX_PAYLOAD else MAX_PAYLOAD
+                mc_add64_relaxed(&self.c.completed, 1)
+            else:
+                s.status = ST_HANDLER_ERROR
+                s.out_len = 0
+                mc_add64_relaxed(&self.c.handler_errors, 1)
+        mpmc_push(self.doneq, idx)      # never full: it holds at most `capacity`
+        return t1
+
     cdef void _worker_loop(self, int w) noexcept nogil:
         cdef uint64_t idx
-        cdef TaskSlot* s
-        cdef malcolm_task t
-        cdef int64_t t0, t1, idle_since = 0
-        cdef int rc
+        cdef int64_t t0, idle_since = 0
         cdef uint32_t ticket
         while not mc_load_acq(&self.stop_workers):
             if mpmc_pop(self.runq, &idx):
                 idle_since = 0
-                s = &self.slots[idx]
-                t0 = mc_now_ns()
-                if self.timeout_ns > 0 and t0 - s.arrive_ns > self.timeout_ns:
-                    s.status = ST_TIMED_OUT
-                    s.out_len = 0
-                    s.measured_ns = 0
-                    mc_add64_relaxed(&self.c.timed_out, 1)
-                else:
-                    t.client_id = s.client_id
-                    t.task_type = s.task_type
-                    t.flags = s.flags
-                    t.request_id = s.request_id
-                    t.service_ns = s.service_ns
-                    t.payload = s.payload
-                    t.payload_len = s.payload_len
-                    t.worker = w
-                    t.out = s.out
-                    t.out_cap = MAX_PAYLOAD
-                    t.out_len = 0
-                    rc = self.handler.fn(self.handler.ctx, &t)
-                    t1 = mc_now_ns()
-                    s.measured_ns = t1 - t0
-                    est_observe(&self.est, w, s.task_type, <double>(t1 - t0))
-                    if rc == 0:
-                        s.status = ST_OK
-                        s.out_len = t.out_len if t.out_len <= MAX_PAYLOAD else MAX_PAYLOAD
-                        mc_add64_relaxed(&self.c.completed, 1)
-                    else:
-                        s.status = ST_HANDLER_ERROR
-                        s.out_len = 0
-                        mc_add64_relaxed(&self.c.handler_errors, 1)
-                mpmc_push(self.doneq, idx)      # never full: it holds at most `capacity`
+                self._run_task(w, idx, mc_now_ns())
                 self.tr.wake()
                 continue
             if self.busy:
@@ -578,9 +611,9 @@ cdef class Server:
                 if end <= now:          # we fell behind (descheduled): skip, do not burst
                     end = now + self.window_ns
                 continue
-            if self.busy:
-                mc_cpu_relax()
-                continue
+            # Event-driven in both poll modes: the thread has work only at window ends and
+            # when heartbeats arrive (the gateway rings for those), so it never spins and
+            # a busy-polling server spins only its gateway and workers.
             ticket = mc_bell_prepare(&self.hb_bell)
             if self.hb_head != mc_load_acq(&self.hb_tail) or mc_load_acq(&self.stop_policy):
                 mc_bell_cancel(&self.hb_bell)
@@ -633,14 +666,22 @@ cdef class Server:
         elif status == ST_STOPPED:
             self.c.stopped += 1
 
+    cdef inline void _free_slot(self, uint64_t idx) noexcept nogil:
+        self.free_slots[self.n_free] = <uint32_t>idx
+        self.n_free += 1
+
     cdef bint _enqueue(self, const WireTask* t, const NetAddr* reply, uint16_t flags,
                        uint16_t origin, int64_t now) noexcept nogil:
         """Keep a task: copy it into a slot and queue it. False when no slot is free."""
         cdef uint64_t idx
         cdef TaskSlot* s
-        if not mpmc_pop(self.freeq, &idx):
+        # A slot is 2 kB; reusing the one freed last keeps it in cache (a FIFO free list
+        # walked every slot of the pool, a cache miss per touched line).
+        if self.n_free == 0:
             self._respond_now(t, reply, ST_DROPPED, flags)
             return False
+        self.n_free -= 1
+        idx = self.free_slots[self.n_free]
         s = &self.slots[idx]
         s.reply = reply[0]
         s.client_id = t.client_id
@@ -767,7 +808,7 @@ cdef class Server:
                 self._send_move(h.src, &self.slots[idx], K_STEAL_REPLY,
                                 self.slots[idx].flags | F_STOLEN, seq)
                 self.in_server -= 1
-                mpmc_push(self.freeq, idx)
+                self._free_slot(idx)
                 self.c.stolen_out += 1
             else:
                 b = self.tr.tx_next(&self.peers[h.src])
@@ -799,9 +840,6 @@ cdef class Server:
             if rc < 0:
                 self._bad(m, rc)
                 return 0
-            # No wake-up: in adaptive mode the policy thread reads its inbox when its window
-            # ends (a futex wake per heartbeat would cost more than the update it enables);
-            # in busy mode it polls the inbox continuously.
             self.c.hb_theta_recv += self.hb_in[self.hb_tail % HB_RING].n_theta
             mc_store_rel(&self.hb_tail, self.hb_tail + 1)
             self.c.hb_recv += 1
@@ -816,7 +854,12 @@ cdef class Server:
         cdef WireResp r
         cdef MsgBuf* b
         cdef int k = 0, v
+        cdef double rate = 0.0
         while k < BATCH and mpmc_pop(self.doneq, &idx):
+            if k == 0:
+                # Once per batch: the rate sums a division per worker and task type, and
+                # its EWMAs move by a small fraction per completion anyway.
+                rate = est_rate(&self.est)
             s = &self.slots[idx]
             self.in_server -= 1
             r.client_id = s.client_id
@@ -824,7 +867,7 @@ cdef class Server:
             r.request_id = s.request_id
             r.send_ns = s.send_ns
             r.service_ns = s.measured_ns
-            r.load = est_load(&self.est, <double>self.in_server)
+            r.load = <double>self.in_server / rate
             r.queue_len = <uint32_t>self.in_server
             r.server = self.me
             r.status = s.status
@@ -833,7 +876,7 @@ cdef class Server:
             r.payload = s.out
             b = self.tr.tx_next(&s.reply)
             b.len = wire_put_resp(b.data, b.cap, self.me, &r)
-            mpmc_push(self.freeq, idx)
+            self._free_slot(idx)
             self.c.responses += 1
             k += 1
             if self.draining:
@@ -886,24 +929,44 @@ cdef class Server:
             t.send_ns = s.send_ns
             self._respond_now(&t, &s.reply, ST_STOPPED, s.flags)
             self.in_server -= 1
-            mpmc_push(self.freeq, idx)
+            self._free_slot(idx)
             k += 1
 
     cdef void _gateway_loop(self) noexcept nogil:
         cdef int n, i, k, tasks
-        cdef int64_t now, idle_since = 0, timeout
+        cdef int64_t now, idle_since = 0, timeout, prev = 0, t
+        cdef uint64_t hb_tail, idx
+        cdef bint worked = False
         while True:
             now = mc_now_ns()
+            # Utilisation: a pass that did work is charged up to the next clock read, which
+            # each pass makes anyway; idle polling and sleeping are not charged.
+            if worked:
+                self.c.gateway_busy_ns += <uint64_t>(now - prev)
+            prev = now
             if not self.draining and mc_load_acq(&self.stop_gateway):
                 self.draining = True
             n = self.tr.rx_poll(BATCH)
             tasks = 0
+            hb_tail = self.hb_tail
             for i in range(n):
                 tasks += self._on_msg(&self.tr.rx[i], now)
             self.tr.rx_release(n)
             if tasks:
                 mc_bell_ring_n(&self.work_bell, tasks)    # one sleeping worker per task
+            if self.n_workers == 0 and not self.draining:
+                # Inline mode (no worker threads): tasks run back to back, each timed from
+                # the end of the one before, until INLINE_BUDGET_NS have passed, so that the
+                # network is polled between long tasks; responses go out in this pass.
+                t = now
+                while t - now < INLINE_BUDGET_NS and mpmc_pop(self.runq, &idx):
+                    t = self._run_task(0, idx, t)
+            if self.hb_tail != hb_tail:
+                # eq. 6.1 applies each load as it arrives, so the policy thread is woken for
+                # its inbox; one ring per batch, and a syscall only if it sleeps.
+                mc_bell_ring(&self.hb_bell)
             k = self._completions(now)
+            worked = n > 0 or k > 0
             self._heartbeat_out()
             if self.steal_pending and now >= self.steal_deadline:
                 self.steal_pending = False
