@@ -24,11 +24,22 @@ def test_round_trip(benchmark, kind):
 
 
 @pytest.mark.parametrize("kind", ["udp", "shm"])
+def test_inline_busy_round_trip(benchmark, kind):
+    res = benchmark.pedantic(lambda: R.round_trip(kind, 3000, workers=0, max_s=1.0),
+                             rounds=1, iterations=1)
+    benchmark.extra_info.update(res)
+    assert res["spinners"] == 2 and res["malcolm"]["n"] > 0
+    assert 0 < res["malcolm"]["p50_us"] <= res["malcolm"]["p99_us"]
+
+
+@pytest.mark.parametrize("kind", ["udp", "shm"])
 def test_gateway_throughput(benchmark, kind):
     res = benchmark.pedantic(lambda: R.gateway_throughput(kind, 0.5), rounds=1, iterations=1)
     benchmark.extra_info.update(res)
     assert res["malcolm"]["per_wall_s"] > 1000      # it answers thousands of tasks a second
     assert res["floor"]["per_cpu_s"] > 0
+    # the gateway's busy time is part of its wall time, so per busy second >= per wall second
+    assert res["malcolm"]["per_busy_s"] >= res["malcolm"]["per_wall_s"]
 
 
 def test_decision_overhead(benchmark):
@@ -44,5 +55,6 @@ def test_cli_json():
                                   "--transport", "shm"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
-    assert set(d["round_trip"]) == {"shm", "shm_blocking"}
+    assert set(d["round_trip"]) == {"shm", "shm_inline", "shm_blocking"}
+    assert d["round_trip"]["shm_inline"]["workers"] == 0
     assert "malcolm" in d["decision"]
