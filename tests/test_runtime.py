@@ -267,13 +267,15 @@ def test_heartbeats_carry_theta_and_reach_the_policy():
     assert rep["windows"] > 0 and rep["hb_sent"] >= 5 and rep["stuck_threads"] == []
 
 
-def test_heartbeats_wake_the_policy_thread_before_its_window_ends():
-    # eq. 6.1 applies each load as it arrives: with a 0.5 s window, a heartbeat must be
-    # observed long before the window's end (it used to wait for it in adaptive mode).
+@pytest.mark.parametrize("poll", ["adaptive", "busy"])
+def test_heartbeats_wake_the_policy_thread_before_its_window_ends(poll):
+    # eq. 6.1 applies each load as it arrives: with a 0.5 s window, the policy thread (which
+    # never spins) must observe a heartbeat long before the window ends, in both poll modes
+    # (adaptive mode used to wait for the window end).
     peer = open_transport("udp", "127.0.0.1:0")
     tr = open_transport("udp", "127.0.0.1:0")
     srv = Server(tr, [tr.address, peer.address], 0, make_policy("jsq", 2, 0, 1),
-                 handler="echo", window_us=500_000).start()
+                 handler="echo", window_us=500_000, poll=poll, workers=0).start()
     try:
         time.sleep(0.05)
         t0 = time.monotonic()

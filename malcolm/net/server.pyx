@@ -9,8 +9,8 @@
 * **Workers** pop the central queue and run the handler, a C function pointer, without the
   GIL; they feed the measured service times to the load ``Estimator``. With ``workers=0``
   the gateway pops and runs one task per pass itself.
-* The **policy thread** sleeps until a heartbeat arrives (the gateway rings it) or its
-  window ends; it never spins.
+* The **policy thread** never spins: it sleeps until its window ends or the gateway rings
+  it for a heartbeat.
   It calls ``observe_peer`` for each heartbeat as it arrives and, at each
   window boundary, ``observe_local`` (the load now), ``end_window`` and ``fill_heartbeat``
   (base.pxd), in the simulator's order.
@@ -611,9 +611,9 @@ cdef class Server:
                 if end <= now:          # we fell behind (descheduled): skip, do not burst
                     end = now + self.window_ns
                 continue
-            # Event-driven in both poll modes: the thread has work only at window ends and
-            # when heartbeats arrive (the gateway rings for those), so it never spins and
-            # a busy-polling server spins only its gateway and workers.
+            # Never spins, in either poll mode: its work comes at window ends and when
+            # heartbeats arrive (the gateway rings for those), so a busy-polling server
+            # spins only its gateway and its workers.
             ticket = mc_bell_prepare(&self.hb_bell)
             if self.hb_head != mc_load_acq(&self.hb_tail) or mc_load_acq(&self.stop_policy):
                 mc_bell_cancel(&self.hb_bell)
