@@ -1,12 +1,14 @@
 """``malcolm bench runtime``: the runtime's figures, each beside its floor measured in the same run.
 
 * **round trip**: one task at a time through a real server (client -> gateway -> worker with
-  the ``echo`` handler -> response), both sides busy-polling, p50/p99; floor: a plain-C
-  ping-pong over the same transport (UDP loopback; two shared-memory rings).
+  the ``echo`` handler -> response), both sides busy-polling, p50/p99; again with
+  ``workers=0`` (the gateway runs the task) and with a server that blocks when idle; floor:
+  a plain-C ping-pong over the same transport (UDP loopback; two shared-memory rings). A
+  run with more spinning threads than CPUs gets no ratio.
 * **gateway throughput per core**: a server flooded with no-op (``echo``, 0 ns) tasks; tasks
-  answered per second of the gateway thread's own CPU time; floor: a plain-C reflector that
-  receives and answers messages in batches (recvmmsg/sendmmsg, or ring peek/push), per
-  second of its CPU time.
+  answered per second of gateway time, the larger of per CPU second and per busy second
+  (see ``gateway_throughput``); floor: a plain-C reflector that receives and answers
+  messages in batches (recvmmsg/sendmmsg, or ring peek/push), measured the same way.
 * **decision overhead**: the gateway's per-task work besides I/O: a timestamp, the policy's
   ``decide_arrival`` and the enqueue (estimator note, MPMC push, the worker's pop); floor: a
   clock read, a xoshiro draw with a 4-entry CDF scan and an SPSC push+pop.

@@ -8,7 +8,8 @@
   oldest waiting task, and sends the policy thread's heartbeat to every peer once a window.
 * **Workers** pop the central queue and run the handler, a C function pointer, without the
   GIL; they feed the measured service times to the load ``Estimator``. With ``workers=0``
-  the gateway pops and runs one task per pass itself.
+  the gateway pops and runs them itself after each receive batch, for up to
+  ``INLINE_BUDGET_NS`` before it polls again.
 * The **policy thread** never spins: it sleeps until its window ends or the gateway rings
   it for a heartbeat.
   It calls ``observe_peer`` for each heartbeat as it arrives and, at each
@@ -288,7 +289,7 @@ cdef class Server:
             cap2 <<= 1
         self.slots = <TaskSlot*>mc_aligned_alloc(64, sizeof(TaskSlot) * capacity)
         self.runq = <Mpmc*>mc_aligned_alloc(64, mpmc_bytes(cap2))
-        self.free_slots = <uint32_t*>mc_aligned_alloc(64, sizeof(uint32_t) * cap2)
+        self.free_slots = <uint32_t*>mc_aligned_alloc(64, sizeof(uint32_t) * capacity)
         self.doneq = <Mpmc*>mc_aligned_alloc(64, mpmc_bytes(cap2))
         self.hb_in = <Heartbeat*>mc_aligned_alloc(64, sizeof(Heartbeat) * HB_RING)
         self.hb_out = <Heartbeat*>mc_aligned_alloc(64, sizeof(Heartbeat))
