@@ -1,0 +1,100 @@
+"""The simulator's twin of a real run: the same rack, workload, load and policy, fed with the
+costs that the runtime measured, so that a simulated p99 can be set beside a real one.
+
+This is the one place where runtime measurements become simulator parameters (principle 1:
+one policy, two clocks). :func:`runtime_twin` is what ``malcolm demo --compare-sim`` and the
+experiment runner call; what the runtime's mechanics are in the simulator (gateway cost per
+message, one steal in flight, bounded queues that drop, heartbeat loss, the handler's measured
+service-time distribution) is decided here, by the fields of :class:`RuntimeCosts`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from malcolm.sim.rack import Rack
+
+
+@dataclass
+class RuntimeCosts:
+    """What a real run measured, in the units the simulator takes.
+
+    Attributes
+    ----------
+    delay_us : float
+        One-way delay of a message between two servers (or client and server), µs.
+    gateway_ns : float
+        Gateway CPU time per message it handles (receive, decide, send), ns.
+    hb_loss : float
+        Fraction of heartbeats that did not reach a peer's policy.
+    capacity : int or None
+        Task slots per server (waiting + running); a task beyond it is dropped.
+    max_steals_in_flight : int
+        Steal requests a server may have outstanding (the runtime allows one).
+    steal_timeout_us : float
+        A steal request unanswered this long is given up.
+    service_us : list of float or None
+        Measured service times (µs), pooled over the servers' handlers; when given the
+        simulator samples from them instead of the nominal workload.
+    """
+
+    delay_us: float = 2.0
+    gateway_ns: float = 0.0
+    hb_loss: float = 0.0
+    capacity: int | None = None
+    max_steals_in_flight: int = 1
+    steal_timeout_us: float = 2000.0
+    service_us: list | None = field(default=None, repr=False)
+
+    def summary(self) -> dict:
+        d = asdict(self)
+        svc = d.pop("service_us")
+        d["service_samples"] = 0 if svc is None else len(svc)
+        return d
+
+
+def runtime_twin(*, workers, workload, load, policy, window_us, seed=1, tasks=200_000,
+                 warmup=0.25, costs: RuntimeCosts | None = None, policy_params=None,
+                 shares=None) -> dict:
+    """Simulate what a real run did.
+
+    Parameters
+    ----------
+    workers : sequence of int
+        Worker threads of each server, in rack order (0 means the gateway runs tasks itself:
+        one worker in the simulator).
+    workload : str
+        The workload spec the load generator used (``exp:50``...), nominal service times.
+    load : float
+        The **effective** load the real run achieved (arrivals x measured mean service time /
+        workers), not the nominal one.
+    policy : str
+        Policy spec as in ``malcolm sim`` (``malcolm``, ``jsq``, ``po2``, ``malcolm:learn=0``).
+    window_us : float
+        The policy window of the real run.
+    costs : RuntimeCosts, optional
+        Measured costs; defaults are the simulator's idealised ones.
+
+    Returns
+    -------
+    dict
+        ``p50_us``, ``p99_us``, ``migrations_per_task``, ``steals_per_task``,
+        ``mean_load_us`` (per server), ``costs`` and ``config`` (the simulator's).
+    """
+    from malcolm.sim.run import simulate
+
+    costs = costs or RuntimeCosts()
+    w = [max(1, int(x)) for x in workers]
+    rack = Rack(tuple(w), tuple(1.0 for _ in w), ",".join(f"1x{x}" for x in w))
+    res = simulate(rack=rack, policy=policy, workload=workload, load=load, tasks=tasks,
+                   seed=seed, delay_us=costs.delay_us, window_us=window_us,
+                   loss=costs.hb_loss, warmup=warmup, policy_params=policy_params,
+                   shares=shares)
+    done = max(1, res.completed)
+    return dict(
+        p50_us=res.p50_us, p99_us=res.p99_us,
+        migrations_per_task=res.migrations / done, steals_per_task=res.steals / done,
+        mean_load_us=[x if math.isfinite(x) else None for x in res.mean_load],
+        costs=costs.summary(), config=res.config,
+    )
