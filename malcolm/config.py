@@ -27,6 +27,7 @@ For ``shm`` the address is the endpoint name (default ``<name>-s<index>``).
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -39,7 +40,17 @@ RACK_KEYS = {
     "task_timeout_ms": (float, 0.0), "steal_timeout_us": (float, 2000.0),
     "max_service_ms": (float, 10_000.0), "clients": (list, None), "grace_s": (float, 2.0),
     "est_alpha": (float, 0.01), "prior_service_us": (float, 50.0), "shm_capacity": (int, 1024),
-    "peer_timeout_ms": (float, -1.0),
+    "peer_timeout_ms": (float, -1.0), "key_file": (str, None),
+}
+# Closed ranges of the numeric keys (NaN and infinities are refused everywhere). The bounds
+# are what the runtime can honour: a window under 1 µs would make the policy thread spin
+# through millions of windows a second; capacity is bounded by the slot allocation.
+RACK_RANGES = {
+    "window_us": (1.0, 10_000_000.0), "spin_us": (0.0, 1_000_000.0), "workers": (0, 1024),
+    "task_types": (1, 65535), "capacity": (1, 1 << 22), "task_timeout_ms": (0.0, 3_600_000.0),
+    "steal_timeout_us": (1.0, 60_000_000.0), "max_service_ms": (0.001, 3_600_000.0),
+    "grace_s": (0.0, 3600.0), "est_alpha": (1e-6, 1.0), "prior_service_us": (0.001, 1e9),
+    "shm_capacity": (2, 1 << 20), "peer_timeout_ms": (1.0, 3_600_000.0),
 }
 SERVER_KEYS = {"address", "workers", "handler", "transport", "cpus"}
 
@@ -78,6 +89,7 @@ class RackConfig:
     prior_service_us: float
     shm_capacity: int
     peer_timeout_ms: float
+    key_file: str | None
     policy: str
     policy_params: dict
     seed: int
@@ -92,6 +104,8 @@ class RackConfig:
 def _typed(where, key, value, typ):
     if typ is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
+    if typ is str and value is None:
+        return value
     if typ is list and value is not None and not isinstance(value, list):
         raise ConfigError(f"{where}: {key} must be a list")
     wrong_type = typ is not list and not isinstance(value, typ)
@@ -124,20 +138,31 @@ def parse_rack(data: dict, path: str = "<rack>") -> RackConfig:
                           "to the shm transport")
     if vals["poll"] not in ("busy", "adaptive"):
         raise ConfigError(f"{path}: [rack] poll {vals['poll']!r} must be busy or adaptive")
-    for k in ("window_us", "task_types", "capacity", "shm_capacity"):
-        if vals[k] <= 0:
-            raise ConfigError(f"{path}: [rack] {k} must be positive")
-    if vals["workers"] < 0:
-        raise ConfigError(f"{path}: [rack] workers must be 0 (the gateway runs the tasks "
-                          "itself) or more")
+    for k, (lo, hi) in RACK_RANGES.items():
+        v = vals[k]
+        if k == "peer_timeout_ms" and v == -1.0:
+            continue                    # the default: 20 windows, at least 100 ms
+        if not (math.isfinite(v) and lo <= v <= hi):
+            extra = " (or -1: 20 windows, at least 100 ms)" if k == "peer_timeout_ms" else ""
+            raise ConfigError(f"{path}: [rack] {k} = {v!r} must be a finite number in "
+                              f"{lo:g}..{hi:g}{extra}")
+    if vals["transport"] == "shm" and vals["shm_capacity"] & (vals["shm_capacity"] - 1):
+        raise ConfigError(f"{path}: [rack] shm_capacity = {vals['shm_capacity']} must be a "
+                          "power of two")
+    if vals["clients"] is not None and not all(isinstance(c, str) for c in vals["clients"]):
+        raise ConfigError(f"{path}: [rack] clients must be a list of networks as strings, "
+                          "e.g. [\"127.0.0.0/8\"]")
+    if not vals["name"] or "/" in vals["name"] or "\0" in vals["name"]:
+        raise ConfigError(f"{path}: [rack] name {vals['name']!r} must be non-empty, without "
+                          "'/' or NUL")
     pol = dict(data.get("policy", {"name": "random"}))
     if "name" not in pol:
         raise ConfigError(f"{path}: [policy] needs a name "
                           f"({', '.join(registry.SERVER_POLICIES)})")
     pname = pol.pop("name")
     seed = pol.pop("seed", 0)
-    if not isinstance(seed, int):
-        raise ConfigError(f"{path}: [policy] seed must be an integer")
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2 ** 63:
+        raise ConfigError(f"{path}: [policy] seed must be an integer in 0..2**63-1")
     try:
         info = registry.POLICIES.get(str(pname).lower())
         if info is None or info.kind != "server":
@@ -174,6 +199,9 @@ def parse_rack(data: dict, path: str = "<rack>") -> RackConfig:
         addr = s.get("address", default_addr)
         if addr is None:
             raise ConfigError(f"{where}: needs an address (host:port)")
+        if not isinstance(addr, str):
+            raise ConfigError(f"{where}: address must be a string such as "
+                              f"\"127.0.0.1:7001\", got {addr!r}")
         if cfg.transport != "verbs":
             try:
                 key = addr_bytes(cfg.transport, addr)
@@ -213,6 +241,128 @@ def load_rack(path: str) -> RackConfig:
     return parse_rack(data, path)
 
 
+KEY_BYTES = 32
+KEY_ENV = "MALCOLM_RACK_KEY_FILE"
+
+
+def key_path(cfg: RackConfig | None) -> str | None:
+    """The rack key's file: ``MALCOLM_RACK_KEY_FILE`` if set, else ``[rack] key_file``
+    (relative to the rack file's directory), else None (an unauthenticated rack)."""
+    env = os.environ.get(KEY_ENV)
+    if env:
+        return env
+    if cfg is None or not cfg.key_file:
+        return None
+    if os.path.isabs(cfg.key_file):
+        return cfg.key_file
+    return os.path.join(os.path.dirname(os.path.abspath(cfg.path)), cfg.key_file)
+
+
+def read_key(path: str) -> bytes:
+    """Read a rack key file: at least 32 bytes, readable by its owner only.
+
+    Returns the 16-byte SipHash key derived from the file's content with BLAKE2b (so a key
+    file of any length >= 32 bytes maps to one MAC key, and the raw bytes never travel).
+
+    Raises
+    ------
+    ConfigError
+        Missing, too short, or group/world-accessible.
+    """
+    import hashlib
+    import stat
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"rack key {path} is not a regular file")
+        if st.st_mode & 0o077:
+            raise ConfigError(f"rack key {path} is accessible to group or others (mode "
+                              f"{stat.S_IMODE(st.st_mode):o}); run: chmod 600 {path}")
+        with open(path, "rb") as f:
+            raw = f.read(1 << 16)
+    except FileNotFoundError:
+        raise ConfigError(f"rack key {path} not found (create one with: malcolm rack keygen "
+                          f"{path})") from None
+    except OSError as e:
+        raise ConfigError(f"rack key {path}: {e.strerror}") from None
+    if len(raw) < KEY_BYTES:
+        raise ConfigError(f"rack key {path} holds {len(raw)} bytes; at least {KEY_BYTES} "
+                          "random bytes are needed (malcolm rack keygen PATH)")
+    return hashlib.blake2b(raw, digest_size=16, person=b"malcolm-rack-v2").digest()
+
+
+def write_key(path: str) -> None:
+    """Create a new rack key file of 32 random bytes, mode 0600; never overwrite one."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise ConfigError(f"{path} exists; not overwriting a rack key") from None
+    except OSError as e:
+        raise ConfigError(f"cannot create {path}: {e.strerror}") from None
+    with os.fdopen(fd, "wb") as f:
+        f.write(os.urandom(KEY_BYTES))
+
+
+def rack_key(cfg: RackConfig | None) -> bytes | None:
+    """The rack's 16-byte MAC key, or None when the rack has no key file."""
+    p = key_path(cfg)
+    return None if p is None else read_key(p)
+
+
+def check_rack(cfg: RackConfig, servers=None) -> dict:
+    """Every check ``malcolm serve`` makes before it binds its address, for ``servers``
+    (indices; default all): the key file, the transport, each server's policy and handler,
+    the client networks and the CPUs. ``rack check``, ``rack up`` and ``serve`` all call it,
+    so a file that passes ``rack check`` on this host fails ``serve`` only for reasons of
+    the moment (an address in use).
+
+    Returns ``{"key": bytes or None}``.
+
+    Raises
+    ------
+    ConfigError
+    """
+    import ipaddress
+
+    from malcolm.net.transport import available_transports
+    from malcolm.policy.registry import make_policy
+    from malcolm.workers.handlers import Handler
+    key = rack_key(cfg)
+    ok, why = available_transports()
+    if cfg.transport not in ok:
+        raise ConfigError(f"{cfg.path}: transport {cfg.transport} cannot run here: "
+                          f"{why.get(cfg.transport, 'unknown')}")
+    if cfg.clients is not None:
+        if len(cfg.clients) > 16:
+            raise ConfigError(f"{cfg.path}: [rack] clients: at most 16 networks")
+        for c in cfg.clients:
+            try:
+                ipaddress.ip_network(c, strict=False)
+            except ValueError as e:
+                raise ConfigError(f"{cfg.path}: [rack] clients: {e}") from None
+    have = os.sched_getaffinity(0)
+    handlers = {}
+    ids = range(len(cfg.servers)) if servers is None else servers
+    for k in ids:
+        s = cfg.servers[k]
+        where = f"{cfg.path} [[server]] #{k}"
+        try:
+            make_policy(cfg.policy, len(cfg.servers), k, cfg.seed, **cfg.policy_params)
+        except (ValueError, TypeError, OverflowError) as e:
+            raise ConfigError(f"{cfg.path}: [policy] {e}") from None
+        if s.handler not in handlers:
+            try:
+                handlers[s.handler] = Handler(s.handler)
+            except (ValueError, TypeError, OverflowError) as e:
+                raise ConfigError(f"{where}: {e}") from None
+        if s.cpus:
+            bad = [c for c in s.cpus if c not in have]
+            if bad:
+                raise ConfigError(f"{where}: cpus {bad} are not available to this process "
+                                  f"(allowed: {sorted(have)})")
+    return {"key": key}
+
+
 def default_server_id() -> int | None:
     """This process's rank from SLURM_PROCID, OMPI_COMM_WORLD_RANK or PMI_RANK, if any."""
     for var in ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
@@ -232,6 +382,7 @@ def build_server(cfg: RackConfig, k: int, handler=None):
     from malcolm.policy.registry import make_policy
     if not 0 <= k < len(cfg.servers):
         raise ConfigError(f"{cfg.path}: server id {k} out of range 0..{len(cfg.servers) - 1}")
+    checked = check_rack(cfg, [k])
     s = cfg.servers[k]
     opts = {"capacity": cfg.shm_capacity} if cfg.transport == "shm" else {}
     policy = make_policy(cfg.policy, len(cfg.servers), k, cfg.seed, **cfg.policy_params)
@@ -245,7 +396,7 @@ def build_server(cfg: RackConfig, k: int, handler=None):
                       max_service_ms=cfg.max_service_ms, clients=cfg.clients,
                       est_alpha=cfg.est_alpha, prior_service_us=cfg.prior_service_us,
                       grace_s=cfg.grace_s, peer_timeout_ms=cfg.peer_timeout_ms,
-                      cpus=s.cpus)
+                      cpus=s.cpus, key=checked["key"])
     except BaseException:
         tr.close()
         raise

@@ -1,5 +1,6 @@
-"""Wire format: the native codec agrees with the pure-Python reference, byte for byte, and
-rejects malformed input (with the same reason) instead of reading out of bounds."""
+"""Wire format: the native codec agrees with the pure-Python reference, byte for byte (the
+authentication trailer included), and rejects malformed input (with the same reason) instead
+of reading out of bounds."""
 
 import math
 import random
@@ -31,18 +32,32 @@ SAMPLES = [
 ]
 
 
-def _encode(mod, kind, kw):
-    return getattr(mod, f"encode_{kind}")(**kw)
+KEY = bytes(range(100, 116))
 
 
+def _encode(mod, kind, kw, key=None):
+    return getattr(mod, f"encode_{kind}")(**kw, key=key, epoch=0x1234_5678_9ABC, auth_seq=42)
+
+
+def _reseal(m, key=None):
+    """The message with its MAC recomputed: a mutation that reaches the decoders' checks."""
+    m = bytes(m)
+    return m[:-8] + struct.pack("<Q", wire.siphash24(key or bytes(16), m[:-8]))
+
+
+@pytest.mark.parametrize("key", [None, KEY])
 @pytest.mark.parametrize("kind,kw", SAMPLES)
-def test_native_and_reference_encoders_agree(kind, kw):
-    py = _encode(wire, kind, kw)
-    nat = _encode(native, kind, kw)
+def test_native_and_reference_encoders_agree(kind, kw, key):
+    py = _encode(wire, kind, kw, key)
+    nat = _encode(native, kind, kw, key)
     assert py == nat
-    d_py, d_nat = wire.decode(py), native.decode(nat)
+    d_py, d_nat = wire.decode(py, key), native.decode(nat, key)
     assert d_py == d_nat
     assert d_nat["length"] == len(nat)
+    assert (d_nat["epoch"], d_nat["auth_seq"]) == (0x1234_5678_9ABC, 42)
+    # under another key, both refuse it with the same reason
+    other = None if key else KEY
+    assert _code(nat, other)[1] == _code_py(nat, other)[1] == "bad MAC"
 
 
 def test_decoded_fields_round_trip():
@@ -54,21 +69,22 @@ def test_decoded_fields_round_trip():
     assert hb["theta"] == [1.0, 2.0] and hb["src"] == 3 and hb["load"] == 4.0
     mv = native.decode(native.encode_move(1, 2, 3, REPLY, steal_reply=True, flags=2, seq=8))
     assert mv["kind"] == "steal_reply" and not mv["empty"] and mv["reply"] == REPLY
-    assert native.decode(native.encode_steal_empty(1, 8)) == {
-        "kind": "steal_reply", "src": 1, "length": 16, "seq": 8, "empty": True}
+    assert native.decode(native.encode_steal_empty(1, 8, epoch=5, auth_seq=6)) == {
+        "kind": "steal_reply", "src": 1, "length": 16 + wire.AUTH_LEN, "seq": 8,
+        "empty": True, "epoch": 5, "auth_seq": 6}
 
 
-def _code(data):
+def _code(data, key=None):
     try:
-        native.decode(data)
+        native.decode(data, key)
     except native.BadMessage as e:
         return e.code, e.reason
     return 0, "ok"
 
 
-def _code_py(data):
+def _code_py(data, key=None):
     try:
-        wire.decode(data)
+        wire.decode(data, key)
     except wire.BadMessage as e:
         return e.code, e.reason
     return 0, "ok"
@@ -79,29 +95,37 @@ def test_specific_rejections_have_reasons():
     assert _code(b"")[1] == "shorter than a header"
     assert _code(task[:7])[1] == "shorter than a header"
     assert _code(b"XX" + task[2:])[1] == "bad magic"
-    assert _code(task[:2] + b"\x02" + task[3:])[1] == "unsupported version"
+    assert _code(task[:2] + b"\x01" + task[3:])[1] == "unsupported version"   # version 1
     assert _code(task[:3] + b"\x09" + task[4:])[1] == "unknown message kind"
     assert _code(task[:-1])[1] == "length does not match"            # truncated
     assert _code(task + b"\0")[1] == "length does not match"          # trailing bytes
+    # any changed byte fails the MAC
+    bad = bytearray(task)
+    bad[20] ^= 1
+    assert _code(bytes(bad))[1] == "bad MAC"
+    bad = bytearray(task)
+    bad[-1] ^= 0x80
+    assert _code(bytes(bad))[1] == "bad MAC"
+    # resealed (as a holder of the key could): the decoders' own checks
     # header length consistent with the bytes, but the payload length field lies
     bad = bytearray(task)
     struct.pack_into("<H", bad, 14, 9)
-    assert _code(bytes(bad))[1] == "length does not match"
+    assert _code(_reseal(bad))[1] == "length does not match"
     struct.pack_into("<H", bad, 14, 2000)
-    assert _code(bytes(bad))[1] == "payload too large"
+    assert _code(_reseal(bad))[1] == "payload too large"
     neg = native.encode_task(1, 2, service_ns=-1)
     assert _code(neg)[1] == "field out of range"
     hb = bytearray(native.encode_heartbeat(1, load=1.0))
     struct.pack_into("<d", hb, 24, math.nan)
-    assert _code(bytes(hb))[1] == "field out of range"
+    assert _code(_reseal(hb))[1] == "field out of range"
     struct.pack_into("<d", hb, 24, -1.0)
-    assert _code(bytes(hb))[1] == "field out of range"
+    assert _code(_reseal(hb))[1] == "field out of range"
     hb = bytearray(native.encode_heartbeat(1))
     struct.pack_into("<H", hb, 12, 300)
-    assert _code(bytes(hb))[1] == "too many critic parameters"
+    assert _code(_reseal(hb))[1] == "too many critic parameters"
     resp = bytearray(native.encode_response(1, 2, 3))
     resp[54] = 9                                                       # no such status
-    assert _code(bytes(resp))[1] == "field out of range"
+    assert _code(_reseal(resp))[1] == "field out of range"
 
 
 def test_encoders_refuse_oversized_input():
@@ -130,6 +154,11 @@ def test_fuzzed_input_is_rejected_identically_and_never_crashes():
         else:
             m = bytearray(rng.randrange(256) for _ in range(rng.randrange(0, 120)))
         data = bytes(m)
+        if i % 8 < 4 and len(data) >= 8 + wire.AUTH_LEN:
+            # half with a valid MAC and header length (as a key holder could send), so
+            # the mutations reach the body's checks
+            data = data[:6] + struct.pack("<H", len(data)) + data[8:]
+            data = _reseal(data)
         c_nat, c_py = _code(data), _code_py(data)
         assert c_nat[0] == c_py[0], (data.hex(), c_nat, c_py)
         assert native.check(data) == c_nat[0]
@@ -142,5 +171,8 @@ def test_fuzzed_input_is_rejected_identically_and_never_crashes():
 def test_error_names_are_total():
     assert native.error_name(-1) == "shorter than a header"
     assert native.error_name(-10) == "sender address outside the rack"
+    assert native.error_name(-12) == "bad MAC"
+    assert native.error_name(-15) == "stale heartbeat"
+    assert native.error_name(-16) == "unknown error"
     assert native.error_name(-99) == "unknown error"
     assert native.error_name(5) == "unknown error"

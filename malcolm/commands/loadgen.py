@@ -75,15 +75,26 @@ def _clean(v):
               help="Print one JSON object: {'runs': [report, ...]} with the histograms.")
 @click.option("--raw-out", type=click.Path(dir_okay=False), default=None,
               help="With --raw: write the samples (ns, int64) of the last rate to this .npy.")
+@click.option("--max-timeouts", default="1%", show_default=True,
+              help="Exit with status 3 when the share of measured tasks that timed out is "
+                   "above this (a percentage like 1% or a fraction like 0.01), or when no "
+                   "task completed at all.")
+@click.option("--key-file", type=click.Path(dir_okay=False), default=None,
+              help="The rack key (with --server; a --rack names its own key_file). "
+                   "Default: MALCOLM_RACK_KEY_FILE.")
 def loadgen(rack_path, servers, transport, rate_text, workload, duration, warmup, threads,
             timeout, shares, changes, policy, poll, spin_us, raw, raw_max, lag_threshold,
-            seed, bind, as_json, raw_out):
+            seed, bind, as_json, raw_out, max_timeouts, key_file):
     """Send open-loop Poisson load to a rack and report latency and accounting.
 
     Latency is measured from each task's intended send time, so a stalled server or a
     lagging generator cannot hide in the percentiles; the report says when the generator
     itself fell behind. Every task ends as completed, rejected (with the server's reason) or
     timed out.
+
+    Exit status: 0 when every task is accounted for, some completed and at most
+    --max-timeouts of them timed out; 2 when tasks are unaccounted for; 3 when nothing
+    completed or too many timed out; 130 when interrupted.
 
     \b
     Examples:
@@ -100,6 +111,7 @@ def loadgen(rack_path, servers, transport, rate_text, workload, duration, warmup
         parse_change,
         parse_duration,
         parse_rates,
+        parse_share_limit,
         parse_shares,
         resolve_target,
         row,
@@ -107,7 +119,8 @@ def loadgen(rack_path, servers, transport, rate_text, workload, duration, warmup
     )
 
     try:
-        target = resolve_target(rack_path, servers, transport)
+        target = resolve_target(rack_path, servers, transport, key_file)
+        limit = parse_share_limit(max_timeouts, "--max-timeouts")
         n = len(target.servers)
         spec = LoadSpec(
             target=target, workload=workload, duration_s=parse_duration(duration),
@@ -154,4 +167,14 @@ def loadgen(rack_path, servers, transport, rate_text, workload, duration, warmup
         sys.exit(2)
     if any(r.get("interrupted") for r in reps):
         sys.exit(130)
+    bad = [r for r in reps if r["completed"] == 0
+           or r["timed_out"] > limit * max(r["sent"], 1)]
+    if bad:
+        r = bad[0]
+        why = ("no task completed" if r["completed"] == 0 else
+               f"{r['timed_out']} of {r['sent']} tasks timed out "
+               f"({100 * r['timed_out'] / max(r['sent'], 1):.2f}% > "
+               f"{100 * limit:g}% --max-timeouts)")
+        click.echo(f"loadgen: FAILED at {r['rate']:g}/s: {why}", err=True)
+        sys.exit(3)
     return reps

@@ -20,18 +20,40 @@ def rack():
 @rack.command()
 @click.argument("rack_path", type=click.Path(dir_okay=False))
 def check(rack_path):
-    """Validate RACK_PATH and print what it describes."""
-    from malcolm.config import ConfigError, load_rack
+    """Validate RACK_PATH with every check ``malcolm serve`` makes and print what it describes.
+
+    Only what depends on the moment (an address already in use) is left to ``serve``.
+    """
+    from malcolm.config import ConfigError, check_rack, key_path, load_rack
     try:
         cfg = load_rack(rack_path)
+        checked = check_rack(cfg)
     except ConfigError as e:
         raise click.ClickException(str(e)) from None
+    auth = (f"authenticated (key {key_path(cfg)})" if checked["key"] is not None
+            else "UNAUTHENTICATED (no key_file): any host that can reach it can join")
     params = f" {cfg.policy_params}" if cfg.policy_params else ""
     click.echo(f"rack {cfg.name}: {len(cfg.servers)} servers over {cfg.transport}, "
                f"policy {cfg.policy}{params}, window {cfg.window_us} µs, "
-               f"poll {cfg.poll}")
+               f"poll {cfg.poll}, {auth}")
     for s in cfg.servers:
         click.echo(f"  server {s.index}: {s.address}  {s.workers} workers  {s.handler}")
+
+
+@rack.command()
+@click.argument("key_path", type=click.Path(dir_okay=False))
+def keygen(key_path):
+    """Write a new rack key (32 random bytes, mode 0600) to KEY_PATH.
+
+    Name it in the rack file (``[rack] key_file = "..."``) or in MALCOLM_RACK_KEY_FILE, and
+    give the same file to every server and client of the rack.
+    """
+    from malcolm.config import ConfigError, write_key
+    try:
+        write_key(key_path)
+    except ConfigError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"wrote a 32-byte rack key to {key_path} (mode 0600)")
 
 
 class LocalRack:
@@ -149,15 +171,26 @@ def _unlink_shm(name):
 @click.option("--duration", type=float, default=None, help="Stop after this many seconds.")
 @click.option("--logdir", type=click.Path(file_okay=False), default=None,
               help="Directory for each server's output (default: a temporary one).")
-def up(rack_path, stats, duration, logdir):
+@click.option("--keep-going", is_flag=True,
+              help="When a server exits, report it and leave the others running (default: "
+                   "stop the whole rack).")
+def up(rack_path, stats, duration, logdir, keep_going):
     """Start every server of RACK_PATH here; Ctrl-C stops them all cleanly."""
-    from malcolm.config import ConfigError
-    if logdir:
-        os.makedirs(logdir, exist_ok=True)
+    import math
+
+    from malcolm.config import ConfigError, check_rack
+    if duration is not None and not (math.isfinite(duration) and duration > 0):
+        raise click.BadParameter(f"{duration} must be a positive number of seconds",
+                                 param_hint="--duration")
     try:
+        if logdir:
+            os.makedirs(logdir, exist_ok=True)
         lr = LocalRack(rack_path, ["--stats"] if stats else [], logdir)
+        check_rack(lr.cfg)
     except ConfigError as e:
         raise click.ClickException(str(e)) from None
+    except OSError as e:
+        raise click.ClickException(f"--logdir {logdir}: {e.strerror}") from None
     stop = []
     signal.signal(signal.SIGINT, lambda *a: stop.append(1))
     signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
@@ -170,6 +203,7 @@ def up(rack_path, stats, duration, logdir):
     t_end = None if duration is None else time.monotonic() + duration
     offsets = {k: 0 for k in lr.ids}
     failed = False
+    reported = set()
     while not stop and (t_end is None or time.monotonic() < t_end):
         time.sleep(0.2)
         for k in lr.ids:               # relay the servers' output, prefixed
@@ -177,11 +211,20 @@ def up(rack_path, stats, duration, logdir):
             for line in text[offsets[k]:].splitlines():
                 click.echo(line)
             offsets[k] = len(text)
-        dead = [k for k, p in lr.procs.items() if p.poll() is not None]
+        dead = [k for k, p in lr.procs.items() if p.poll() is not None and k not in reported]
         if dead and not stop:           # after Ctrl-C the servers stop by themselves
-            click.echo(f"rack: server(s) {dead} exited; stopping the rack", err=True)
             failed = True
-            break
+            codes = {k: lr.procs[k].returncode for k in dead}
+            if not keep_going:
+                click.echo(f"rack: server(s) {dead} exited {codes}; stopping the rack "
+                           "(--keep-going leaves the others running)", err=True)
+                break
+            reported.update(dead)
+            alive = [k for k in lr.ids if lr.procs[k].poll() is None]
+            click.echo(f"rack: server(s) {dead} exited {codes}; {len(alive)} still running "
+                       "(--keep-going)", err=True)
+            if not alive:
+                break
     codes = lr.down()
     for k in lr.ids:
         for line in lr.output(k)[offsets[k]:].splitlines():

@@ -56,11 +56,24 @@ def serve(rack_path, server_id, stats, interval, stats_json, duration, handler):
     On a stop signal the server answers its waiting tasks with "server stopped", lets
     running ones finish (grace_s), and reports anything it could not finish.
     """
+    import math
+
     from malcolm.config import ConfigError, build_server, default_server_id, load_rack
     from malcolm.net.transport import TransportUnavailable
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
                         stream=sys.stderr)
+    if duration is not None and not (math.isfinite(duration) and duration > 0):
+        raise click.BadParameter(f"{duration} must be a positive number of seconds",
+                                 param_hint="--duration")
+    if not (math.isfinite(interval) and 0.01 <= interval <= 3600):
+        raise click.BadParameter(f"{interval} must be in 0.01..3600 seconds",
+                                 param_hint="--interval")
+    if stats_json:
+        try:                            # fail now, not after the run
+            _write_json(stats_json, {"starting": True})
+        except OSError as e:
+            raise click.BadParameter(f"cannot write {stats_json}: {e.strerror}",
+                                     param_hint="--stats-json") from None
     try:
         cfg = load_rack(rack_path)
         k = server_id if server_id is not None else default_server_id()
@@ -84,7 +97,8 @@ def serve(rack_path, server_id, stats, interval, stats_json, duration, handler):
     addr = cfg.servers[k].address
     click.echo(f"malcolm serve: server {k} of {len(cfg.servers)} ready on {addr} "
                f"({cfg.transport}, {cfg.servers[k].workers} workers, {cfg.servers[k].handler}, "
-               f"policy {cfg.policy}, poll {cfg.poll})", nl=True)
+               f"policy {cfg.policy}, poll {cfg.poll}, "
+               f"{'authenticated' if srv.authenticated else 'UNAUTHENTICATED'})", nl=True)
     sys.stdout.flush()
     t_end = None if duration is None else time.monotonic() + duration
     prev, t_prev = srv.stats(), time.monotonic()
@@ -99,7 +113,7 @@ def serve(rack_path, server_id, stats, interval, stats_json, duration, handler):
         if stats and now > t_prev:
             click.echo(_format_line(k, cur, prev, now - t_prev), err=True)
         if stats_json:
-            _write_json(stats_json, cur)
+            _write_json_logged(stats_json, cur)
         prev, t_prev = cur, now
         if t_end is not None and now >= t_end:
             break
@@ -115,7 +129,7 @@ def serve(rack_path, server_id, stats, interval, stats_json, duration, handler):
         click.echo(f"malcolm serve: threads that did not stop: {report['stuck_threads']}",
                    err=True)
     if stats_json:
-        _write_json(stats_json, report)
+        _write_json_logged(stats_json, report)
     sys.stdout.flush()
     sys.stderr.flush()
     # Leave without the interpreter's teardown: it restores the default signal handlers,
@@ -129,3 +143,17 @@ def _write_json(path, data):
     with open(tmp, "w") as f:
         json.dump(data, f, indent=1, default=str)
     os.replace(tmp, path)
+
+
+_json_failed = []
+
+
+def _write_json_logged(path, data):
+    """Write the statistics; a failure (disk full, directory removed) is logged once and the
+    server keeps serving."""
+    try:
+        _write_json(path, data)
+    except OSError as e:
+        if not _json_failed:
+            log.warning("cannot write --stats-json %s: %s", path, e.strerror)
+        _json_failed.append(1)

@@ -63,6 +63,7 @@ ctypedef struct Counts:
     uint64_t unknown                # responses to ids this client never sent (or too old)
     uint64_t foreign                # responses for another client id
     uint64_t malformed
+    uint64_t forged                 # responses whose MAC did not verify (not the rack's key)
     uint64_t unexpected             # valid messages that are not responses
     uint64_t send_failed
     uint64_t window_full            # tasks given up early because the window was full
@@ -137,12 +138,14 @@ cdef class LoadClient:
     cdef uint64_t stop_flag
     cdef readonly int64_t t0_ns, end_ns, finished_ns
     cdef readonly double wall_s
+    cdef mc_sipkey key
+    cdef uint64_t epoch, tx_seq
 
     def __init__(self, Transport transport not None, servers, NativeWorkload workload not None,
                  long long client_id, unsigned long long seed, phases, double warmup_s,
                  double duration_s, double timeout_s, ClientPolicy policy=None,
                  bint busy=False, double spin_us=50.0, long long raw_capacity=0,
-                 double lag_threshold_us=50.0, long long window=0):
+                 double lag_threshold_us=50.0, long long window=0, key=None):
         cdef int i, j, n
         cdef double rate, tot, acc
         if not 1 <= len(servers) <= MAX_SERVERS:
@@ -151,6 +154,14 @@ cdef class LoadClient:
             raise ValueError(f"1..{MAX_PHASES} phases, got {len(phases)}")
         if duration_s <= 0 or warmup_s < 0 or timeout_s <= 0:
             raise ValueError("duration and timeout must be > 0, warm-up >= 0")
+        cdef bytes kb = bytes(16) if key is None else bytes(key)
+        if len(kb) != 16:
+            raise ValueError(f"the rack MAC key is 16 bytes, got {len(kb)}")
+        # Tasks are sealed under the rack key (all zero without one) and responses that do
+        # not verify under it are counted as forged and otherwise ignored.
+        mc_sipkey_set(&self.key, <const uint8_t*>(<const char*>kb))
+        self.epoch = wire_new_epoch()
+        self.tx_seq = 0
         self.tr = transport
         self.n_servers = len(servers)
         for i, s in enumerate(servers):
@@ -315,7 +326,9 @@ cdef class LoadClient:
         self.c.sent_to[s] += 1
         self.next_id += 1
         b = self.tr.tx_next(&self.servers[s])
-        b.len = wire_put_task(b.data, b.cap, &t)
+        self.tx_seq += 1
+        b.len = wire_seal(b.data, wire_put_task(b.data, b.cap, &t), &self.key, self.epoch,
+                          self.tx_seq)
 
     cdef void _on_msg(self, MsgBuf* m, int64_t now) noexcept nogil:
         cdef WireHdr h
@@ -324,14 +337,24 @@ cdef class LoadClient:
         cdef uint64_t slot, rid
         cdef uint8_t st
         cdef int64_t lat
+        cdef uint64_t ep, aseq
         kind = wire_header(m.data, m.len, &h)
         if kind < 0:
+            self.c.malformed += 1
+            return
+        rc = wire_open(m.data, m.len, &self.key, &ep, &aseq)
+        if rc == E_MAC:
+            self.c.forged += 1
+            return
+        if rc < 0:
             self.c.malformed += 1
             return
         if kind != K_RESPONSE:
             self.c.unexpected += 1
             return
-        rc = wire_get_resp(m.data, m.len, &r)
+        # Replays need no window here: a response completes its request id at most once,
+        # and a copy is counted as a duplicate (or late) like any other.
+        rc = wire_get_resp(m.data, <uint32_t>rc, &r)
         if rc < 0:
             self.c.malformed += 1
             return

@@ -46,6 +46,8 @@ cdef class StubCore:
     cdef uint64_t head, tail, cap
     cdef uint64_t stall_from, stall_until, stop_flag
     cdef public uint64_t tasks, answered, rejected, ignored, malformed, overflow
+    cdef mc_sipkey key              # the all-zero key: the stub is an unauthenticated rack
+    cdef uint64_t epoch, tx_seq
 
     def __init__(self, Transport transport not None, int index=0, double delay_us=100.0,
                  int every_reject=0, int reject_status=1, int every_drop=0,
@@ -95,11 +97,16 @@ cdef class StubCore:
         cdef WireTask t
         cdef Pending* p
         cdef uint64_t k
+        cdef uint64_t ep, aseq
         cdef int rc = wire_header(m.data, m.len, &h)
         if rc != K_TASK:
             self.malformed += 1
             return
-        rc = wire_get_task(m.data, m.len, &t)
+        rc = wire_open(m.data, m.len, &self.key, &ep, &aseq)
+        if rc < 0:
+            self.malformed += 1
+            return
+        rc = wire_get_task(m.data, <uint32_t>rc, &t)
         if rc < 0:
             self.malformed += 1
             return
@@ -157,7 +164,9 @@ cdef class StubCore:
                     p.r.queue_len = <uint32_t>(self.tail - self.head)
                     p.r.load = <double>(self.tail - self.head) * <double>self.delay_ns
                     b = self.tr.tx_next(&p.peer)
-                    b.len = wire_put_resp(b.data, b.cap, self.index, &p.r)
+                    self.tx_seq += 1
+                    b.len = wire_seal(b.data, wire_put_resp(b.data, b.cap, self.index, &p.r),
+                                      &self.key, self.epoch, self.tx_seq)
                     self.head += 1
                     self.answered += 1
                     k += 1

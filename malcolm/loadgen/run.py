@@ -59,6 +59,20 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * scale
 
 
+def parse_share_limit(text, what="limit") -> float:
+    """``"1%"`` or ``"0.01"`` -> a fraction in 0..1."""
+    t = str(text).strip()
+    scale = 0.01 if t.endswith("%") else 1.0
+    try:
+        v = float(t.rstrip("%")) * scale
+    except ValueError:
+        raise LoadgenError(f"{what} {text!r} must be a percentage (1%) or a fraction "
+                           "(0.01)") from None
+    if not (math.isfinite(v) and 0 <= v <= 1):
+        raise LoadgenError(f"{what} {text!r} must be between 0% and 100%")
+    return v
+
+
 def parse_shares(text, n: int) -> list[float]:
     """``"1,1,2,2"`` or ``"1/1/2/2"``: one non-negative weight per server."""
     if isinstance(text, (list, tuple)):
@@ -128,30 +142,35 @@ class Target:
     transport: str
     servers: list
     source: str          # the rack file, or "--server"
+    key: bytes | None = None     # the rack's 16-byte MAC key (None: unauthenticated rack)
 
 
-def resolve_target(rack=None, servers=(), transport=None) -> Target:
-    """The servers to load, from a rack file or ``--server`` addresses."""
+def resolve_target(rack=None, servers=(), transport=None, key_file=None) -> Target:
+    """The servers to load, from a rack file or ``--server`` addresses, and the rack key
+    (``key_file``, else MALCOLM_RACK_KEY_FILE, else the rack file's ``key_file``)."""
+    from malcolm.config import ConfigError, load_rack, rack_key, read_key
     if rack and servers:
         raise LoadgenError("give either --rack or --server, not both")
+    try:
+        cfg = load_rack(rack) if rack else None
+        key = read_key(key_file) if key_file else rack_key(cfg)
+    except ConfigError as e:
+        raise LoadgenError(str(e)) from None
     if rack:
-        from malcolm.config import ConfigError, load_rack
-        try:
-            cfg = load_rack(rack)
-        except ConfigError as e:
-            raise LoadgenError(str(e)) from None
         if transport and transport != cfg.transport:
             raise LoadgenError(f"--transport {transport} but the rack {rack} uses "
                                f"{cfg.transport}")
-        return Target(cfg.transport, list(cfg.addresses), rack)
+        return Target(cfg.transport, list(cfg.addresses), rack, key)
     if not servers:
         raise LoadgenError("no servers: give --rack RACK.toml or --server HOST:PORT "
                            "(repeatable, or comma-separated)")
     flat = [s.strip() for item in servers for s in str(item).split(",") if s.strip()]
+    if not flat:
+        raise LoadgenError("--server needs at least one address (HOST:PORT or an shm name)")
     kind = transport or "udp"
     if len(flat) > 64:
         raise LoadgenError(f"at most 64 servers, got {len(flat)}")
-    return Target(kind, flat, "--server")
+    return Target(kind, flat, "--server", key)
 
 
 def _check_transport(kind):
@@ -209,6 +228,16 @@ class LoadSpec:
             raise LoadgenError("--threads must be in 1..64")
         if not self.timeout_s > 0:
             raise LoadgenError("--timeout must be > 0")
+        if not 0 <= self.seed < 2 ** 63:
+            raise LoadgenError(f"--seed {self.seed} must be in 0..2**63-1")
+        if not (math.isfinite(self.spin_us) and 0 <= self.spin_us <= 1e6):
+            raise LoadgenError(f"--spin-us {self.spin_us} must be in 0..1000000")
+        if not (math.isfinite(self.lag_threshold_us) and self.lag_threshold_us > 0):
+            raise LoadgenError(f"--lag-threshold {self.lag_threshold_us} must be > 0")
+        if self.raw and not 1 <= self.raw_max <= 1 << 31:
+            raise LoadgenError(f"--raw-max {self.raw_max} must be in 1..2**31")
+        if not math.isfinite(self.duration_s + self.warmup_s + self.timeout_s):
+            raise LoadgenError("--duration, --warmup and --timeout must be finite")
         if self.policy and self.shares is not None:
             raise LoadgenError("--shares and --policy exclude each other: a client policy "
                                "picks each task's server itself")
@@ -287,7 +316,7 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
                 timeout_s=spec.timeout_s, policy=spec.client_policy(i), busy=spec.busy,
                 spin_us=spec.spin_us,
                 raw_capacity=(spec.raw_max // spec.threads) if spec.raw else 0,
-                lag_threshold_us=spec.lag_threshold_us))
+                lag_threshold_us=spec.lag_threshold_us, key=spec.target.key))
         from malcolm._core import now_ns
         t0 = now_ns() + 20_000_000         # every thread starts on the same schedule
         threads = [threading.Thread(target=c.run, args=(t0,), daemon=True,
@@ -326,7 +355,7 @@ def report(spec: LoadSpec, rate, results, wl=None):
     tot = {}
     for k in ("sent", "sent_warm", "completed", "timed_out", "warm_answered",
               "warm_timed_out", "migrated", "stolen", "late", "duplicates", "unknown",
-              "foreign", "malformed", "unexpected", "send_failed", "window_full",
+              "foreign", "malformed", "forged", "unexpected", "send_failed", "window_full",
               "late_sends", "late_episodes", "outstanding"):
         tot[k] = int(sum(r[k] for r in results))
     rejected = {STATUS_NAMES[s]: int(sum(r["rejected"][s] for r in results))
@@ -379,6 +408,8 @@ def report(spec: LoadSpec, rate, results, wl=None):
         "duplicates": tot["duplicates"],
         "unknown_responses": tot["unknown"] + tot["foreign"],
         "malformed": tot["malformed"] + tot["unexpected"],
+        "forged": tot["forged"],
+        "authenticated": spec.target.key is not None,
         "send_failed": tot["send_failed"],
         "window_full": tot["window_full"],
         "warmup": {"sent": tot["sent_warm"], "answered": tot["warm_answered"],
@@ -460,6 +491,7 @@ def notes(rep):
                       ("duplicates", "duplicate responses"),
                       ("unknown_responses", "responses to unknown requests"),
                       ("malformed", "malformed or unexpected datagrams"),
+                      ("forged", "forged responses rejected (MAC did not verify)"),
                       ("send_failed", "tasks the transport could not send"),
                       ("window_full", "tasks given up because the request window was full")):
         if rep.get(key):

@@ -3,6 +3,13 @@
 
 All functions are ``noexcept nogil`` and work on raw byte buffers. Decoders check every
 length and field and return a negative ``WireError`` instead of reading out of bounds.
+
+Every message ends in a 24-byte trailer (``AUTH_LEN``): the sender's epoch, a sequence
+number and a SipHash-2-4 MAC under the rack key of everything before the MAC. Encoders
+(``wire_put_*``) write the header's length with the trailer included and return the length
+*without* it; ``wire_seal`` then appends the trailer. Receivers check the header
+(``wire_header``), then ``wire_open`` verifies the MAC and returns the length of the body,
+which the ``wire_get_*`` decoders take.
 """
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
@@ -23,8 +30,9 @@ cdef extern from "net/_netc.h" nogil:
 
 cdef enum:
     WIRE_MAGIC = 0x4C4D          # bytes "ML"
-    WIRE_VERSION = 1
+    WIRE_VERSION = 2
     HDR_LEN = 8
+    AUTH_LEN = 24                # trailer on every message: u64 epoch, u64 seq, u64 MAC
     TASK_LEN = 40                # fixed part of a task
     MOVE_LEN = 72                # fixed part of a forwarded or stolen task
     STEAL_REQ_LEN = 24
@@ -62,7 +70,11 @@ cdef enum WireError:
     E_SRC = -9                   # src not a server of this rack (or a client where one is required)
     E_ADDR = -10                 # the message came from an address outside the rack
     E_UNEXPECTED = -11           # a valid message this endpoint does not accept
-    E_NCODES = 12
+    E_MAC = -12                  # the MAC does not verify: wrong key, or altered on the way
+    E_REPLAY = -13               # a sequence number already seen, or too far behind
+    E_EPOCH = -14                # an epoch older than the sender's current one
+    E_STALE = -15                # a heartbeat older than the last one applied
+    E_NCODES = 16
 
 
 cdef enum TaskFlag:
@@ -86,6 +98,23 @@ cdef extern from "net/_netc.h" nogil:
         uint16_t port
         uint32_t extra           # IPv6 scope id; unused for shm; a QP number for verbs
         uint8_t addr[16]         # IPv4 in the first 4 bytes; an shm endpoint name
+
+
+cdef extern from "net/_siphash.h" nogil:
+    ctypedef struct mc_sipkey:
+        uint64_t k0
+        uint64_t k1
+    void mc_sipkey_set(mc_sipkey* k, const uint8_t* key)
+    uint64_t mc_siphash24(const mc_sipkey* key, const uint8_t* data, size_t n)
+
+
+# What a receiver remembers of one sender, against replays: its current epoch (random at
+# its start, from the realtime clock, so a restart has a larger one), the highest sequence
+# number seen in it and a bitmap of the REPLAY_WINDOW numbers below (datagrams may reorder).
+ctypedef struct WireReplay:
+    uint64_t epoch
+    uint64_t top
+    uint64_t bits
 
 
 ctypedef struct WireHdr:
@@ -124,6 +153,12 @@ ctypedef struct WireResp:
 
 
 cdef int wire_header(const uint8_t* buf, uint32_t n, WireHdr* h) noexcept nogil
+cdef int wire_open(const uint8_t* buf, uint32_t n, const mc_sipkey* key, uint64_t* epoch,
+                   uint64_t* seq) noexcept nogil
+cdef uint32_t wire_seal(uint8_t* buf, uint32_t n, const mc_sipkey* key, uint64_t epoch,
+                        uint64_t seq) noexcept nogil
+cdef int wire_replay_check(WireReplay* r, uint64_t epoch, uint64_t seq) noexcept nogil
+cdef uint64_t wire_new_epoch() noexcept nogil
 cdef int wire_get_task(const uint8_t* buf, uint32_t n, WireTask* t) noexcept nogil
 cdef int wire_get_move(const uint8_t* buf, uint32_t n, WireTask* t) noexcept nogil
 cdef int wire_get_steal_req(const uint8_t* buf, uint32_t n, uint32_t* seq,

@@ -6,7 +6,7 @@ from libc.string cimport memcpy, memset
 from malcolm.policy.base cimport MAX_THETA, Heartbeat
 
 
-cdef const char* _ERRNAMES[12]
+cdef const char* _ERRNAMES[16]
 _ERRNAMES[0] = b"ok"
 _ERRNAMES[1] = b"shorter than a header"
 _ERRNAMES[2] = b"bad magic"
@@ -19,6 +19,26 @@ _ERRNAMES[8] = b"too many critic parameters"
 _ERRNAMES[9] = b"bad sender index"
 _ERRNAMES[10] = b"sender address outside the rack"
 _ERRNAMES[11] = b"unexpected message kind"
+_ERRNAMES[12] = b"bad MAC"
+_ERRNAMES[13] = b"replayed"
+_ERRNAMES[14] = b"stale epoch"
+_ERRNAMES[15] = b"stale heartbeat"
+
+cdef enum:
+    REPLAY_WINDOW = 64           # sequence numbers below the highest still accepted once
+
+
+cdef extern from "<time.h>" nogil:
+    cdef struct timespec:
+        long tv_sec
+        long tv_nsec
+    int clock_gettime(int clk, timespec* ts)
+    enum:
+        CLOCK_REALTIME
+
+
+cdef extern from "<sys/random.h>" nogil:
+    ssize_t getrandom(void* buf, size_t n, unsigned int flags)
 
 
 cdef const char* wire_error_name(int code) noexcept nogil:
@@ -28,11 +48,78 @@ cdef const char* wire_error_name(int code) noexcept nogil:
 
 
 cdef inline void _put_hdr(uint8_t* buf, uint8_t kind, uint16_t src, uint32_t length) noexcept nogil:
+    """``length`` is the body's; the header counts the trailer ``wire_seal`` appends."""
     mc_st16(buf, WIRE_MAGIC)
     buf[2] = WIRE_VERSION
     buf[3] = kind
     mc_st16(buf + 4, src)
-    mc_st16(buf + 6, <uint16_t>length)
+    mc_st16(buf + 6, <uint16_t>(length + AUTH_LEN))
+
+
+cdef uint32_t wire_seal(uint8_t* buf, uint32_t n, const mc_sipkey* key, uint64_t epoch,
+                        uint64_t seq) noexcept nogil:
+    """Append the trailer to a body of ``n`` bytes that a ``wire_put_*`` wrote (which left
+    room for it); return the message's length, 0 if ``n`` is 0 (the body did not fit)."""
+    if n == 0:
+        return 0
+    mc_st64(buf + n, epoch)
+    mc_st64(buf + n + 8, seq)
+    mc_st64(buf + n + 16, mc_siphash24(key, buf, n + 16))
+    return n + AUTH_LEN
+
+
+cdef int wire_open(const uint8_t* buf, uint32_t n, const mc_sipkey* key, uint64_t* epoch,
+                   uint64_t* seq) noexcept nogil:
+    """Verify the MAC of a message whose header checked; return the body's length (> 0) or
+    a negative WireError. The epoch and sequence number are for ``wire_replay_check``."""
+    cdef uint64_t tag, want, diff
+    if n < HDR_LEN + AUTH_LEN:
+        return E_LENGTH
+    tag = mc_ld64(buf + n - 8)
+    want = mc_siphash24(key, buf, n - 8)
+    diff = tag ^ want               # no early exit: the comparison takes the same time
+    if diff != 0:
+        return E_MAC
+    epoch[0] = mc_ld64(buf + n - 24)
+    seq[0] = mc_ld64(buf + n - 16)
+    return <int>(n - AUTH_LEN)
+
+
+cdef int wire_replay_check(WireReplay* r, uint64_t epoch, uint64_t seq) noexcept nogil:
+    """Accept each (epoch, seq) of one sender at most once: 1 when it starts a new, larger
+    epoch (the sender restarted; the state is reset to it), 0 when accepted in the current
+    one, E_EPOCH for an older epoch, E_REPLAY for a number seen or more than REPLAY_WINDOW
+    behind the highest. Sequence numbers start at 1."""
+    cdef uint64_t back
+    cdef int rc = 0
+    if epoch != r.epoch:
+        if epoch < r.epoch:
+            return E_EPOCH
+        r.epoch = epoch
+        r.top = 0
+        r.bits = 0
+        rc = 1
+    if seq > r.top:
+        back = seq - r.top
+        r.bits = 0 if back >= REPLAY_WINDOW else (r.bits << back)
+        r.bits |= 1             # bit k: top - k was seen
+        r.top = seq
+        return rc
+    back = r.top - seq
+    if seq == 0 or back >= REPLAY_WINDOW or (r.bits >> back) & 1:
+        return E_REPLAY
+    r.bits |= (<uint64_t>1) << back
+    return rc
+
+
+cdef uint64_t wire_new_epoch() noexcept nogil:
+    """A sender's epoch: the realtime clock in µs in the high bits (so a restart is larger),
+    16 random bits in the low ones (two starts in one µs differ)."""
+    cdef timespec ts
+    cdef uint16_t rnd = 0
+    clock_gettime(CLOCK_REALTIME, &ts)
+    getrandom(&rnd, 2, 0)
+    return ((<uint64_t>ts.tv_sec * 1000000 + <uint64_t>(ts.tv_nsec // 1000)) << 16) | rnd
 
 
 cdef int wire_header(const uint8_t* buf, uint32_t n, WireHdr* h) noexcept nogil:
@@ -190,7 +277,7 @@ cdef int wire_get_heartbeat(const uint8_t* buf, uint32_t n, Heartbeat* hb) noexc
 cdef uint32_t wire_put_task(uint8_t* buf, uint32_t cap, const WireTask* t) noexcept nogil:
     """Encode a client's TASK; return its length, or 0 if it does not fit."""
     cdef uint32_t n = TASK_LEN + t.payload_len
-    if t.payload_len > MAX_PAYLOAD or n > cap:
+    if t.payload_len > MAX_PAYLOAD or n + AUTH_LEN > cap:
         return 0
     _put_hdr(buf, K_TASK, CLIENT_SRC, n)
     _put_core(buf, t)
@@ -203,7 +290,7 @@ cdef uint32_t wire_put_move(uint8_t* buf, uint32_t cap, uint16_t src, uint8_t ki
                             const WireTask* t) noexcept nogil:
     """Encode a FORWARD, or a STEAL_REPLY carrying a task (``kind`` says which)."""
     cdef uint32_t n = MOVE_LEN + t.payload_len
-    if t.payload_len > MAX_PAYLOAD or n > cap:
+    if t.payload_len > MAX_PAYLOAD or n + AUTH_LEN > cap:
         return 0
     _put_hdr(buf, kind, src, n)
     _put_core(buf, t)
@@ -221,7 +308,7 @@ cdef uint32_t wire_put_move(uint8_t* buf, uint32_t cap, uint16_t src, uint8_t ki
 
 cdef uint32_t wire_put_steal_req(uint8_t* buf, uint32_t cap, uint16_t src, uint32_t seq,
                                  int64_t sent_ns) noexcept nogil:
-    if cap < STEAL_REQ_LEN:
+    if cap < STEAL_REQ_LEN + AUTH_LEN:
         return 0
     _put_hdr(buf, K_STEAL_REQ, src, STEAL_REQ_LEN)
     mc_st32(buf + 8, seq)
@@ -232,7 +319,7 @@ cdef uint32_t wire_put_steal_req(uint8_t* buf, uint32_t cap, uint16_t src, uint3
 
 cdef uint32_t wire_put_steal_empty(uint8_t* buf, uint32_t cap, uint16_t src,
                                    uint32_t seq) noexcept nogil:
-    if cap < STEAL_EMPTY_LEN:
+    if cap < STEAL_EMPTY_LEN + AUTH_LEN:
         return 0
     _put_hdr(buf, K_STEAL_REPLY, src, STEAL_EMPTY_LEN)
     mc_st32(buf + 8, seq)
@@ -243,7 +330,7 @@ cdef uint32_t wire_put_steal_empty(uint8_t* buf, uint32_t cap, uint16_t src,
 cdef uint32_t wire_put_resp(uint8_t* buf, uint32_t cap, uint16_t src,
                             const WireResp* r) noexcept nogil:
     cdef uint32_t n = RESP_LEN + r.payload_len
-    if r.payload_len > MAX_PAYLOAD or n > cap:
+    if r.payload_len > MAX_PAYLOAD or n + AUTH_LEN > cap:
         return 0
     _put_hdr(buf, K_RESPONSE, src, n)
     mc_st32(buf + 8, r.client_id)
@@ -269,7 +356,7 @@ cdef uint32_t wire_put_heartbeat(uint8_t* buf, uint32_t cap, uint16_t src,
     if nt < 0 or nt > MAX_THETA:
         return 0
     n = HB_LEN + 8 * nt
-    if n > cap:
+    if n + AUTH_LEN > cap:
         return 0
     _put_hdr(buf, K_HEARTBEAT, src, n)
     mc_st32(buf + 8, hb.seq)
@@ -305,6 +392,62 @@ def error_name(int code):
 
 def _raise(int code):
     raise BadMessage(code, wire_error_name(code).decode())
+
+
+ZERO_KEY = bytes(16)
+_auto_seq = [0]
+
+
+cdef mc_sipkey _key(object key) except *:
+    """The MAC key of a 16-byte ``key``; None is the all-zero key of an unauthenticated rack."""
+    cdef mc_sipkey k
+    cdef bytes b = ZERO_KEY if key is None else bytes(key)
+    if len(b) != 16:
+        raise ValueError(f"a rack MAC key is 16 bytes, got {len(b)}")
+    mc_sipkey_set(&k, <const uint8_t*>(<const char*>b))
+    return k
+
+
+cdef uint64_t _seq(object auth_seq) except? 0:
+    if auth_seq is None:
+        # Tools and tests that do not count: every message this process encodes gets a
+        # larger number, so a receiver's replay check accepts them in order.
+        _auto_seq[0] += 1
+        return _auto_seq[0]
+    return auth_seq
+
+
+cdef bytes _sealed(uint8_t* buf, uint32_t n, object key, uint64_t epoch, object auth_seq):
+    cdef mc_sipkey k = _key(key)
+    cdef uint32_t m = wire_seal(buf, n, &k, epoch, _seq(auth_seq))
+    return bytes(buf[:m])
+
+
+def siphash24(bytes key not None, const uint8_t[::1] data not None):
+    """SipHash-2-4 of ``data`` under a 16-byte ``key`` (the native one; tests, tools)."""
+    cdef mc_sipkey k = _key(key)
+    cdef uint8_t empty[1]
+    return mc_siphash24(&k, &data[0] if data.shape[0] else empty, data.shape[0])
+
+
+def new_epoch():
+    """A fresh sender epoch (realtime µs << 16 | 16 random bits)."""
+    return wire_new_epoch()
+
+
+class ReplayWindow:
+    """Python twin of ``wire_replay_check`` for tools and tests: ``check(epoch, seq)``
+    returns 1 (new epoch), 0 (accepted) or a negative WireError."""
+
+    def __init__(self):
+        self.state = (0, 0, 0)
+
+    def check(self, uint64_t epoch, uint64_t seq):
+        cdef WireReplay r
+        r.epoch, r.top, r.bits = self.state
+        rc = wire_replay_check(&r, epoch, seq)
+        self.state = (r.epoch, r.top, r.bits)
+        return rc
 
 
 cdef NetAddr _addr_from(object a) except *:
@@ -345,7 +488,8 @@ cdef WireTask _task_from(client_id, request_id, task_type, service_ns, send_ns, 
 
 
 def encode_task(uint32_t client_id, uint64_t request_id, uint16_t task_type=0,
-                int64_t service_ns=0, int64_t send_ns=0, bytes payload=b""):
+                int64_t service_ns=0, int64_t send_ns=0, bytes payload=b"", key=None,
+                uint64_t epoch=1, auth_seq=None):
     """Encode a TASK as a client sends it."""
     cdef uint8_t buf[MAX_MSG]
     cdef WireTask t = _task_from(client_id, request_id, task_type, service_ns, send_ns,
@@ -354,13 +498,14 @@ def encode_task(uint32_t client_id, uint64_t request_id, uint16_t task_type=0,
     cdef uint32_t n = wire_put_task(buf, MAX_MSG, &t)
     if n == 0:
         raise ValueError(f"payload of {len(payload)} bytes is over {MAX_PAYLOAD}")
-    return bytes(buf[:n])
+    return _sealed(buf, n, key, epoch, auth_seq)
 
 
 def encode_move(uint16_t src, uint32_t client_id, uint64_t request_id, reply,
                 uint16_t task_type=0, int64_t service_ns=0, int64_t send_ns=0,
                 bytes payload=b"", uint16_t origin=0, uint16_t flags=F_MIGRATED,
-                uint32_t seq=0, bint steal_reply=False):
+                uint32_t seq=0, bint steal_reply=False, key=None, uint64_t epoch=1,
+                auth_seq=None):
     """Encode a FORWARD (or a STEAL_REPLY with a task); ``reply`` is (family, port, extra, addr)."""
     cdef uint8_t buf[MAX_MSG]
     cdef WireTask t = _task_from(client_id, request_id, task_type, service_ns, send_ns,
@@ -370,25 +515,28 @@ def encode_move(uint16_t src, uint32_t client_id, uint64_t request_id, reply,
                                     K_STEAL_REPLY if steal_reply else K_FORWARD, &t)
     if n == 0:
         raise ValueError(f"payload of {len(payload)} bytes is over {MAX_PAYLOAD}")
-    return bytes(buf[:n])
+    return _sealed(buf, n, key, epoch, auth_seq)
 
 
-def encode_steal_request(uint16_t src, uint32_t seq, int64_t sent_ns=0):
-    cdef uint8_t buf[STEAL_REQ_LEN]
-    wire_put_steal_req(buf, STEAL_REQ_LEN, src, seq, sent_ns)
-    return bytes(buf[:STEAL_REQ_LEN])
+def encode_steal_request(uint16_t src, uint32_t seq, int64_t sent_ns=0, key=None,
+                         uint64_t epoch=1, auth_seq=None):
+    cdef uint8_t buf[STEAL_REQ_LEN + AUTH_LEN]
+    cdef uint32_t n = wire_put_steal_req(buf, STEAL_REQ_LEN + AUTH_LEN, src, seq, sent_ns)
+    return _sealed(buf, n, key, epoch, auth_seq)
 
 
-def encode_steal_empty(uint16_t src, uint32_t seq):
-    cdef uint8_t buf[STEAL_EMPTY_LEN]
-    wire_put_steal_empty(buf, STEAL_EMPTY_LEN, src, seq)
-    return bytes(buf[:STEAL_EMPTY_LEN])
+def encode_steal_empty(uint16_t src, uint32_t seq, key=None, uint64_t epoch=1,
+                       auth_seq=None):
+    cdef uint8_t buf[STEAL_EMPTY_LEN + AUTH_LEN]
+    cdef uint32_t n = wire_put_steal_empty(buf, STEAL_EMPTY_LEN + AUTH_LEN, src, seq)
+    return _sealed(buf, n, key, epoch, auth_seq)
 
 
 def encode_response(uint16_t src, uint32_t client_id, uint64_t request_id,
                     uint16_t task_type=0, int64_t send_ns=0, int64_t service_ns=0,
                     double load=0.0, uint32_t queue_len=0, uint16_t server=0,
-                    uint8_t status=ST_OK, uint8_t flags=0, bytes payload=b""):
+                    uint8_t status=ST_OK, uint8_t flags=0, bytes payload=b"", key=None,
+                    uint64_t epoch=1, auth_seq=None):
     cdef uint8_t buf[MAX_MSG]
     cdef WireResp r
     r.client_id = client_id
@@ -406,12 +554,13 @@ def encode_response(uint16_t src, uint32_t client_id, uint64_t request_id,
     cdef uint32_t n = wire_put_resp(buf, MAX_MSG, src, &r)
     if n == 0:
         raise ValueError(f"payload of {len(payload)} bytes is over {MAX_PAYLOAD}")
-    return bytes(buf[:n])
+    return _sealed(buf, n, key, epoch, auth_seq)
 
 
 def encode_heartbeat(uint16_t src, uint32_t seq=0, int64_t sent_ns=0, double load=0.0,
                      double queue_len=0.0, double rate=0.0, uint64_t migrations=0,
-                     uint64_t steals=0, theta=()):
+                     uint64_t steals=0, theta=(), key=None, uint64_t epoch=1,
+                     auth_seq=None):
     cdef uint8_t buf[MAX_MSG]
     cdef Heartbeat hb
     cdef int k
@@ -429,7 +578,7 @@ def encode_heartbeat(uint16_t src, uint32_t seq=0, int64_t sent_ns=0, double loa
     for k in range(hb.n_theta):
         hb.theta[k] = theta[k]
     cdef uint32_t n = wire_put_heartbeat(buf, MAX_MSG, src, &hb)
-    return bytes(buf[:n])
+    return _sealed(buf, n, key, epoch, auth_seq)
 
 
 _KIND_NAMES = {K_TASK: "task", K_RESPONSE: "response", K_FORWARD: "forward",
@@ -437,9 +586,14 @@ _KIND_NAMES = {K_TASK: "task", K_RESPONSE: "response", K_FORWARD: "forward",
                K_HEARTBEAT: "heartbeat"}
 
 
-def decode(const uint8_t[::1] data not None):
-    """Validate and decode one message into a dict; raise ``BadMessage`` with the reason."""
+def decode(const uint8_t[::1] data not None, key=None):
+    """Validate and decode one message into a dict; raise ``BadMessage`` with the reason.
+
+    ``key`` is the rack's 16-byte MAC key (None: the all-zero key of an unauthenticated
+    rack). The dict has the trailer's ``epoch`` and ``auth_seq``."""
     cdef uint32_t n = data.shape[0]
+    cdef mc_sipkey mk = _key(key)
+    cdef uint64_t epoch = 0, aseq = 0
     cdef const uint8_t* buf = &data[0] if n else NULL
     cdef uint8_t empty[1]
     cdef WireHdr h
@@ -454,7 +608,12 @@ def decode(const uint8_t[::1] data not None):
     rc = wire_header(buf, n, &h)
     if rc < 0:
         _raise(rc)
-    out = {"kind": _KIND_NAMES[h.kind], "src": h.src, "length": h.length}
+    rc = wire_open(buf, n, &mk, &epoch, &aseq)
+    if rc < 0:
+        _raise(rc)
+    n = <uint32_t>rc
+    out = {"kind": _KIND_NAMES[h.kind], "src": h.src, "length": h.length, "epoch": epoch,
+           "auth_seq": aseq}
     if h.kind == K_TASK or h.kind == K_FORWARD or h.kind == K_STEAL_REPLY:
         if h.kind == K_TASK:
             rc = wire_get_task(buf, n, &t)
@@ -496,10 +655,10 @@ def decode(const uint8_t[::1] data not None):
     return out
 
 
-def check(const uint8_t[::1] data not None):
+def check(const uint8_t[::1] data not None, key=None):
     """Return 0 if the message is valid, else its negative WireError code (never raises)."""
     try:
-        decode(data)
+        decode(data, key)
     except BadMessage as e:
         return e.code
     return 0

@@ -24,6 +24,7 @@ class Accounting:
     answered: dict = field(default_factory=dict)       # request_id -> first response (dict)
     duplicates: int = 0
     malformed: int = 0
+    forged: int = 0                                     # responses whose MAC did not verify
     pending: dict = field(default_factory=dict)        # request_id -> server index sent to
 
     @property
@@ -50,6 +51,7 @@ class Accounting:
         mig, st = self.moved()
         return {"sent": self.sent, "answered": len(self.answered), "lost": self.lost,
                 "duplicates": self.duplicates, "malformed": self.malformed,
+                "forged": self.forged,
                 "status": dict(self.by_status()), "migrated": mig, "stolen": st,
                 "by_server": dict(self.by_server()),
                 "lost_by_server": dict(self.lost_by_server())}
@@ -67,12 +69,19 @@ class Client:
     client_id : int
     address : optional
         Where to bind (udp default ``127.0.0.1:0``; shm default: a unique name).
+    key : bytes or None
+        The rack's 16-byte MAC key (``malcolm.config.rack_key``); None for a rack without
+        one. Tasks are sealed with it and responses that do not verify are counted as
+        ``forged`` and otherwise ignored.
     """
 
-    def __init__(self, transport, servers, client_id=1, address=None):
+    def __init__(self, transport, servers, client_id=1, address=None, key=None):
         self.tr = open_transport(transport, address)
         self.servers = [self.tr.parse(s) for s in servers]
         self.client_id = client_id
+        self.key = key
+        self.epoch = wire.new_epoch()
+        self._seq = 0
         self.acc = Accounting()
         self._next = 0
 
@@ -89,8 +98,10 @@ class Client:
         """Send one task to server index ``server``; return its request id."""
         rid = self._next
         self._next += 1
-        msg = wire.encode_task(self.client_id, rid, task_type, service_ns,
-                               time.monotonic_ns(), payload)
+        self._seq += 1
+        msg = wire.encode_task_native(self.client_id, rid, task_type, service_ns,
+                                      time.monotonic_ns(), payload, key=self.key,
+                                      epoch=self.epoch, auth_seq=self._seq)
         self.acc.pending[rid] = server
         self.acc.sent += 1
         self.tr.send(self.servers[server], msg)
@@ -101,9 +112,12 @@ class Client:
         got = self.tr.recv(timeout)
         for data, _src in got:
             try:
-                r = wire.decode_native(data)
-            except wire.BadMessage:
-                self.acc.malformed += 1
+                r = wire.decode_native(data, self.key)
+            except wire.BadMessage as e:
+                if e.code == wire.E_MAC:
+                    self.acc.forged += 1
+                else:
+                    self.acc.malformed += 1
                 continue
             if r["kind"] != "response" or r["client_id"] != self.client_id:
                 self.acc.malformed += 1

@@ -130,6 +130,10 @@ ctypedef struct Counters:
     uint64_t malformed
     uint64_t unexpected
     uint64_t gateway_busy_ns     # gateway: time in loop passes that moved a message or task
+    uint64_t peer_joins          # a peer heard from (authenticated) while presumed absent
+    uint64_t peer_leaves         # a peer silent for peer_timeout_ms: presumed down
+    uint64_t peer_restarts       # a peer came back with a new epoch (it restarted)
+    uint64_t hb_stale            # heartbeats older than one already applied (reordered)
     uint64_t by_reason[E_NCODES]
 
 
@@ -201,6 +205,20 @@ cdef class Server:
     cdef int64_t window_ns, spin_ns, timeout_ns, steal_timeout_ns, max_service_ns
     cdef int64_t peer_timeout_ns
     cdef int64_t peer_seen[MAX_SERVERS]    # last message from each peer (gateway clock)
+    cdef bint peer_up[MAX_SERVERS]         # heard from within peer_timeout_ns
+    cdef int64_t next_member_check
+    # authentication (docs/runtime.md, "Wire format"): the rack key, this run's epoch, a
+    # sequence number per destination server (so each receiver sees a dense sequence and a
+    # 64-wide replay window suffices), one for everything sent to clients, and per peer what
+    # its replay window and heartbeat order need
+    cdef mc_sipkey key
+    cdef readonly bint authenticated
+    cdef readonly uint64_t epoch
+    cdef uint64_t tx_seq[MAX_SERVERS]
+    cdef uint64_t tx_seq_client
+    cdef WireReplay rx_replay[MAX_SERVERS]
+    cdef uint64_t hb_top[MAX_SERVERS]      # trailer seq of the last heartbeat applied
+    cdef uint32_t hb_local_seq[MAX_SERVERS]
     # state
     cdef TaskSlot* slots
     cdef Mpmc* runq
@@ -238,7 +256,7 @@ cdef class Server:
                  double task_timeout_ms=0.0, double steal_timeout_us=2000.0,
                  double max_service_ms=10_000.0, clients=None, double est_alpha=0.01,
                  double prior_service_us=50.0, double grace_s=2.0,
-                 double peer_timeout_ms=-1.0, cpus=None):
+                 double peer_timeout_ms=-1.0, cpus=None, key=None):
         cdef int i
         cdef uint32_t cap2
         self.n = len(peers)
@@ -311,6 +329,7 @@ cdef class Server:
         self.threads = []
         self.running = False
         self.cpus = self._check_cpus(cpus)
+        self._set_key(key)
 
     @staticmethod
     def _check_cpus(cpus):
@@ -337,6 +356,20 @@ cdef class Server:
             rest = c[1:] if len(c) > 1 else c
             cpu = rest[w % len(rest)]
         os.sched_setaffinity(0, {cpu})      # 0: the calling thread on Linux
+
+    def _set_key(self, key):
+        # No key: the all-zero one, which catches corruption but authenticates nothing.
+        cdef bytes k = bytes(16) if key is None else bytes(key)
+        if len(k) != 16:
+            raise ValueError(f"the rack MAC key is 16 bytes (malcolm.config.read_key), "
+                             f"got {len(k)}")
+        mc_sipkey_set(&self.key, <const uint8_t*>(<const char*>k))
+        self.authenticated = key is not None
+        memset(self.rx_replay, 0, sizeof(self.rx_replay))
+        memset(self.tx_seq, 0, sizeof(self.tx_seq))
+        memset(self.hb_top, 0, sizeof(self.hb_top))
+        memset(self.hb_local_seq, 0, sizeof(self.hb_local_seq))
+        memset(self.peer_up, 0, sizeof(self.peer_up))
 
     def __dealloc__(self):
         free(self.slots)
@@ -374,9 +407,16 @@ cdef class Server:
         if self.running:
             raise RuntimeError("server already started")
         self.started_ns = mc_now_ns()
+        self.epoch = wire_new_epoch()
+        self.tx_seq_client = 0
         for i in range(self.n):
             # Peers get one timeout from our start to be heard from.
             self.peer_seen[i] = self.started_ns
+        self.next_member_check = self.started_ns
+        if not self.authenticated:
+            log.warning("server %d: no rack key: messages are not authenticated (any host "
+                        "that reaches this one can act as a member); set [rack] key_file "
+                        "(malcolm rack keygen PATH)", self.me)
         self.stop_gateway = self.stop_workers = self.stop_policy = 0
         self.running = True
         self._warn_oversubscribed()
@@ -455,6 +495,9 @@ cdef class Server:
             wire_error_name(-k).decode(): by_reason[k] for k in range(1, E_NCODES)
             if by_reason[k]}
         d["id"] = self.me
+        d["authenticated"] = bool(self.authenticated)
+        d["epoch"] = int(self.epoch)
+        d["peers_up"] = [j for j in range(self.n) if j != self.me and self.peer_up[j]]
         d["queue_len"] = int(self.in_server)
         d["waiting"] = int(mpmc_size(self.runq))
         d["rate_per_us"] = est_rate(&self.est) * 1000.0
@@ -658,7 +701,7 @@ cdef class Server:
         r.payload_len = 0
         r.payload = NULL
         b = self.tr.tx_next(to)
-        b.len = wire_put_resp(b.data, b.cap, self.me, &r)
+        b.len = self._seal(b, wire_put_resp(b.data, b.cap, self.me, &r), -1)
         self.c.responses += 1
         if status == ST_DROPPED:
             self.c.dropped_full += 1
@@ -717,7 +760,19 @@ cdef class Server:
         t.seq = seq
         t.payload = s.payload
         b = self.tr.tx_next(&self.peers[dst])
-        b.len = wire_put_move(b.data, b.cap, self.me, kind, &t)
+        b.len = self._seal(b, wire_put_move(b.data, b.cap, self.me, kind, &t), dst)
+
+    cdef inline uint32_t _seal(self, MsgBuf* b, uint32_t n, int dst) noexcept nogil:
+        """Append the trailer to a body of ``n`` bytes going to server ``dst`` (-1: a
+        client), with the next sequence number of that destination."""
+        cdef uint64_t seq
+        if dst >= 0:
+            self.tx_seq[dst] += 1
+            seq = self.tx_seq[dst]
+        else:
+            self.tx_seq_client += 1
+            seq = self.tx_seq_client
+        return wire_seal(b.data, n, &self.key, self.epoch, seq)
 
     cdef bint _valid_task(self, WireTask* t) noexcept nogil:
         return t.task_type < self.n_types and t.service_ns <= self.max_service_ns
@@ -729,13 +784,19 @@ cdef class Server:
         cdef MsgBuf* b
         cdef int kind, rc, dst
         cdef uint64_t idx
-        cdef uint32_t seq
+        cdef uint32_t seq, blen
+        cdef uint64_t ep, aseq
         cdef int64_t sent
         self.c.rx_msgs += 1
         kind = wire_header(m.data, m.len, &h)
         if kind < 0:
             self._bad(m, kind)
             return 0
+        rc = wire_open(m.data, m.len, &self.key, &ep, &aseq)
+        if rc < 0:
+            self._bad(m, rc)
+            return 0
+        blen = <uint32_t>rc        # the body: the decoders never see the trailer
         if kind == K_TASK:
             if h.src != CLIENT_SRC:
                 self._bad(m, E_SRC)
@@ -743,8 +804,8 @@ cdef class Server:
             if not self._client_ok(&m.peer):
                 self._bad(m, E_ADDR)
                 return 0
-            rc = wire_get_task(m.data, m.len, &t)
-            if rc == E_FIELD or (rc == E_PAYLOAD and m.len >= TASK_LEN):
+            rc = wire_get_task(m.data, blen, &t)
+            if rc == E_FIELD or (rc == E_PAYLOAD and blen >= TASK_LEN):
                 self._bad(m, rc)
                 self._respond_now(&t, &m.peer, ST_BAD_INPUT, 0)
                 return 0
@@ -769,7 +830,7 @@ cdef class Server:
                 t.flags = F_MIGRATED
                 t.seq = 0
                 b = self.tr.tx_next(&self.peers[dst])
-                b.len = wire_put_move(b.data, b.cap, self.me, K_FORWARD, &t)
+                b.len = self._seal(b, wire_put_move(b.data, b.cap, self.me, K_FORWARD, &t), dst)
                 self.c.migrated_out += 1
                 self.policy.migrations += 1
                 return 1
@@ -783,9 +844,10 @@ cdef class Server:
         if not addr_eq(&m.peer, &self.peers[h.src]):
             self._bad(m, E_ADDR)
             return 0
-        self.peer_seen[h.src] = now
+        if not self._member_msg(m, h.src, ep, aseq, now):
+            return 0
         if kind == K_FORWARD:
-            rc = wire_get_move(m.data, m.len, &t)
+            rc = wire_get_move(m.data, blen, &t)
             if rc < 0:
                 self._bad(m, rc)
                 return 0
@@ -799,7 +861,7 @@ cdef class Server:
                 self.c.forwarded_in += 1
             return 1
         elif kind == K_STEAL_REQ:
-            rc = wire_get_steal_req(m.data, m.len, &seq, &sent)
+            rc = wire_get_steal_req(m.data, blen, &seq, &sent)
             if rc < 0:
                 self._bad(m, rc)
                 return 0
@@ -813,10 +875,10 @@ cdef class Server:
                 self.c.stolen_out += 1
             else:
                 b = self.tr.tx_next(&self.peers[h.src])
-                b.len = wire_put_steal_empty(b.data, b.cap, self.me, seq)
+                b.len = self._seal(b, wire_put_steal_empty(b.data, b.cap, self.me, seq), h.src)
                 self.c.steal_empty_sent += 1
         elif kind == K_STEAL_REPLY:
-            rc = wire_get_steal_reply(m.data, m.len, &t)
+            rc = wire_get_steal_reply(m.data, blen, &t)
             if rc < 0:
                 self._bad(m, rc)
                 return 0
@@ -837,10 +899,20 @@ cdef class Server:
             if self.hb_tail - mc_load_acq(&self.hb_head) >= HB_RING:
                 self.c.hb_dropped += 1
                 return 0
-            rc = wire_get_heartbeat(m.data, m.len, &self.hb_in[self.hb_tail % HB_RING])
+            if aseq <= self.hb_top[h.src]:
+                # Reordered behind a newer one: the policy must not apply an old load.
+                self.c.hb_stale += 1
+                return 0
+            rc = wire_get_heartbeat(m.data, blen, &self.hb_in[self.hb_tail % HB_RING])
             if rc < 0:
                 self._bad(m, rc)
                 return 0
+            self.hb_top[h.src] = aseq
+            # The policies drop a heartbeat whose seq is not newer than the last; the order
+            # is ours to keep (above, across the sender's restarts too), so they get a count
+            # of this peer's heartbeats, which a forged or restarted seq cannot freeze.
+            self.hb_local_seq[h.src] += 1
+            self.hb_in[self.hb_tail % HB_RING].seq = self.hb_local_seq[h.src]
             self.c.hb_theta_recv += self.hb_in[self.hb_tail % HB_RING].n_theta
             mc_store_rel(&self.hb_tail, self.hb_tail + 1)
             self.c.hb_recv += 1
@@ -848,6 +920,42 @@ cdef class Server:
             self.c.unexpected += 1
             self._bad(m, E_UNEXPECTED)
         return 0
+
+    cdef bint _member_msg(self, MsgBuf* m, int src, uint64_t ep, uint64_t aseq,
+                          int64_t now) noexcept nogil:
+        """Replay check of an authenticated message from server ``src``, and membership:
+        False (counted by reason) if it must be dropped."""
+        cdef bint known = self.rx_replay[src].epoch != 0
+        cdef int rc = wire_replay_check(&self.rx_replay[src], ep, aseq)
+        if rc == E_EPOCH and not self.peer_up[src]:
+            # An older epoch from a peer presumed down: it restarted with its clock set
+            # back. (While it is up, an older epoch can only be a replay.)
+            self.rx_replay[src].epoch = 0
+            rc = wire_replay_check(&self.rx_replay[src], ep, aseq)
+        if rc < 0:
+            self._bad(m, rc)
+            return False
+        if rc == 1:
+            # A new epoch: the peer (re)started. Its heartbeats are applied from the first.
+            self.hb_top[src] = 0
+            if known or self.peer_up[src]:
+                self.c.peer_restarts += 1
+        if not self.peer_up[src]:
+            self.peer_up[src] = True
+            self.c.peer_joins += 1
+        self.peer_seen[src] = now
+        return True
+
+    cdef void _check_members(self, int64_t now) noexcept nogil:
+        """Every millisecond: a peer silent for peer_timeout_ns leaves (an event)."""
+        cdef int j
+        if now < self.next_member_check:
+            return
+        self.next_member_check = now + 1_000_000
+        for j in range(self.n):
+            if self.peer_up[j] and now - self.peer_seen[j] > self.peer_timeout_ns:
+                self.peer_up[j] = False
+                self.c.peer_leaves += 1
 
     cdef int _completions(self, int64_t now) noexcept nogil:
         cdef uint64_t idx
@@ -876,7 +984,7 @@ cdef class Server:
             r.payload_len = s.out_len
             r.payload = s.out
             b = self.tr.tx_next(&s.reply)
-            b.len = wire_put_resp(b.data, b.cap, self.me, &r)
+            b.len = self._seal(b, wire_put_resp(b.data, b.cap, self.me, &r), -1)
             self._free_slot(idx)
             self.c.responses += 1
             k += 1
@@ -896,7 +1004,8 @@ cdef class Server:
                 self.steal_pending = True
                 self.steal_deadline = now + self.steal_timeout_ns
                 b = self.tr.tx_next(&self.peers[v])
-                b.len = wire_put_steal_req(b.data, b.cap, self.me, self.steal_seq, now)
+                b.len = self._seal(b, wire_put_steal_req(b.data, b.cap, self.me, self.steal_seq,
+                                                         now), v)
                 self.c.steal_req_sent += 1
         return k
 
@@ -910,7 +1019,7 @@ cdef class Server:
             if j == self.me:
                 continue
             b = self.tr.tx_next(&self.peers[j])
-            n = wire_put_heartbeat(b.data, b.cap, self.me, self.hb_out)
+            n = self._seal(b, wire_put_heartbeat(b.data, b.cap, self.me, self.hb_out), j)
             b.len = n
             if n:
                 self.c.hb_sent += 1
@@ -967,6 +1076,7 @@ cdef class Server:
                 # its inbox; one ring per batch, and a syscall only if it sleeps.
                 mc_bell_ring(&self.hb_bell)
             k = self._completions(now)
+            self._check_members(now)
             worked = n > 0 or k > 0
             self._heartbeat_out()
             if self.steal_pending and now >= self.steal_deadline:

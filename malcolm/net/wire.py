@@ -5,14 +5,22 @@ uses the native twins in ``malcolm.net._wire`` (``cimport`` them, all ``nogil``)
 suite checks that both agree byte for byte. Network data is parsed field by field, checked for
 length and bounds, and never unpickled.
 
-Every message starts with an 8-byte header::
+Every message starts with an 8-byte header and ends with a 24-byte trailer::
 
     off size field
     0   2    magic    0x4C4D (bytes "ML")
-    2   1    version  1
+    2   1    version  2
     3   1    kind     1 task, 2 response, 3 forward, 4 steal request, 5 steal reply, 6 heartbeat
     4   2    src      sender's server index in the rack; 0xFFFF for a client
-    6   2    length   whole message in bytes; must equal the bytes received
+    6   2    length   whole message in bytes, trailer included; must equal the bytes received
+    ...      body     by kind, below (offsets from the start of the message)
+    n-24 8   epoch    the sender's epoch: realtime µs << 16 | 16 random bits, new at each start
+    n-16 8   seq      the sender's sequence number (per destination server; per message to
+                      clients), from 1
+    n-8  8   mac      SipHash-2-4 under the rack key of bytes 0..n-8 (all of the above)
+
+The rack key is 16 bytes derived from the rack's key file (``malcolm.config.read_key``); a
+rack without one uses the all-zero key, which detects corruption but authenticates nothing.
 
 Kinds (offsets from the start of the message)::
 
@@ -36,7 +44,8 @@ Kinds (offsets from the start of the message)::
 
 An address (``reply``) is 24 bytes: u16 family (2 IPv4, 10 IPv6, 0x5348 shm), u16 port,
 u32 extra (IPv6 scope id), 16 bytes of address (IPv4 in the first 4; an shm endpoint name).
-Payloads are at most 1024 bytes; no message is over 4032 bytes.
+Payloads are at most 1024 bytes; no message is over 4032 bytes. Layout sizes below are of
+the body, without the 24-byte trailer.
 """
 
 from __future__ import annotations
@@ -58,9 +67,15 @@ encode_steal_request_native = _native.encode_steal_request
 encode_steal_empty_native = _native.encode_steal_empty
 encode_response_native = _native.encode_response
 encode_heartbeat_native = _native.encode_heartbeat
+siphash24_native = _native.siphash24
+ReplayWindow = _native.ReplayWindow
+new_epoch = _native.new_epoch
 
 MAGIC = 0x4C4D
-VERSION = 1
+VERSION = 2
+AUTH_LEN = 24
+ZERO_KEY = bytes(16)
+E_MAC, E_REPLAY, E_EPOCH, E_STALE = -12, -13, -14, -15
 CLIENT_SRC = 0xFFFF
 MAX_PAYLOAD = 1024
 MAX_MSG = 4032
@@ -100,21 +115,86 @@ _HB = struct.Struct("<IHHqdddQQ")
 
 
 def _hdr(kind, src, length):
-    return _HDR.pack(MAGIC, VERSION, kind, src, length)
+    """``length`` is the body's; the header counts the trailer."""
+    return _HDR.pack(MAGIC, VERSION, kind, src, length + AUTH_LEN)
 
 
-def encode_task(client_id, request_id, task_type=0, service_ns=0, send_ns=0, payload=b""):
-    """Encode a TASK as a client sends it."""
+_M64 = (1 << 64) - 1
+
+
+def _rotl(x, b):
+    return ((x << b) | (x >> (64 - b))) & _M64
+
+
+def siphash24(key: bytes, data: bytes) -> int:
+    """SipHash-2-4 with a 16-byte key, 64-bit result (Aumasson and Bernstein, 2012): the
+    readable reference of ``malcolm/net/_siphash.h``."""
+    if len(key) != 16:
+        raise ValueError(f"a SipHash key is 16 bytes, got {len(key)}")
+    k0, k1 = struct.unpack("<QQ", key)
+    v = [0x736F6D6570736575 ^ k0, 0x646F72616E646F6D ^ k1,
+         0x6C7967656E657261 ^ k0, 0x7465646279746573 ^ k1]
+
+    def rounds(r):
+        v0, v1, v2, v3 = v
+        for _ in range(r):
+            v0 = (v0 + v1) & _M64
+            v1 = _rotl(v1, 13) ^ v0
+            v0 = _rotl(v0, 32)
+            v2 = (v2 + v3) & _M64
+            v3 = _rotl(v3, 16) ^ v2
+            v0 = (v0 + v3) & _M64
+            v3 = _rotl(v3, 21) ^ v0
+            v2 = (v2 + v1) & _M64
+            v1 = _rotl(v1, 17) ^ v2
+            v2 = _rotl(v2, 32)
+        v[:] = [v0, v1, v2, v3]
+
+    n = len(data)
+    full = n - n % 8
+    for i in range(0, full, 8):
+        (m,) = struct.unpack_from("<Q", data, i)
+        v[3] ^= m
+        rounds(2)
+        v[0] ^= m
+    b = (n & 0xFF) << 56 | int.from_bytes(data[full:], "little")
+    v[3] ^= b
+    rounds(2)
+    v[0] ^= b
+    v[2] ^= 0xFF
+    rounds(4)
+    return v[0] ^ v[1] ^ v[2] ^ v[3]
+
+
+_auto_seq = [0]
+
+
+def seal(body: bytes, key=None, epoch=1, auth_seq=None) -> bytes:
+    """Append the trailer (epoch, sequence number, MAC) to a body from ``_hdr`` + fields.
+
+    ``auth_seq=None`` takes the next number of a process-wide counter (tools and tests)."""
+    if auth_seq is None:
+        _auto_seq[0] += 1
+        auth_seq = _auto_seq[0]
+    head = body + struct.pack("<QQ", epoch, auth_seq)
+    return head + struct.pack("<Q", siphash24(ZERO_KEY if key is None else bytes(key), head))
+
+
+def encode_task(client_id, request_id, task_type=0, service_ns=0, send_ns=0, payload=b"",
+                key=None, epoch=1, auth_seq=None):
+    """Encode a TASK as a client sends it (``key``, ``epoch``, ``auth_seq``: the trailer)."""
     if len(payload) > MAX_PAYLOAD:
         raise ValueError(f"payload of {len(payload)} bytes is over {MAX_PAYLOAD}")
     n = 40 + len(payload)
-    return (_hdr(Kind.TASK, CLIENT_SRC, n)
-            + _CORE.pack(client_id, task_type, len(payload), request_id, service_ns, send_ns)
-            + payload)
+    return seal(_hdr(Kind.TASK, CLIENT_SRC, n)
+                + _CORE.pack(client_id, task_type, len(payload), request_id, service_ns,
+                             send_ns)
+                + payload, key, epoch, auth_seq)
 
 
 def encode_move(src, client_id, request_id, reply, task_type=0, service_ns=0, send_ns=0,
-                payload=b"", origin=0, flags=MIGRATED, seq=0, steal_reply=False):
+                payload=b"", origin=0, flags=MIGRATED, seq=0, steal_reply=False, key=None,
+                epoch=1, auth_seq=None):
     """Encode a FORWARD, or a STEAL_REPLY carrying a task.
 
     ``reply`` is the client's address as (family, port, extra, addr16)."""
@@ -123,42 +203,50 @@ def encode_move(src, client_id, request_id, reply, task_type=0, service_ns=0, se
     n = 72 + len(payload)
     fam, port, extra, raw = reply
     kind = Kind.STEAL_REPLY if steal_reply else Kind.FORWARD
-    return (_hdr(kind, src, n)
-            + _CORE.pack(client_id, task_type, len(payload), request_id, service_ns, send_ns)
-            + _ADDR.pack(fam, port, extra, bytes(raw).ljust(16, b"\0"))
-            + _MOVE_TAIL.pack(origin, flags, seq) + payload)
+    return seal(_hdr(kind, src, n)
+                + _CORE.pack(client_id, task_type, len(payload), request_id, service_ns,
+                             send_ns)
+                + _ADDR.pack(fam, port, extra, bytes(raw).ljust(16, b"\0"))
+                + _MOVE_TAIL.pack(origin, flags, seq) + payload, key, epoch, auth_seq)
 
 
-def encode_steal_request(src, seq, sent_ns=0):
-    return _hdr(Kind.STEAL_REQ, src, 24) + struct.pack("<IIq", seq, 0, sent_ns)
+def encode_steal_request(src, seq, sent_ns=0, key=None, epoch=1, auth_seq=None):
+    return seal(_hdr(Kind.STEAL_REQ, src, 24) + struct.pack("<IIq", seq, 0, sent_ns),
+                key, epoch, auth_seq)
 
 
-def encode_steal_empty(src, seq):
-    return _hdr(Kind.STEAL_REPLY, src, 16) + struct.pack("<II", seq, 0)
+def encode_steal_empty(src, seq, key=None, epoch=1, auth_seq=None):
+    return seal(_hdr(Kind.STEAL_REPLY, src, 16) + struct.pack("<II", seq, 0),
+                key, epoch, auth_seq)
 
 
 def encode_response(src, client_id, request_id, task_type=0, send_ns=0, service_ns=0,
-                    load=0.0, queue_len=0, server=0, status=Status.OK, flags=0, payload=b""):
+                    load=0.0, queue_len=0, server=0, status=Status.OK, flags=0, payload=b"",
+                    key=None, epoch=1, auth_seq=None):
     if len(payload) > MAX_PAYLOAD:
         raise ValueError(f"payload of {len(payload)} bytes is over {MAX_PAYLOAD}")
     n = 56 + len(payload)
-    return (_hdr(Kind.RESPONSE, src, n)
-            + _RESP.pack(client_id, task_type, len(payload), request_id, send_ns, service_ns,
-                         load, queue_len, server, status, flags) + payload)
+    return seal(_hdr(Kind.RESPONSE, src, n)
+                + _RESP.pack(client_id, task_type, len(payload), request_id, send_ns,
+                             service_ns, load, queue_len, server, status, flags) + payload,
+                key, epoch, auth_seq)
 
 
 def encode_heartbeat(src, seq=0, sent_ns=0, load=0.0, queue_len=0.0, rate=0.0, migrations=0,
-                     steals=0, theta=()):
+                     steals=0, theta=(), key=None, epoch=1, auth_seq=None):
     if len(theta) > MAX_THETA:
         raise ValueError(f"at most {MAX_THETA} critic parameters")
     n = 64 + 8 * len(theta)
-    return (_hdr(Kind.HEARTBEAT, src, n)
-            + _HB.pack(seq, len(theta), 0, sent_ns, load, queue_len, rate, migrations, steals)
-            + struct.pack(f"<{len(theta)}d", *theta))
+    return seal(_hdr(Kind.HEARTBEAT, src, n)
+                + _HB.pack(seq, len(theta), 0, sent_ns, load, queue_len, rate, migrations,
+                           steals)
+                + struct.pack(f"<{len(theta)}d", *theta), key, epoch, auth_seq)
 
 
-def decode(data: bytes) -> dict:
-    """Pure-Python decoder with the same checks as the native one; raises ``BadMessage``."""
+def decode(data: bytes, key=None) -> dict:
+    """Pure-Python decoder with the same checks as the native one; raises ``BadMessage``.
+
+    ``key``: the rack's 16-byte MAC key (None: the all-zero key)."""
     def bad(code):
         raise BadMessage(code, error_name(code))
 
@@ -174,9 +262,17 @@ def decode(data: bytes) -> dict:
         bad(-4)
     if length != n:
         bad(-5)
+    if n < 8 + AUTH_LEN:
+        bad(-5)
+    epoch, auth_seq, tag = struct.unpack_from("<QQQ", data, n - AUTH_LEN)
+    if siphash24(ZERO_KEY if key is None else bytes(key), bytes(data[:n - 8])) != tag:
+        bad(-12)
+    data = data[:n - AUTH_LEN]
+    n -= AUTH_LEN
     kind = Kind(kind)
     out = {"kind": {1: "task", 2: "response", 3: "forward", 4: "steal_request",
-                    5: "steal_reply", 6: "heartbeat"}[kind], "src": src, "length": length}
+                    5: "steal_reply", 6: "heartbeat"}[kind], "src": src, "length": length,
+           "epoch": epoch, "auth_seq": auth_seq}
     if kind == Kind.STEAL_REPLY and n == 16:
         out.update(seq=struct.unpack_from("<I", data, 8)[0], empty=True)
         return out
