@@ -5,6 +5,7 @@ that drop what the rack key does not sign."""
 import os
 import stat
 import struct
+import threading
 import time
 
 import pytest
@@ -102,3 +103,162 @@ def test_key_files(tmp_path, monkeypatch):
     os.chmod(p, 0o600)
     monkeypatch.setenv(config.KEY_ENV, str(p))
     assert config.rack_key(None) == k
+
+
+# ------------------------------------------------------------------ servers with a rack key
+
+KEY = bytes(range(50, 66))
+OTHER = bytes(range(70, 86))
+
+
+def _server(n=2, key=KEY, policy="jsq", **kw):
+    """Server 0 of an n-server rack in this process; the other members are bare endpoints
+    this test speaks for. Returns (server, its address, peer endpoints)."""
+    from malcolm.net.server import Server
+    from malcolm.net.transport import open_transport
+
+    from malcolm.policy.registry import make_policy
+    tr = open_transport("udp", "127.0.0.1:0")
+    peers = [open_transport("udp", "127.0.0.1:0") for _ in range(n - 1)]
+    addrs = [tr.address] + [p.address for p in peers]
+    kw.setdefault("handler", "echo")
+    kw.setdefault("window_us", 2000)
+    srv = Server(tr, addrs, 0, make_policy(policy, n, 0, 1), key=key, **kw).start()
+    return srv, addrs[0], peers
+
+
+def _wait(pred, timeout=3.0):
+    t_end = time.monotonic() + timeout
+    while time.monotonic() < t_end:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return pred()
+
+
+def test_a_keyed_server_serves_its_rack_and_drops_the_rest():
+    from malcolm.net.client import Client
+    srv, addr, peers = _server()
+    try:
+        assert srv.authenticated and srv.stats()["authenticated"]
+        with Client("udp", [addr], key=KEY) as c:          # the rack's key: served
+            acc = c.run(20, service_ns=0, rate=2000, timeout=5)
+            assert len(acc.answered) == 20 and acc.forged == 0
+        with Client("udp", [addr], key=None) as c:         # no key: dropped, unanswered
+            for _ in range(5):
+                c.send(0)
+            acc = c.collect(0.5)
+            assert acc.lost == 5
+        with Client("udp", [addr], key=OTHER) as c:        # another rack's key
+            c.send(0)
+            assert c.collect(0.3).lost == 1
+        # a member's heartbeat signed with another key, from the member's own address
+        peers[0].send(addr, wire.encode_heartbeat(1, load=1e300, theta=[1e308],
+                                                  key=OTHER, epoch=9, auth_seq=1))
+        assert _wait(lambda: srv.stats()["malformed_by_reason"].get("bad MAC") == 7)
+        s = srv.stats()
+        assert s["tasks_in"] == 20 and s["hb_recv"] == 0 and s["peer_joins"] == 0
+    finally:
+        srv.stop()
+        for p in peers:
+            p.close()
+
+
+def test_an_unkeyed_server_warns_once_and_still_runs(caplog):
+    import logging
+    with caplog.at_level(logging.WARNING, logger="malcolm.server"):
+        srv, addr, peers = _server(key=None)
+    try:
+        warned = [r for r in caplog.records if "no rack key" in r.getMessage()]
+        assert len(warned) == 1 and "\n" not in warned[0].getMessage()
+        from malcolm.net.client import Client
+        with Client("udp", [addr]) as c:
+            assert len(c.run(5, service_ns=0, rate=1000).answered) == 5
+    finally:
+        srv.stop()
+        peers[0].close()
+
+
+def test_replays_restarts_and_forged_sequence_numbers():
+    srv, addr, peers = _server(policy="jsq")
+    p = peers[0]
+
+    def hb(epoch, aseq, seq=1, load=1000.0):
+        return wire.encode_heartbeat(1, seq=seq, load=load, queue_len=1.0, rate=1e-4,
+                                     key=KEY, epoch=epoch, auth_seq=aseq)
+    try:
+        first = hb(100, 1)
+        p.send(addr, first)
+        assert _wait(lambda: srv.stats()["hb_observed"] == 1)
+        s = srv.stats()
+        assert s["peer_joins"] == 1 and s["peers_up"] == [1]
+        p.send(addr, first)                                     # replayed
+        # a member's heartbeat with the body seq 0x7FFFFFFF, which used to freeze the
+        # peers' view of it (the policies now get the gateway's count, not the sender's)
+        p.send(addr, hb(100, 2, seq=0x7FFFFFFF))
+        assert _wait(lambda: srv.stats()["hb_observed"] == 2)
+        p.send(addr, hb(100, 3, seq=1))
+        assert _wait(lambda: srv.stats()["hb_observed"] == 3)
+        p.send(addr, hb(99, 50))                                # an older epoch
+        # the member restarts: a new epoch, its numbering from 1 again, applied at once
+        p.send(addr, hb(200, 1, seq=1))
+        assert _wait(lambda: srv.stats()["hb_observed"] == 4)
+        s = srv.stats()
+        assert s["malformed_by_reason"] == {"replayed": 1, "stale epoch": 1}, s
+        assert s["peer_restarts"] == 1 and s["peer_joins"] == 1
+        # reordered: an older heartbeat after a newer one is not applied
+        p.send(addr, hb(200, 3))
+        p.send(addr, hb(200, 2))
+        assert _wait(lambda: srv.stats()["hb_stale"] == 1)
+        assert srv.stats()["hb_observed"] == 5
+        # silence: the member leaves (an event), and joins again when heard from
+        assert _wait(lambda: srv.stats()["peer_leaves"] == 1, timeout=2.0)
+        p.send(addr, hb(200, 4))
+        assert _wait(lambda: srv.stats()["peer_joins"] == 2)
+    finally:
+        srv.stop(grace_s=0.5)
+        p.close()
+
+
+def test_forged_responses_are_counted_not_completed():
+    """Issue 13, attack 4: a man in the middle answers every task at once with a forged
+    "ok" (unsigned, and signed with another key) and relays the task to the real server,
+    whose genuine answer it passes back. The load generator completes each task once, from
+    the genuine answer, and counts the forgeries."""
+    from malcolm.net.transport import open_transport
+
+    from malcolm.loadgen.run import LoadSpec, Target, run_load
+    srv, addr, _ = _server(n=1, key=KEY, handler="spin", workers=1)
+    mitm = open_transport("udp", "127.0.0.1:0")
+    stop = threading.Event()
+    client = [None]
+    forged = [0]
+
+    def relay():
+        while not stop.is_set():
+            for data, src in mitm.recv(0.05):
+                if src == addr:                          # the genuine answer: pass it on
+                    if client[0] is not None:
+                        mitm.send(client[0], data)
+                    continue
+                client[0] = src
+                d = wire.decode(data, KEY)
+                for k in (None, OTHER):
+                    mitm.send(src, wire.encode_response(
+                        0, d["client_id"], d["request_id"], send_ns=d["send_ns"], key=k))
+                    forged[0] += 1
+                mitm.send(addr, data)
+    t = threading.Thread(target=relay, daemon=True)
+    t.start()
+    try:
+        spec = LoadSpec(target=Target("udp", [mitm.address], "--server", KEY),
+                        workload="exp:20", duration_s=0.5, warmup_s=0.0, timeout_s=1.0)
+        rep = run_load(spec, 300)
+    finally:
+        stop.set()
+        t.join(2)
+        mitm.close()
+        srv.stop()
+    assert rep["accounted"] and rep["sent"] > 50
+    assert rep["completed"] == rep["sent"] and rep["duplicates"] == 0
+    assert rep["forged"] == forged[0] == 2 * rep["sent"]

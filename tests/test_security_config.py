@@ -1,0 +1,205 @@
+"""One validation for configuration (issue 13, item 5): ``rack check`` runs exactly the checks
+``serve`` runs, every numeric key is range-checked (NaN and infinities refused), and every bad
+file or flag gets one line naming the problem, never a traceback; ``loadgen`` fails when
+nothing completes or too many tasks time out; ``rack up --keep-going``."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from malcolm.cli import main
+
+GOOD = """
+[rack]
+transport = "udp"
+window_us = 1000
+[policy]
+name = "random"
+[[server]]
+address = "127.0.0.1:{p0}"
+[[server]]
+address = "127.0.0.1:{p1}"
+"""
+
+# (what is wrong, the [rack] or [[server]] text that makes it so, a word the error must name)
+BAD = [
+    ("window nan", "window_us = nan", "window_us"),
+    ("window inf", "window_us = inf", "window_us"),
+    ("window tiny", "window_us = 1e-9", "window_us"),
+    ("negative max service", "max_service_ms = -1", "max_service_ms"),
+    ("zero peer timeout", "peer_timeout_ms = 0", "peer_timeout_ms"),
+    ("grace nan", "grace_s = nan", "grace_s"),
+    ("grace negative", "grace_s = -1", "grace_s"),
+    ("spin negative", "spin_us = -5", "spin_us"),
+    ("capacity huge", "capacity = 100000000", "capacity"),
+    ("task types huge", "task_types = 70000", "task_types"),
+    ("workers huge", "workers = 5000", "workers"),
+    ("est_alpha zero", "est_alpha = 0", "est_alpha"),
+    ("est_alpha over 1", "est_alpha = 2.0", "est_alpha"),
+    ("prior nan", "prior_service_us = nan", "prior_service_us"),
+    ("steal timeout zero", "steal_timeout_us = 0", "steal_timeout_us"),
+    ("task timeout negative", "task_timeout_ms = -1", "task_timeout_ms"),
+    ("shm capacity not a power of two", 'transport = "shm"\nshm_capacity = 1000',
+     "shm_capacity"),
+    ("clients not networks", 'clients = ["not-a-net"]', "clients"),
+    ("clients not strings", "clients = [1, 2]", "clients"),
+    ("too many client nets", "clients = [" + ", ".join(f'"10.{i}.0.0/16"' for i in range(17))
+     + "]", "clients"),
+    ("bad handler", 'handler = "warp"', "handler"),
+    ("handler so missing", 'handler = "so:/nonexistent.so:f"', "no such file"),
+    ("handler python missing", 'handler = "python:os:nothing_here"', "nothing_here"),
+    ("missing key file", 'key_file = "/nonexistent/rack.key"', "rack key"),
+    ("name with slash", 'name = "a/b"', "name"),
+    ("bool where number", "window_us = true", "window_us"),
+    ("string where number", 'capacity = "big"', "capacity"),
+]
+
+BAD_SERVER = [
+    ("integer address", "address = 17201", "address"),
+    ("unavailable cpus", "address = \"127.0.0.1:{p0}\"\ncpus = [9999]", "cpus"),
+    ("no such port", 'address = "127.0.0.1:99999"', "port"),
+]
+
+BAD_POLICY = [
+    ("unknown policy parameter", 'name = "jbt"\nbogus = 3', "bogus"),
+    ("negative seed", 'name = "random"\nseed = -1', "seed"),
+]
+
+
+def _ports(n):
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _rack(tmp_path, rack_extra="", server0=None, policy=None):
+    p0, p1 = _ports(2)
+    text = GOOD.format(p0=p0, p1=p1)
+    if rack_extra:
+        if "window_us" in rack_extra:
+            text = text.replace("window_us = 1000\n", "", 1)
+        text = text.replace("[rack]\n", "[rack]\n" + rack_extra + "\n", 1)
+    if server0 is not None:
+        text = text.replace(f'address = "127.0.0.1:{p0}"', server0.format(p0=p0), 1)
+    if policy is not None:
+        text = text.replace('name = "random"', policy, 1)
+    if 'transport = "shm"' in rack_extra:
+        text = text.replace('transport = "udp"\n', "", 1)
+        text = text.replace(f'address = "127.0.0.1:{p0}"', "", 1)
+        text = text.replace(f'address = "127.0.0.1:{p1}"', "", 1)
+    path = tmp_path / "rack.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def _one_line_error(res, word):
+    out = res.output
+    assert res.exit_code not in (0, None), out
+    assert "Traceback" not in out and res.exception is None or isinstance(
+        res.exception, SystemExit), (out, res.exception)
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    err = [ln for ln in lines if ln.startswith("Error")]
+    assert len(err) == 1 and word in err[0], out
+
+
+def _all_bad():
+    for why, text, word in BAD:
+        yield pytest.param({"rack_extra": text}, word, id=why)
+    for why, text, word in BAD_SERVER:
+        yield pytest.param({"server0": text}, word, id=why)
+    for why, text, word in BAD_POLICY:
+        yield pytest.param({"policy": text}, word, id=why)
+
+
+@pytest.mark.parametrize("where,word", list(_all_bad()))
+def test_check_and_serve_refuse_the_same_files(tmp_path, where, word):
+    path = _rack(tmp_path, **where)
+    r = CliRunner()
+    _one_line_error(r.invoke(main, ["rack", "check", path]), word)
+    _one_line_error(r.invoke(main, ["serve", "--rack", path, "--id", "0"]), word)
+
+
+def test_a_good_file_passes_check(tmp_path, monkeypatch):
+    monkeypatch.delenv("MALCOLM_RACK_KEY_FILE", raising=False)
+    res = CliRunner().invoke(main, ["rack", "check", _rack(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert "UNAUTHENTICATED" in res.output
+    key = tmp_path / "k"
+    assert CliRunner().invoke(main, ["rack", "keygen", str(key)]).exit_code == 0
+    res = CliRunner().invoke(main, ["rack", "check", _rack(tmp_path, f'key_file = "{key}"')])
+    assert res.exit_code == 0 and "authenticated (key" in res.output, res.output
+    os.chmod(key, 0o644)
+    _one_line_error(CliRunner().invoke(main, ["rack", "check",
+                                              _rack(tmp_path, f'key_file = "{key}"')]),
+                    "group or others")
+    _one_line_error(CliRunner().invoke(main, ["rack", "keygen", str(key)]), "exists")
+
+
+@pytest.mark.parametrize("args,word", [
+    (["serve", "--rack", "{rack}", "--id", "0", "--duration", "nan"], "--duration"),
+    (["serve", "--rack", "{rack}", "--id", "0", "--duration", "-1"], "--duration"),
+    (["serve", "--rack", "{rack}", "--id", "0", "--interval", "0"], "--interval"),
+    (["serve", "--rack", "{rack}", "--id", "0", "--stats-json", "/nonexistent/x.json"],
+     "--stats-json"),
+    (["serve", "--rack", "{rack}", "--id", "7"], "out of range"),
+    (["serve", "--rack", "{rack}", "--id", "0", "--handler", "warp"], "handler"),
+    (["rack", "up", "{rack}", "--duration", "nan"], "--duration"),
+    (["loadgen", "--server", "127.0.0.1:1", "--seed", "-1"], "--seed"),
+    (["loadgen", "--server", ""], "--server"),
+    (["loadgen", "--server", ",,"], "--server"),
+    (["loadgen", "--server", "127.0.0.1:1", "--spin-us", "nan"], "--spin-us"),
+    (["loadgen", "--server", "127.0.0.1:1", "--max-timeouts", "200%"], "--max-timeouts"),
+    (["loadgen", "--server", "127.0.0.1:1", "--key-file", "/nonexistent"], "rack key"),
+])
+def test_bad_flags_give_one_line(tmp_path, args, word):
+    rack = _rack(tmp_path)
+    res = CliRunner().invoke(main, [a.format(rack=rack) for a in args])
+    _one_line_error(res, word)
+
+
+def test_loadgen_fails_when_nothing_listens():
+    (port,) = _ports(1)
+    res = CliRunner().invoke(main, ["loadgen", "--server", f"127.0.0.1:{port}", "--rate",
+                                    "200", "--duration", "0.3s", "--warmup", "0",
+                                    "--timeout", "0.2s"])
+    assert res.exit_code == 3, res.output
+    assert "no task completed" in res.output
+
+
+def test_rack_up_keep_going_leaves_the_others_running(tmp_path):
+    path = _rack(tmp_path)
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    env.pop("MALCOLM_RACK_KEY_FILE", None)
+    p = subprocess.Popen([sys.executable, "-m", "malcolm", "rack", "up", path, "--keep-going",
+                          "--duration", "8", "--logdir", str(tmp_path / "logs")],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines = []
+    try:
+        for line in p.stdout:                # until the rack says it is up
+            lines.append(line)
+            if " up: " in line:
+                break
+        pid = None
+        for cand in subprocess.run(["pgrep", "-f", f"serve --rack {path} --id 1"],
+                                   capture_output=True, text=True).stdout.split():
+            pid = int(cand)
+        assert pid is not None, lines
+        os.kill(pid, 9)
+        rest, _ = p.communicate(timeout=40)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    out = "".join(lines) + rest
+    assert "still running (--keep-going)" in out, out
+    # server 0 served on until the rack's --duration, then stopped cleanly
+    assert "server 0 stopped (SIGTERM)" in out and "exit codes {0: 0, 1: -9}" in out, out
+    assert p.returncode == 1            # a server died: the rack reports failure
