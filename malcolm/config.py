@@ -40,7 +40,7 @@ RACK_KEYS = {
     "task_timeout_ms": (float, 0.0), "steal_timeout_us": (float, 2000.0),
     "max_service_ms": (float, 10_000.0), "clients": (list, None), "grace_s": (float, 2.0),
     "est_alpha": (float, 0.01), "prior_service_us": (float, 50.0), "shm_capacity": (int, 1024),
-    "peer_timeout_ms": (float, -1.0), "key_file": (str, None),
+    "peer_timeout_ms": (float, -1.0), "key_file": (str, None), "max_wait_ms": (float, 200.0),
 }
 # Closed ranges of the numeric keys (NaN and infinities are refused everywhere). The bounds
 # are what the runtime can honour: a window under 1 µs would make the policy thread spin
@@ -51,6 +51,7 @@ RACK_RANGES = {
     "steal_timeout_us": (1.0, 60_000_000.0), "max_service_ms": (0.001, 3_600_000.0),
     "grace_s": (0.0, 3600.0), "est_alpha": (1e-6, 1.0), "prior_service_us": (0.001, 1e9),
     "shm_capacity": (2, 1 << 20), "peer_timeout_ms": (1.0, 3_600_000.0),
+    "max_wait_ms": (0.0, 3_600_000.0),
 }
 SERVER_KEYS = {"address", "workers", "handler", "transport", "cpus"}
 
@@ -90,6 +91,7 @@ class RackConfig:
     shm_capacity: int
     peer_timeout_ms: float
     key_file: str | None
+    max_wait_ms: float
     policy: str
     policy_params: dict
     seed: int
@@ -396,7 +398,7 @@ def build_server(cfg: RackConfig, k: int, handler=None):
                       max_service_ms=cfg.max_service_ms, clients=cfg.clients,
                       est_alpha=cfg.est_alpha, prior_service_us=cfg.prior_service_us,
                       grace_s=cfg.grace_s, peer_timeout_ms=cfg.peer_timeout_ms,
-                      cpus=s.cpus, key=checked["key"])
+                      cpus=s.cpus, key=checked["key"], max_wait_ms=cfg.max_wait_ms)
     except BaseException:
         tr.close()
         raise

@@ -17,7 +17,8 @@ log = logging.getLogger("malcolm.server")
 
 def _format_line(k, s, prev, dt):
     done = s["responses"] - prev.get("responses", 0)
-    drops = s["dropped_full"] + s["bad_input"] + s["timed_out"] + s["send_failed"]
+    drops = (s["dropped_full"] + s["overloaded"] + s["bad_input"] + s["timed_out"]
+             + s["send_failed"])
     return (f"[server {k}] {done / dt:8.0f} resp/s  load {s['load_us']:8.1f} µs  "
             f"queue {s['queue_len']:4d}  rate {s['rate_per_us']:.3f}/µs  "
             f"migrated {s['migrated_out']}  stolen {s['stolen_in']}  "

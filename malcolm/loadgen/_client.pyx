@@ -39,7 +39,7 @@ cdef extern from "<sys/prctl.h>" nogil:
 
 cdef enum:
     MAX_PHASES = 64
-    N_STATUS = 6
+    N_STATUS = 7
     # request states in the window
     R_FREE = 0
     R_OUT = 1           # sent in the measured interval, not answered yet

@@ -151,6 +151,22 @@ def decision(repeats=5, iters=300_000):
     return out
 
 
+# Message sizes of the wire format, trailer included: an empty task, a response, a heartbeat
+# with 16 critic parameters, a task with a 1 KiB payload.
+MAC_SIZES = {"task": 64, "response": 80, "heartbeat": 216, "task_1k": 1088}
+
+
+def mac(repeats=5, reps=200_000):
+    """Best-of-``repeats`` ns per message to seal and to verify its SipHash-2-4 MAC."""
+    from malcolm.loadgen import _bench as B
+    out = {}
+    for name, size in MAC_SIZES.items():
+        runs = [B.mac_cost(size, reps) for _ in range(repeats)]
+        out[name] = {"bytes": size, "seal_ns": min(r["seal_ns"] for r in runs),
+                     "open_ns": min(r["open_ns"] for r in runs)}
+    return out
+
+
 def run_all(quick=False, transports=("udp", "shm")):
     n = 3000 if quick else 20000
     secs = 0.5 if quick else 2.0
@@ -167,6 +183,7 @@ def run_all(quick=False, transports=("udp", "shm")):
                                                            max_s=max_s, spin_us=0.0)
         res["gateway_throughput"][kind] = gateway_throughput(kind, secs)
     res["decision"] = decision(3 if quick else 5, 100_000 if quick else 300_000)
+    res["mac"] = mac(3 if quick else 5, 50_000 if quick else 200_000)
     return res
 
 
@@ -221,4 +238,10 @@ def table(res):
         r = d[name]
         lines.append(f"{name:<10}{r['timestamp_ns']:10.1f}{r['decide_ns']:8.1f}"
                      f"{r['enqueue_ns']:9.1f}{r['total_ns']:8.1f}{r['ratio']:9.2f}")
+    if "mac" in res:
+        lines += ["", "authentication per message (ns, SipHash-2-4 under the rack key; "
+                      "bench/mac_cost.c compares HMAC-SHA256 and BLAKE2b)",
+                  f"{'message':<12}{'bytes':>7}{'seal':>8}{'verify':>8}"]
+        for name, r in res["mac"].items():
+            lines.append(f"{name:<12}{r['bytes']:7d}{r['seal_ns']:8.1f}{r['open_ns']:8.1f}")
     return "\n".join(lines)

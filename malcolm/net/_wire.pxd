@@ -89,6 +89,7 @@ cdef enum Status:
     ST_HANDLER_ERROR = 3         # the handler returned an error
     ST_STOPPED = 4               # the server stopped before running the task
     ST_TIMED_OUT = 5             # waited longer than the server's task timeout
+    ST_OVERLOADED = 6            # refused at arrival: the queued work would make it wait too long
 
 
 cdef extern from "net/_netc.h" nogil:

@@ -239,7 +239,7 @@ cdef int wire_get_resp(const uint8_t* buf, uint32_t n, WireResp* r) noexcept nog
         return E_PAYLOAD
     if n != RESP_LEN + r.payload_len:
         return E_LENGTH
-    if r.status > ST_TIMED_OUT or (r.flags & ~3) != 0 or not mc_isfinite(r.load) or r.load < 0:
+    if r.status > ST_OVERLOADED or (r.flags & ~3) != 0 or not mc_isfinite(r.load) or r.load < 0:
         return E_FIELD
     return E_OK
 

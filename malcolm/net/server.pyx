@@ -125,6 +125,7 @@ ctypedef struct Counters:
     uint64_t handler_errors      # workers
     uint64_t timed_out           # workers
     uint64_t dropped_full
+    uint64_t overloaded          # refused at arrival: expected wait over max_wait_ns
     uint64_t bad_input
     uint64_t stopped             # answered "server stopped"
     uint64_t malformed
@@ -204,6 +205,8 @@ cdef class Server:
     cdef uint32_t capacity
     cdef int64_t window_ns, spin_ns, timeout_ns, steal_timeout_ns, max_service_ns
     cdef int64_t peer_timeout_ns
+    cdef int64_t max_wait_ns        # admission control: 0 off
+    cdef double adm_rate            # service rate (tasks/ns) for admission, once per batch
     cdef int64_t peer_seen[MAX_SERVERS]    # last message from each peer (gateway clock)
     cdef bint peer_up[MAX_SERVERS]         # heard from within peer_timeout_ns
     cdef int64_t next_member_check
@@ -256,7 +259,7 @@ cdef class Server:
                  double task_timeout_ms=0.0, double steal_timeout_us=2000.0,
                  double max_service_ms=10_000.0, clients=None, double est_alpha=0.01,
                  double prior_service_us=50.0, double grace_s=2.0,
-                 double peer_timeout_ms=-1.0, cpus=None, key=None):
+                 double peer_timeout_ms=-1.0, cpus=None, key=None, double max_wait_ms=0.0):
         cdef int i
         cdef uint32_t cap2
         self.n = len(peers)
@@ -292,6 +295,12 @@ cdef class Server:
         self.timeout_ns = <int64_t>(task_timeout_ms * 1e6)
         self.steal_timeout_ns = <int64_t>(steal_timeout_us * 1000)
         self.max_service_ns = <int64_t>(max_service_ms * 1e6)
+        # Admission control bounds the queued *work*, not slots: a task that would wait
+        # longer than this (tasks waiting / service rate) is refused at once, with a reason,
+        # rather than queued to time out at its client.
+        if not max_wait_ms >= 0:
+            raise ValueError(f"max_wait_ms={max_wait_ms} must be >= 0")
+        self.max_wait_ns = <int64_t>(max_wait_ms * 1e6)
         self.grace_s = grace_s
         # A peer silent this long is presumed down: tasks are not migrated to it, nor steals
         # asked of it, until it is heard from again. Default: 20 windows, at least 100 ms.
@@ -709,6 +718,8 @@ cdef class Server:
             self.c.bad_input += 1
         elif status == ST_STOPPED:
             self.c.stopped += 1
+        elif status == ST_OVERLOADED:
+            self.c.overloaded += 1
 
     cdef inline void _free_slot(self, uint64_t idx) noexcept nogil:
         self.free_slots[self.n_free] = <uint32_t>idx
@@ -716,9 +727,16 @@ cdef class Server:
 
     cdef bint _enqueue(self, const WireTask* t, const NetAddr* reply, uint16_t flags,
                        uint16_t origin, int64_t now) noexcept nogil:
-        """Keep a task: copy it into a slot and queue it. False when no slot is free."""
+        """Keep a task: copy it into a slot and queue it. False when no slot is free or the
+        queued work is over ``max_wait_ns`` (a stolen task is always kept: it was asked for)."""
         cdef uint64_t idx
         cdef TaskSlot* s
+        cdef double waiting
+        if self.max_wait_ns > 0 and not (flags & F_STOLEN):
+            waiting = <double>mpmc_size(self.runq)
+            if waiting > 0 and waiting > self.adm_rate * <double>self.max_wait_ns:
+                self._respond_now(t, reply, ST_OVERLOADED, flags)
+                return False
         # A slot is 2 kB; reusing the one freed last keeps it in cache (a FIFO free list
         # walked every slot of the pool, a cache miss per touched line).
         if self.n_free == 0:
@@ -1057,7 +1075,9 @@ cdef class Server:
             if not self.draining and mc_load_acq(&self.stop_gateway):
                 self.draining = True
             n = self.tr.rx_poll(BATCH)
-            tasks = 0
+            if n and self.max_wait_ns > 0:
+                self.adm_rate = est_rate(&self.est)     # once per batch: a division per
+            tasks = 0                                   # worker and task type
             hb_tail = self.hb_tail
             for i in range(n):
                 tasks += self._on_msg(&self.tr.rx[i], now)

@@ -101,6 +101,7 @@ class Status(IntEnum):
     HANDLER_ERROR = 3   # the handler returned an error
     STOPPED = 4         # the server stopped before running the task
     TIMED_OUT = 5       # waited in the queue longer than the server's task timeout
+    OVERLOADED = 6      # refused at arrival: the expected wait was over the server's max_wait_ms
 
 
 MIGRATED = 1
@@ -310,7 +311,7 @@ def decode(data: bytes, key=None) -> dict:
             bad(-6)
         if n != 56 + plen:
             bad(-5)
-        if status > 5 or flags & ~3 or not math.isfinite(load) or load < 0:
+        if status > 6 or flags & ~3 or not math.isfinite(load) or load < 0:
             bad(-7)
         out.update(client_id=cid, request_id=rid, task_type=tt, send_ns=sent, service_ns=svc,
                    load=load, queue_len=ql, server=server, status=status, flags=flags,
