@@ -1,0 +1,241 @@
+"""Fault injection against a real rack (issue 13, item 7): ``malcolm serve`` processes on this
+host, the native load generator, and injectors for the faults a rack must survive.
+
+Used by ``tests/test_faults.py`` (short runs) and ``bench/faults.py`` (long runs, netem in a
+network namespace). The invariant checked everywhere: every task the generator sent is
+accounted for (completed, rejected with a reason, or reported timed out), none is answered
+twice, and forged messages are counted by the servers, never acted upon.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import struct
+import threading
+import time
+
+from malcolm.net import wire
+
+
+def free_ports(n):
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+class FaultRack:
+    """A rack of ``n`` udp servers on loopback, keyed unless ``keyed=False``.
+
+    Parameters
+    ----------
+    workdir : str
+        Where the rack file, key, server output and statistics go.
+    policy : str
+        The rack's ``[policy]`` section body, e.g. ``'name = "jsq"'``.
+    service : str
+        Handler; tasks of the load are ``exp:MEAN`` µs.
+    """
+
+    def __init__(self, workdir, n=3, policy='name = "jsq"', keyed=True, workers=1,
+                 extra=""):
+        from malcolm.commands.rack import LocalRack
+        from malcolm.config import read_key, write_key
+        os.makedirs(workdir, exist_ok=True)
+        self.dir = workdir
+        self.key = None
+        key_line = ""
+        if keyed:
+            kp = os.path.join(workdir, "rack.key")
+            if not os.path.exists(kp):
+                write_key(kp)
+            self.key = read_key(kp)
+            key_line = f'key_file = "{kp}"'
+        self.ports = free_ports(n)
+        servers = "".join(f'[[server]]\naddress = "127.0.0.1:{p}"\n' for p in self.ports)
+        self.path = os.path.join(workdir, "rack.toml")
+        with open(self.path, "w") as f:
+            f.write(f"""[rack]
+name = "faults"
+window_us = 1000
+handler = "sleep"
+workers = {workers}
+grace_s = 1.0
+peer_timeout_ms = 100
+{key_line}
+{extra}
+[policy]
+{policy}
+{servers}""")
+        self.addresses = [("127.0.0.1", p) for p in self.ports]
+        self.lr = LocalRack(self.path, logdir=workdir)
+
+    def up(self):
+        env_key = os.environ.pop("MALCOLM_RACK_KEY_FILE", None)
+        try:
+            self.lr.up()
+        finally:
+            if env_key is not None:
+                os.environ["MALCOLM_RACK_KEY_FILE"] = env_key
+        return self
+
+    def down(self):
+        return self.lr.down()
+
+    def stats(self, k):
+        """The server's latest statistics (its --stats-json, rewritten every second)."""
+        try:
+            with open(self.lr.stats_path(k)) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return {}
+
+    def __enter__(self):
+        return self.up()
+
+    def __exit__(self, *exc):
+        self.down()
+
+    # ------------------------------------------------------------ load
+    def load(self, rate, seconds, faults=(), workload="exp:200", timeout_s=1.0,
+             servers=None, warmup_s=0.2):
+        """Run the load generator for ``seconds`` at ``rate`` while the ``faults`` run:
+        each a ``(at_s, callable)`` started in its own thread ``at_s`` after the start.
+        Returns the generator's report with ``faults``: what each injector returned."""
+        from malcolm.loadgen.run import LoadSpec, Target, run_load
+        target = Target("udp", list(servers or self.addresses), "--server", self.key)
+        spec = LoadSpec(target=target, workload=workload, duration_s=seconds,
+                        warmup_s=warmup_s, timeout_s=timeout_s)
+        results = {}
+        threads = []
+        t0 = time.monotonic()
+
+        def run(i, at, fn):
+            time.sleep(max(0.0, t0 + at - time.monotonic()))
+            results[i] = fn()
+
+        for i, (at, fn) in enumerate(faults):
+            th = threading.Thread(target=run, args=(i, at, fn), daemon=True)
+            th.start()
+            threads.append(th)
+        rep = run_load(spec, rate)
+        for th in threads:
+            th.join(30)
+        rep["faults"] = [results.get(i) for i in range(len(faults))]
+        rep.pop("_raw", None)
+        return rep
+
+    # ------------------------------------------------------------ injectors
+    def kill(self, k, sig=signal.SIGKILL):
+        def go():
+            self.lr.kill(k, sig)
+            return {"killed": k}
+        return go
+
+    def stop_cont(self, k, seconds):
+        def go():
+            p = self.lr.procs[k]
+            p.send_signal(signal.SIGSTOP)
+            time.sleep(seconds)
+            p.send_signal(signal.SIGCONT)
+            return {"stopped_s": seconds}
+        return go
+
+    def restart(self, k, down_s=0.3):
+        """SIGKILL server k, and start it again (a new epoch) ``down_s`` later."""
+        def go():
+            self.lr.kill(k)
+            time.sleep(down_s)
+            self.lr.start(k, wait=True)
+            return {"restarted": k}
+        return go
+
+    def impostor(self, k, seconds, rate=2000.0, kill=True):
+        """Bind dead server k's port (killing it first unless ``kill=False``): answer what
+        arrives with forged responses, and send the others forged heartbeats (huge θ, NaN,
+        seq jumps), steal requests and forwards, signed with no key. Returns what it
+        received and sent."""
+        def go():
+            if kill:
+                self.lr.kill(k)
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sock.bind(self.addresses[k])
+            sock.settimeout(0.001)
+            got = {"tasks": 0, "forwards": 0, "steal_req": 0, "other": 0}
+            sent = {"heartbeats": 0, "steal_req": 0, "forwards": 0, "responses": 0}
+            peers = [a for j, a in enumerate(self.addresses) if j != k]
+            t_end = time.monotonic() + seconds
+            gap, nxt, i = 1.0 / rate, time.monotonic(), 0
+            reply = (2, 0, 0, bytes(16))
+            while time.monotonic() < t_end:
+                try:
+                    data, src = sock.recvfrom(4096)
+                    kind = data[3] if len(data) > 3 else 0
+                    if kind == wire.Kind.TASK and len(data) >= 64:
+                        got["tasks"] += 1
+                        cid, _, _, rid = struct.unpack_from("<IHHQ", data, 8)
+                        sock.sendto(wire.encode_response(k, cid, rid, server=k), src)
+                        sent["responses"] += 1
+                    elif kind == wire.Kind.FORWARD:
+                        got["forwards"] += 1
+                    elif kind == wire.Kind.STEAL_REQ:
+                        got["steal_req"] += 1
+                    else:
+                        got["other"] += 1
+                except (TimeoutError, OSError):
+                    pass
+                while time.monotonic() >= nxt:
+                    nxt += gap
+                    i += 1
+                    dst = peers[i % len(peers)]
+                    m = i % 4
+                    if m == 0:
+                        msg = wire.encode_heartbeat(k, seq=0x7FFFFFFF, load=0.0,
+                                                    theta=[1e308] * 16)
+                        sent["heartbeats"] += 1
+                    elif m == 1:
+                        b = bytearray(wire.encode_heartbeat(k, seq=i, theta=[0.0] * 16))
+                        struct.pack_into("<d", b, 64, math.nan)
+                        msg = bytes(b)
+                        sent["heartbeats"] += 1
+                    elif m == 2:
+                        msg = wire.encode_steal_request(k, i)
+                        sent["steal_req"] += 1
+                    else:
+                        msg = wire.encode_move(k, 1, i, reply, service_ns=1000)
+                        sent["forwards"] += 1
+                    try:
+                        sock.sendto(msg, dst)
+                    except OSError:
+                        pass
+            sock.close()
+            return {"received": got, "sent": sent}
+        return go
+
+
+def check(rep, allow_timeouts=0):
+    """The invariant: every task accounted for, none twice, none forged into a completion."""
+    problems = []
+    if not rep["accounted"]:
+        problems.append(f"{rep['unaccounted']} unaccounted")
+    if rep["duplicates"]:
+        problems.append(f"{rep['duplicates']} duplicate responses")
+    if rep["timed_out"] > allow_timeouts:
+        problems.append(f"{rep['timed_out']} timed out (allowed {allow_timeouts})")
+    return problems
+
+
+def summary(name, injected, rep, lost_expected=0):
+    """One row of docs/reliability.md's table."""
+    return {"fault": name, "injected": injected, "sent": rep["sent"],
+            "completed": rep["completed"], "rejected": rep["rejected_total"],
+            "timed_out": rep["timed_out"], "unaccounted": rep["unaccounted"],
+            "duplicates": rep["duplicates"], "forged_at_client": rep.get("forged", 0),
+            "lost_expected": lost_expected}
