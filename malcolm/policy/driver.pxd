@@ -175,9 +175,11 @@ cdef inline uint32_t steal_gate_open(StealGate* g, int64_t now) noexcept nogil:
     return g.seq
 
 
-cdef inline bint steal_gate_reply(StealGate* g, uint32_t seq) noexcept nogil:
-    """The reply to request ``seq`` arrived (with a task or empty). False if it was late."""
+cdef inline bint steal_gate_reply(StealGate* g, uint32_t seq, int64_t now) noexcept nogil:
+    """The reply to request ``seq`` arrived at ``now`` (with a task or empty). False if it
+    came after its request was given up."""
     cdef int i
+    steal_gate_expire(g, now)
     for i in range(g.n):
         if g.pend_seq[i] == seq:
             g.n -= 1

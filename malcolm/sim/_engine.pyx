@@ -968,7 +968,7 @@ cdef class Engine:
     cdef void on_steal_rep(self, int thief, int32_t slot, double seq) noexcept nogil:
         cdef Server* v = &self.sv[thief]
         if self.max_steals > 0:
-            steal_gate_reply(&v.steal, <uint32_t>seq)
+            steal_gate_reply(&v.steal, <uint32_t>seq, self.now)
         if slot < 0:
             return
         # A task always counts, even if its request was given up (as in the runtime).
@@ -1091,6 +1091,9 @@ cdef class Engine:
         with nogil:
             self.loop()
         self.loop_s = time.thread_time() - t0
+        for s in range(self.n):
+            if self.sv[s].gw_free > self.now:
+                self.now = self.sv[s].gw_free   # the run ends when the last response leaves
         if self.err == ERR_NOMEM:
             raise MemoryError("simulator ran out of memory")
         return self._results()
