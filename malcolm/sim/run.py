@@ -89,6 +89,7 @@ class SimResult:
     per_server: dict = field(repr=False)
     loads: dict | None = field(default=None, repr=False)
     dropped: int = 0
+    heartbeats_overrun: int = 0
     steal_suppressed: int = 0
     steal_timeouts: int = 0
     gateway_util: list | None = None
@@ -106,7 +107,7 @@ class SimResult:
                 "offered", "mean_load", "mean_queue", "utilization", "migrations", "steals",
                 "steal_requests", "steal_empty", "heartbeats_lost", "generated", "completed",
                 "measured", "sim_time_s", "events", "wall_s", "loop_s", "dropped",
-                "steal_suppressed", "steal_timeouts", "gateway_util")
+                "heartbeats_overrun", "steal_suppressed", "steal_timeouts", "gateway_util")
         out = {k: _json_safe(getattr(self, k)) for k in keys}
         out["events_per_s"] = _json_safe(self.events_per_s)
         out["config"] = self.config
@@ -431,7 +432,8 @@ def simulate(rack="8x8", policy="random", workload="exp:50", load=0.5, tasks=100
         latencies_us=lat, types=raw["types"][n_warm:][served],
         service_us=raw["service_ns"][n_warm:][served] / 1e3,
         per_server={k: v.tolist() for k, v in per.items()}, loads=loads,
-        dropped=int(raw["n_dropped"]), steal_suppressed=int(per["steal_suppressed"].sum()),
+        dropped=int(raw["n_dropped"]), heartbeats_overrun=int(raw["hb_overrun"]),
+        steal_suppressed=int(per["steal_suppressed"].sum()),
         steal_timeouts=int(per["steal_timeouts"].sum()),
         gateway_util=[float(m * gateway_ns / raw["end_ns"]) if raw["end_ns"] else 0.0
                       for m in per["gateway_msgs"]],
