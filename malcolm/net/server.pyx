@@ -14,7 +14,7 @@
   it for a heartbeat.
   It calls ``observe_peer`` for each heartbeat as it arrives and, at each
   window boundary, ``observe_local`` (the load now), ``end_window`` and ``fill_heartbeat``
-  (base.pxd), in the simulator's order.
+  (base.pxd): the window protocol of ``policy/driver.pxd``, the simulator's own code.
 
 Only the gateway touches the transport (RDMA queue pairs are not thread-safe either); the
 other threads talk to it through lock-free queues and wake it with ``Transport.wake``.

@@ -92,7 +92,8 @@ def runtime_twin(*, workers, workload, load, policy, window_us, seed=1, tasks=20
     window_us : float
         The policy window of the real run.
     costs : RuntimeCosts, optional
-        Measured costs; defaults are the simulator's idealised ones.
+        Measured costs; by default free gateways, no heartbeat loss, unbounded task slots,
+        the nominal workload and the runtime's rule of one steal in flight.
 
     Returns
     -------
