@@ -6,6 +6,8 @@ The long runs (netem loss, delay and reorder in network namespaces, kills, impos
 import json
 import time
 
+import pytest
+
 from malcolm.loadgen.run import LoadSpec, Target, run_load
 
 
@@ -86,3 +88,53 @@ def test_kill_stop_and_restart_under_load_lose_nothing_unreported(tmp_path):
         assert x["peer_restarts"] >= 1 and 2 in x["peers_up"], x
         assert x["peer_leaves"] >= 1                # it was missed while down
     assert codes[0] == codes[1] == 0
+
+
+NETEM_SCRIPT = r"""
+import json, sys, tempfile
+from malcolm.loadgen.faults import FaultRack
+with FaultRack(tempfile.mkdtemp(prefix="mcnetem-"), policy='name = "random"') as fr:
+    rep = fr.load(800, 1.5, timeout_s=0.5)
+print(json.dumps({k: rep[k] for k in ("sent", "completed", "timed_out", "rejected_total",
+                                      "accounted", "duplicates", "forged")}))
+"""
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("qdisc", ["loss 5%", "delay 1ms 500us reorder 75% 50%"])
+def test_netem_loss_and_reorder_lose_nothing_unreported(qdisc):
+    """A keyed rack and its load in a network namespace whose loopback drops 5% of the
+    datagrams, or delays and reorders them: every task is still accounted for, none twice;
+    loss shows as reported timeouts, reordering as none at all (the replay window takes it)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
+        pytest.skip("needs root, ip and tc")
+    ns = f"mcnetem{os.getpid()}"
+    try:
+        r = subprocess.run(["ip", "netns", "add", ns], capture_output=True, text=True)
+        if r.returncode:
+            pytest.skip(f"ip netns does not work here: {r.stderr.strip()}")
+        subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
+        from malcolm.loadgen.faults import impair
+        try:
+            impair(ns, qdisc)
+        except RuntimeError as e:
+            pytest.skip(str(e))
+        env = dict(os.environ, PYTHONPATH=os.getcwd())
+        env.pop("MALCOLM_RACK_KEY_FILE", None)
+        r = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", NETEM_SCRIPT],
+                           capture_output=True, text=True, env=env, timeout=120)
+        assert r.returncode == 0, r.stderr[-3000:]
+        rep = json.loads(r.stdout.strip().splitlines()[-1])
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    assert rep["accounted"] and rep["duplicates"] == 0 and rep["forged"] == 0, rep
+    assert rep["sent"] > 500
+    if "loss" in qdisc:
+        # a task is lost if its task, a forward or its response is dropped: about 10-15%
+        assert 0 < rep["timed_out"] < 0.3 * rep["sent"], rep
+    else:
+        assert rep["timed_out"] == 0 and rep["completed"] == rep["sent"], rep

@@ -220,6 +220,37 @@ peer_timeout_ms = 100
         return go
 
 
+def impair(ns, spec):
+    """Impair the loopback of network namespace ``ns``: ``spec`` is a netem qdisc ("loss 5%",
+    "delay 1ms 500us reorder 75% 50%"). Where the kernel has no netem, random loss falls back
+    to an nftables rule (``numgen random``) dropping that share of udp datagrams. Returns how
+    it was done, or raises ``RuntimeError`` with the reason it cannot be."""
+    import shutil
+    import subprocess
+    r = subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root",
+                        "netem", *spec.split()], capture_output=True, text=True)
+    if r.returncode == 0:
+        return f"netem {spec}"
+    parts = spec.split()
+    if len(parts) != 2 or parts[0] != "loss" or not parts[1].endswith("%"):
+        raise RuntimeError(f"netem is not available here ({r.stderr.strip()}); only loss "
+                           "has a fallback")
+    if shutil.which("nft") is None:
+        raise RuntimeError(f"netem is not available here ({r.stderr.strip()}) and nft is "
+                           "not installed (apt-get install nftables)")
+    pct = float(parts[1][:-1])
+    rules = ["add table inet mcfault",
+             "add chain inet mcfault in { type filter hook input priority 0; }",
+             f"add rule inet mcfault in meta l4proto udp numgen random mod 10000 lt "
+             f"{int(round(pct * 100))} drop"]
+    for rule in rules:
+        r = subprocess.run(["ip", "netns", "exec", ns, "nft", *rule.split()],
+                           capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"nft: {r.stderr.strip()}")
+    return f"nftables: drop {pct:g}% of udp datagrams at random"
+
+
 def check(rep, allow_timeouts=0):
     """The invariant: every task accounted for, none twice, none forged into a completion."""
     problems = []
