@@ -278,7 +278,7 @@ def mac_cost(int size, long long reps=200_000):
     non-zero key: what authentication adds to each message the runtime sends and receives."""
     cdef uint8_t buf[MAX_MSG]
     cdef mc_sipkey k
-    cdef long long i
+    cdef long long i, _j
     cdef int64_t t0, t1, t2
     cdef uint64_t ep, aseq, sink = 0
     cdef uint32_t body
@@ -294,7 +294,7 @@ def mac_cost(int size, long long reps=200_000):
             buf[9] = <uint8_t>i
             sink += wire_seal(buf, body, &k, 1, <uint64_t>i + 1)
         t1 = mc_now_ns()
-        for i in range(reps):
+        for _j in range(reps):
             sink += <uint64_t>wire_open(buf, <uint32_t>size, &k, &ep, &aseq)
         t2 = mc_now_ns()
     return {"size": size, "seal_ns": (t1 - t0) / <double>reps,
