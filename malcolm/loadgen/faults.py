@@ -15,6 +15,8 @@ import os
 import signal
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 
@@ -29,6 +31,70 @@ def free_ports(n):
     for s in socks:
         s.close()
     return ports
+
+
+class _Servers:
+    """The rack's ``malcolm serve`` processes (the layering keeps tools from the CLI's
+    ``LocalRack``; this is the part of it faults need)."""
+
+    def __init__(self, path, n, logdir, grace_s):
+        self.path, self.n, self.logdir, self.grace_s = path, n, logdir, grace_s
+        self.procs = {}
+
+    def out_path(self, k):
+        return os.path.join(self.logdir, f"server-{k}.out")
+
+    def stats_path(self, k):
+        return os.path.join(self.logdir, f"server-{k}.json")
+
+    def start(self, k, wait=True, timeout=30.0):
+        with open(self.out_path(k), "w") as out:
+            self.procs[k] = subprocess.Popen(
+                [sys.executable, "-m", "malcolm", "serve", "--rack", self.path, "--id",
+                 str(k), "--stats-json", self.stats_path(k)],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        if wait:
+            self.wait_ready([k], timeout)
+
+    def up(self):
+        for k in range(self.n):
+            self.start(k, wait=False)
+        self.wait_ready(range(self.n))
+
+    def wait_ready(self, ids, timeout=30.0):
+        t_end = time.monotonic() + timeout
+        pending = set(ids)
+        while pending:
+            for k in list(pending):
+                with open(self.out_path(k)) as f:
+                    text = f.read()
+                if " ready on " in text:
+                    pending.discard(k)
+                elif self.procs[k].poll() is not None:
+                    self.down()
+                    raise RuntimeError(f"server {k} exited: {text[-2000:]}")
+            if pending and time.monotonic() > t_end:
+                self.down()
+                raise TimeoutError(f"servers {sorted(pending)} not ready in {timeout} s")
+            time.sleep(0.05)
+
+    def kill(self, k, sig=signal.SIGKILL):
+        self.procs[k].send_signal(sig)
+        self.procs[k].wait(10)
+
+    def down(self):
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        t_end = time.monotonic() + self.grace_s + 10
+        codes = {}
+        for k, p in self.procs.items():
+            try:
+                codes[k] = p.wait(max(0.1, t_end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                codes[k] = p.wait(5)
+        return codes
 
 
 class FaultRack:
@@ -46,8 +112,7 @@ class FaultRack:
 
     def __init__(self, workdir, n=3, policy='name = "jsq"', keyed=True, workers=1,
                  extra=""):
-        from malcolm.commands.rack import LocalRack
-        from malcolm.config import read_key, write_key
+        from malcolm.config import load_rack, read_key, write_key
         os.makedirs(workdir, exist_ok=True)
         self.dir = workdir
         self.key = None
@@ -75,7 +140,8 @@ peer_timeout_ms = 100
 {policy}
 {servers}""")
         self.addresses = [("127.0.0.1", p) for p in self.ports]
-        self.lr = LocalRack(self.path, logdir=workdir)
+        cfg = load_rack(self.path)          # a bad file fails here, with its reason
+        self.lr = _Servers(self.path, n, workdir, cfg.grace_s)
 
     def up(self):
         env_key = os.environ.pop("MALCOLM_RACK_KEY_FILE", None)
