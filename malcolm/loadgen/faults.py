@@ -48,11 +48,13 @@ class _Servers:
         return os.path.join(self.logdir, f"server-{k}.json")
 
     def start(self, k, wait=True, timeout=30.0):
+        # The rack file names its key: an outer MALCOLM_RACK_KEY_FILE must not override it.
+        env = {k: v for k, v in os.environ.items() if k != "MALCOLM_RACK_KEY_FILE"}
         with open(self.out_path(k), "w") as out:
             self.procs[k] = subprocess.Popen(
                 [sys.executable, "-m", "malcolm", "serve", "--rack", self.path, "--id",
                  str(k), "--stats-json", self.stats_path(k)],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         if wait:
             self.wait_ready([k], timeout)
 
@@ -144,12 +146,7 @@ peer_timeout_ms = 100
         self.lr = _Servers(self.path, n, workdir, cfg.grace_s)
 
     def up(self):
-        env_key = os.environ.pop("MALCOLM_RACK_KEY_FILE", None)
-        try:
-            self.lr.up()
-        finally:
-            if env_key is not None:
-                os.environ["MALCOLM_RACK_KEY_FILE"] = env_key
+        self.lr.up()
         return self
 
     def down(self):
