@@ -262,3 +262,11 @@ def test_forged_responses_are_counted_not_completed():
     assert rep["accounted"] and rep["sent"] > 50
     assert rep["completed"] == rep["sent"] and rep["duplicates"] == 0
     assert rep["forged"] == forged[0] == 2 * rep["sent"]
+
+
+def test_mac_cost_is_measured():
+    from malcolm.loadgen import _bench
+    r = _bench.mac_cost(64, 2000)
+    assert r["seal_ns"] > 0 and r["open_ns"] > 0 and r["size"] == 64
+    with pytest.raises(ValueError):
+        _bench.mac_cost(10)
