@@ -137,6 +137,11 @@ def main(argv=None):
                                   a.seconds, a.rate)))
         return 0
     rows = []
+    if os.geteuid() == 0 and shutil.which("nft") is None and shutil.which("apt-get"):
+        # The loss scenarios fall back to nftables where the kernel has no netem; install
+        # it (as scripts/rdma-vm installs what the RDMA guest needs).
+        print("faults: installing nftables (apt-get) for the loss scenarios", file=sys.stderr)
+        subprocess.run(["apt-get", "install", "-y", "-q", "nftables"], capture_output=True)
     for name in SCENARIOS + list(NETEM):
         if a.only and a.only not in name:
             continue
