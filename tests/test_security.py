@@ -270,3 +270,26 @@ def test_mac_cost_is_measured():
     assert r["seal_ns"] > 0 and r["open_ns"] > 0 and r["size"] == 64
     with pytest.raises(ValueError):
         _bench.mac_cost(10)
+
+
+def test_a_replayed_task_runs_once():
+    from malcolm.net.transport import open_transport
+    srv, addr, peers = _server(n=1)
+    c = open_transport("udp", "127.0.0.1:0")
+    try:
+        task = wire.encode_task(77, 1, key=KEY, epoch=10, auth_seq=1)
+        for _ in range(3):
+            c.send(addr, task)                    # captured and replayed: runs once
+        c.send(addr, wire.encode_task(77, 2, key=KEY, epoch=10, auth_seq=2))
+        c.send(addr, wire.encode_task(77, 3, key=KEY, epoch=9, auth_seq=3))   # old epoch
+        got = []
+        t_end = time.monotonic() + 2
+        while len(got) < 2 and time.monotonic() < t_end:
+            got += [wire.decode(d, KEY)["request_id"] for d, _ in c.recv(0.1)]
+        time.sleep(0.2)
+        got += [wire.decode(d, KEY)["request_id"] for d, _ in c.recv(0.1)]
+        assert sorted(got) == [1, 2]
+        assert srv.stats()["malformed_by_reason"] == {"replayed": 2, "stale epoch": 1}
+    finally:
+        srv.stop()
+        c.close()

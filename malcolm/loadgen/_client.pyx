@@ -139,7 +139,8 @@ cdef class LoadClient:
     cdef readonly int64_t t0_ns, end_ns, finished_ns
     cdef readonly double wall_s
     cdef mc_sipkey key
-    cdef uint64_t epoch, tx_seq
+    cdef uint64_t epoch
+    cdef uint64_t tx_seq[MAX_SERVERS]      # per server: each sees a dense sequence
 
     def __init__(self, Transport transport not None, servers, NativeWorkload workload not None,
                  long long client_id, unsigned long long seed, phases, double warmup_s,
@@ -161,7 +162,7 @@ cdef class LoadClient:
         # not verify under it are counted as forged and otherwise ignored.
         mc_sipkey_set(&self.key, <const uint8_t*>(<const char*>kb))
         self.epoch = wire_new_epoch()
-        self.tx_seq = 0
+        memset(self.tx_seq, 0, sizeof(self.tx_seq))
         self.tr = transport
         self.n_servers = len(servers)
         for i, s in enumerate(servers):
@@ -326,9 +327,9 @@ cdef class LoadClient:
         self.c.sent_to[s] += 1
         self.next_id += 1
         b = self.tr.tx_next(&self.servers[s])
-        self.tx_seq += 1
+        self.tx_seq[s] += 1
         b.len = wire_seal(b.data, wire_put_task(b.data, b.cap, &t), &self.key, self.epoch,
-                          self.tx_seq)
+                          self.tx_seq[s])
 
     cdef void _on_msg(self, MsgBuf* m, int64_t now) noexcept nogil:
         cdef WireHdr h

@@ -81,7 +81,7 @@ class Client:
         self.client_id = client_id
         self.key = key
         self.epoch = wire.new_epoch()
-        self._seq = 0
+        self._seq = [0] * len(self.servers)     # per server: each sees a dense sequence
         self.acc = Accounting()
         self._next = 0
 
@@ -98,10 +98,10 @@ class Client:
         """Send one task to server index ``server``; return its request id."""
         rid = self._next
         self._next += 1
-        self._seq += 1
+        self._seq[server] += 1
         msg = wire.encode_task_native(self.client_id, rid, task_type, service_ns,
                                       time.monotonic_ns(), payload, key=self.key,
-                                      epoch=self.epoch, auth_seq=self._seq)
+                                      epoch=self.epoch, auth_seq=self._seq[server])
         self.acc.pending[rid] = server
         self.acc.sent += 1
         self.tr.send(self.servers[server], msg)

@@ -73,6 +73,7 @@ cdef enum:
     MAX_CLIENT_NETS = 16
     IDLE_WAIT_NS = 5_000_000     # longest block in adaptive mode: bounds the reaction to stop
     INLINE_BUDGET_NS = 5_000     # workers=0: the longest run of tasks between two polls
+    CLIENT_SLOTS = 4096          # clients whose replay windows are kept (direct-mapped)
 
 
 ctypedef struct TaskSlot:
@@ -92,6 +93,15 @@ ctypedef struct TaskSlot:
     uint32_t out_len
     uint8_t payload[MAX_PAYLOAD]
     uint8_t out[MAX_PAYLOAD]
+
+
+# Replay state of one client, by client id (authenticated, in the task). A direct-mapped
+# table bounds the memory: a client whose slot another took starts afresh, so a replay of
+# its messages is caught unless its slot was taken in between.
+ctypedef struct ClientReplay:
+    uint32_t client_id
+    uint32_t _pad
+    WireReplay w
 
 
 ctypedef struct ClientNet:
@@ -226,6 +236,7 @@ cdef class Server:
     cdef WireReplay rx_replay[MAX_SERVERS]
     cdef uint64_t hb_top[MAX_SERVERS]      # trailer seq of the last heartbeat applied
     cdef uint32_t hb_local_seq[MAX_SERVERS]
+    cdef ClientReplay* cli_replay
     # state
     cdef TaskSlot* slots
     cdef Mpmc* runq
@@ -325,8 +336,10 @@ cdef class Server:
         self.doneq = <Mpmc*>mc_aligned_alloc(64, mpmc_bytes(cap2))
         self.hb_in = <Heartbeat*>mc_aligned_alloc(64, sizeof(Heartbeat) * HB_RING)
         self.hb_out = <Heartbeat*>mc_aligned_alloc(64, sizeof(Heartbeat))
+        self.cli_replay = <ClientReplay*>mc_aligned_alloc(64, sizeof(ClientReplay) * CLIENT_SLOTS)
         if (self.slots == NULL or self.runq == NULL or self.free_slots == NULL
-                or self.doneq == NULL or self.hb_in == NULL or self.hb_out == NULL):
+                or self.doneq == NULL or self.hb_in == NULL or self.hb_out == NULL
+                or self.cli_replay == NULL):
             raise MemoryError("cannot allocate the server's queues")
         if (mpmc_init(self.runq, cap2) != 0
                 or mpmc_init(self.doneq, cap2) != 0):
@@ -384,6 +397,7 @@ cdef class Server:
         memset(self.hb_top, 0, sizeof(self.hb_top))
         memset(self.hb_local_seq, 0, sizeof(self.hb_local_seq))
         memset(self.peer_up, 0, sizeof(self.peer_up))
+        memset(self.cli_replay, 0, sizeof(ClientReplay) * CLIENT_SLOTS)
 
     def __dealloc__(self):
         free(self.slots)
@@ -392,6 +406,7 @@ cdef class Server:
         free(self.doneq)
         free(self.hb_in)
         free(self.hb_out)
+        free(self.cli_replay)
         if self.est_ok:
             est_free(&self.est)
 
@@ -817,6 +832,8 @@ cdef class Server:
                 self._bad(m, E_ADDR)
                 return 0
             rc = wire_get_task(m.data, blen, &t)
+            if blen >= TASK_LEN and not self._client_fresh(m, t.client_id, ep, aseq):
+                return 0            # a replayed task must not run (or be answered) twice
             if rc == E_FIELD or (rc == E_PAYLOAD and blen >= TASK_LEN):
                 self._bad(m, rc)
                 self._respond_now(&t, &m.peer, ST_BAD_INPUT, 0)
@@ -956,6 +973,21 @@ cdef class Server:
             self.peer_up[src] = True
             self.c.peer_joins += 1
         self.peer_seen[src] = now
+        return True
+
+    cdef bint _client_fresh(self, MsgBuf* m, uint32_t client_id, uint64_t ep,
+                            uint64_t aseq) noexcept nogil:
+        """The replay check of a client's task (its epoch and sequence number): False, and
+        counted, for a replay."""
+        cdef ClientReplay* c = &self.cli_replay[(client_id * <uint32_t>2654435761) >> 20]
+        cdef int rc
+        if c.client_id != client_id or c.w.epoch == 0:
+            c.client_id = client_id
+            memset(&c.w, 0, sizeof(WireReplay))
+        rc = wire_replay_check(&c.w, ep, aseq)
+        if rc < 0:
+            self._bad(m, rc)
+            return False
         return True
 
     cdef void _check_members(self, int64_t now) noexcept nogil:
