@@ -17,6 +17,10 @@ cdef extern from "workers/malcolm_handler.h" nogil:
         uint32_t out_cap
         uint32_t out_len
     ctypedef int (*malcolm_handler_fn)(void* ctx, malcolm_task* task) noexcept
+    enum:
+        MALCOLM_OK               # the task ran: status ok
+        MALCOLM_ERROR            # (any other value too) status "handler error"
+        MALCOLM_BAD_INPUT        # the request is malformed: status "bad input"
 
 
 cdef class Handler:

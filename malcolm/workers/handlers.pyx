@@ -8,6 +8,9 @@ Built-in (``spec`` in the rack file or ``--handler``):
 ``sleep``       emulate ``service_ns`` without the CPU: sleep (timer slack set to 1 ns) to a
                 few µs before the deadline, then spin the rest (``sleep:spin_us=10``);
 ``echo``        answer with the task's payload.
+``rocksdb:path=PATH[,cache_mb=64]``
+                GET(n) on a RocksDB dictionary (:mod:`malcolm.workers.rocksdb`; needs
+                librocksdb, and a database built by ``malcolm rocksdb load``).
 
 User handlers (see ``malcolm/workers/malcolm_handler.h`` for the C ABI):
 
@@ -107,7 +110,7 @@ cdef int h_python(void* ctx, malcolm_task* t) noexcept nogil:
                 return 0
             out = bytes(out)
             if len(out) > t.out_cap:
-                return 2
+                return 1
             memcpy(t.out, <const char*>out, len(out))
             t.out_len = len(out)
             return 0
@@ -174,6 +177,20 @@ cdef class Handler:
             (<SleepState*>self._state).spin_ns = <int64_t>(spin_us * 1000)
             self.ctx = self._state
             self.fn = h_sleep
+        elif kind == "rocksdb":
+            try:
+                from malcolm.workers import rocksdb as rdb
+            except ImportError as e:
+                raise ValueError(f"handler {spec!r}: the rocksdb extension is not built ({e}); "
+                                 "install the Debian package librocksdb-dev and rebuild "
+                                 "(./dev does both, as root)") from None
+            try:
+                st = rdb.open_handler(rest)
+            except rdb.RocksDBError as e:
+                raise ValueError(f"handler {spec!r}: {e}") from None
+            self._keep = st                 # owns the database handle the ctx points into
+            self.fn = <malcolm_handler_fn><void*><size_t>st.fn_addr
+            self.ctx = <void*><size_t>st.ctx_addr
         elif kind == "so":
             path, sep, sym = rest.rpartition(":")
             if not sep or not path or not sym:
@@ -213,7 +230,8 @@ cdef class Handler:
             self._set_python(f, spec)
         else:
             raise ValueError(f"unknown handler {spec!r}; use spin, spin:tsc, sleep, echo, "
-                             "so:PATH:SYMBOL, cffi:MODULE:SYMBOL or python:MODULE:FUNCTION")
+                             "rocksdb:path=PATH, so:PATH:SYMBOL, cffi:MODULE:SYMBOL or "
+                             "python:MODULE:FUNCTION")
 
     def _set_python(self, f, spec):
         self._keep = f

@@ -21,6 +21,12 @@ typedef struct malcolm_task {
   uint32_t out_len;          /* ... and say how many */
 } malcolm_task;
 
-/* Return 0 on success; anything else answers the task with status "handler error". */
+/* Return MALCOLM_OK (0) on success; MALCOLM_BAD_INPUT (2, the wire status "bad input") when
+   the request itself is malformed (the client's fault); anything else answers the task with
+   status "handler error" (the server's fault). Before 2026-11-23 every nonzero value meant
+   "handler error"; only 2 changed meaning. */
+#define MALCOLM_OK 0
+#define MALCOLM_ERROR 1
+#define MALCOLM_BAD_INPUT 2
 typedef int (*malcolm_handler_fn)(void *ctx, malcolm_task *task);
 #endif
