@@ -12,6 +12,8 @@ cdef enum:
     WL_EXP = 1
     WL_UNIFORM = 2
     WL_LOGNORMAL = 3
+    WL_EMPIRICAL = 4        # piecewise-linear quantile function (a measured distribution)
+    WL_EMP_POINTS = 24      # at most this many (probability, value) points per component
 
 
 ctypedef struct WorkloadC:
@@ -22,6 +24,9 @@ ctypedef struct WorkloadC:
     double a[WL_MAX]        # ns: const value / exp mean / uniform low / lognormal log-mean
     double b[WL_MAX]        # ns: uniform high; lognormal shape sigma (dimensionless)
     double mean_ns          # mixture mean
+    int emp_n[WL_MAX]       # empirical: number of points (>= 2)
+    double emp_p[WL_MAX][WL_EMP_POINTS]   # increasing probabilities, 0 first, 1 last
+    double emp_x[WL_MAX][WL_EMP_POINTS]   # ns: the quantile at each probability
 
 
 cdef double wl_sample(const WorkloadC* w, Rng* r, int* task_type) noexcept nogil

@@ -16,6 +16,9 @@ Names
 ``hyperexp2``     75% Exp(50), 20% Exp(500), 5% Exp(5000).
 ``rocksdb1``      90% GET(16), 10% GET(64).
 ``rocksdb2``      50% GET(16), 50% GET(64).
+``rocksdb1-measured``, ``rocksdb2-measured``
+                  the same mixes with the GET(16) and GET(64) service times measured on the
+                  real ``rocksdb`` handler of this project's 2-vCPU development VM (empirical).
 ``fig2.1a``       Exp(20) (thesis Fig 2.1, low dispersion).
 ``fig2.1b``       95% Exp(20), 5% Exp(400) (thesis Fig 2.1, high dispersion).
 ``fig3.2a``       50% Exp(10), 50% Exp(1000) (thesis Fig 3.2 "HyperExp-1").
@@ -25,6 +28,11 @@ RocksDB service-time model: the thesis gives only the means of a GET(16) (about 
 GET(64) (about 100 µs) on its machines. A GET of n keys does a fixed amount of work, so we
 model each as *near-constant*: lognormal with that mean and shape sigma = 0.1 (coefficient of
 variation about 10%).
+
+The ``-measured`` variants are empirical instead: the quantiles of the handler's CPU time per
+GET measured by ``malcolm rocksdb calibrate`` (20 000 GETs of each size, uniform keys over a
+1 000 000-key dictionary of 16-byte values; ``docs/figures/rocksdb-calibration.json`` and
+``docs/rocksdb.md`` have the run), sampled by linear interpolation between them.
 
 Mixture syntax
 --------------
@@ -47,7 +55,7 @@ from dataclasses import dataclass
 import numpy as np
 
 MAX_COMPONENTS = 16
-KINDS = ("const", "exp", "uniform", "lognormal")
+KINDS = ("const", "exp", "uniform", "lognormal", "empirical")   # native kind = index
 
 
 @dataclass(frozen=True)
@@ -59,21 +67,29 @@ class Component:
     weight : float
         Probability of this type (the workload normalises weights to sum to 1).
     kind : str
-        ``const``, ``exp``, ``uniform`` or ``lognormal``.
+        ``const``, ``exp``, ``uniform``, ``lognormal`` or ``empirical``.
     a, b : float
         Parameters in µs: const (V, -), exp (MEAN, -), uniform (LO, HI),
-        lognormal (MEAN, SIGMA; SIGMA is dimensionless).
+        lognormal (MEAN, SIGMA; SIGMA is dimensionless); unused for empirical.
+    table : tuple
+        Empirical only: ``((p, x_us), ...)``, quantiles at probabilities rising from 0 to 1;
+        the service time is linear between them.
     """
 
     weight: float
     kind: str
     a: float
     b: float = 0.0
+    table: tuple = ()
 
     @property
     def mean_us(self) -> float:
         if self.kind == "uniform":
             return 0.5 * (self.a + self.b)
+        if self.kind == "empirical":
+            t = self.table
+            return sum((q1 - q0) * (x0 + x1) / 2
+                       for (q0, x0), (q1, x1) in zip(t, t[1:], strict=False))
         return self.a
 
     @property
@@ -84,6 +100,10 @@ class Component:
             return 2 * self.a**2
         if self.kind == "uniform":
             return (self.a**2 + self.a * self.b + self.b**2) / 3
+        if self.kind == "empirical":
+            t = self.table
+            return sum((q1 - q0) * (x0 * x0 + x0 * x1 + x1 * x1) / 3
+                       for (q0, x0), (q1, x1) in zip(t, t[1:], strict=False))
         return self.a**2 * math.exp(self.b**2)
 
     def describe(self) -> str:
@@ -93,6 +113,9 @@ class Component:
             return f"Exp({self.a:g})"
         if self.kind == "uniform":
             return f"U({self.a:g},{self.b:g})"
+        if self.kind == "empirical":
+            return (f"Emp(mean {self.mean_us:.4g}, p50 {_interp(self.table, 0.5):.4g}, "
+                    f"p99 {_interp(self.table, 0.99):.4g})")
         return f"LogN({self.a:g},{self.b:g})"
 
 
@@ -144,6 +167,9 @@ class Workload:
                 out[idx] = rng.exponential(c.a, k)
             elif c.kind == "uniform":
                 out[idx] = rng.uniform(c.a, c.b, k)
+            elif c.kind == "empirical":
+                p, x = zip(*c.table, strict=True)
+                out[idx] = np.interp(rng.random(k), p, x)
             else:
                 out[idx] = rng.lognormal(math.log(c.a) - 0.5 * c.b**2, c.b, k)
         return types, out
@@ -157,6 +183,7 @@ class Workload:
             [KINDS.index(c.kind) for c in self.components],
             [c.a for c in self.components],
             [c.b for c in self.components],
+            [c.table for c in self.components],
         )
 
 
@@ -169,7 +196,25 @@ def _lognormal_get(mean):
 
 
 def _mixture(name, pairs):
-    return Workload(name, tuple(Component(w, c.kind, c.a, c.b) for w, c in pairs))
+    return Workload(name, tuple(Component(w, c.kind, c.a, c.b, c.table) for w, c in pairs))
+
+
+def _interp(table, p):
+    q, x = zip(*table, strict=True)
+    return float(np.interp(p, q, x))
+
+
+# CPU time (µs) of one rocksdb-handler GET at these probabilities: `malcolm rocksdb calibrate
+# /path/db --samples 20000 --warmup 20000` on the 2-vCPU AMD EPYC development VM, 2026-11-23,
+# load average 8.3 (five other engineers building); docs/figures/rocksdb-calibration.json.
+_P = (0.0, 0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995,
+      0.999, 1.0)
+_GET16_US = (30.53, 34.08, 35.83, 36.9, 38.16, 39.22, 40.24, 41.36, 42.67, 44.42, 47.2, 53.41,
+             62.13, 85.62, 134.42, 176.21, 226.57, 308.6)
+_GET64_US = (124.63, 134.88, 140.38, 143.81, 148.36, 152.18, 156.21, 161.02, 167.26, 177.39,
+             195.4, 227.29, 263.96, 329.89, 378.23, 405.89, 474.89, 695.09)
+_GET16 = Component(1.0, "empirical", 0.0, 0.0, tuple(zip(_P, _GET16_US, strict=True)))
+_GET64 = Component(1.0, "empirical", 0.0, 0.0, tuple(zip(_P, _GET64_US, strict=True)))
 
 
 NAMED = {
@@ -179,6 +224,8 @@ NAMED = {
     "hyperexp2": _mixture("hyperexp2", [(75, _exp(50)), (20, _exp(500)), (5, _exp(5000))]),
     "rocksdb1": _mixture("rocksdb1", [(90, _lognormal_get(30)), (10, _lognormal_get(100))]),
     "rocksdb2": _mixture("rocksdb2", [(50, _lognormal_get(30)), (50, _lognormal_get(100))]),
+    "rocksdb1-measured": _mixture("rocksdb1-measured", [(90, _GET16), (10, _GET64)]),
+    "rocksdb2-measured": _mixture("rocksdb2-measured", [(50, _GET16), (50, _GET64)]),
     "fig2.1a": _mixture("fig2.1a", [(1, _exp(20))]),
     "fig2.1b": _mixture("fig2.1b", [(95, _exp(20)), (5, _exp(400))]),
     "fig3.2a": _mixture("fig3.2a", [(50, _exp(10)), (50, _exp(1000))]),
@@ -204,7 +251,7 @@ def _parse_dist(fields, spec):
     need = {"const": 1, "exp": 1, "uniform": 2, "lognormal": 2}
     if kind not in need:
         raise ValueError(f"workload {spec!r}: unknown distribution {kind!r} "
-                         f"(choose from {', '.join(KINDS)})")
+                         f"(choose from {', '.join(need)})")
     if len(args) != need[kind]:
         raise ValueError(f"workload {spec!r}: {kind} takes {need[kind]} parameter(s), "
                          f"got {len(args)}")

@@ -41,8 +41,21 @@ def draw_keys(n_keys, rows, n, zipf_s, rng):
     return ((ranks * np.uint64(mul)) % np.uint64(n_keys)).astype(np.uint32)
 
 
+def _stats(t_us):
+    return {"mean_us": float(t_us.mean()), "p50_us": float(np.quantile(t_us, 0.5)),
+            "p99_us": float(np.quantile(t_us, 0.99)),
+            "p999_us": float(np.quantile(t_us, 0.999)), "max_us": float(t_us.max()),
+            "quantiles": [[p, float(v)] for p, v in
+                          zip(QUANTILES, np.quantile(t_us, QUANTILES), strict=True)]}
+
+
 def calibrate(db, sizes, samples=20000, warmup=2000, zipf_s=0.0, seed=1):
-    """Time ``samples`` GET(n) for each n in ``sizes`` (after ``warmup`` untimed ones)."""
+    """Time ``samples`` GET(n) for each n in ``sizes`` (after ``warmup`` untimed ones).
+
+    Each size gets two measurements of the same calls: ``wall`` (CLOCK_MONOTONIC around the
+    call, what a server's worker measures, preemption included) and ``cpu`` (the thread's CPU
+    time: the work alone). On a shared machine the two differ in the tail only.
+    """
     from malcolm.workers.rocksdb import time_gets
     if samples < 100:
         raise ValueError("--samples must be at least 100")
@@ -53,12 +66,9 @@ def calibrate(db, sizes, samples=20000, warmup=2000, zipf_s=0.0, seed=1):
             raise ValueError(f"GET({n}) is out of range 1..{db.max_keys} for "
                              f"{db.value_size}-byte values")
         time_gets(db, draw_keys(db.n_keys, warmup, n, zipf_s, rng))
-        t = time_gets(db, draw_keys(db.n_keys, samples, n, zipf_s, rng)) / 1e3
-        q = np.quantile(t, QUANTILES)
-        out.append({"n": n, "samples": int(t.size), "mean_us": float(t.mean()),
-                    "p50_us": float(np.quantile(t, 0.5)), "p99_us": float(np.quantile(t, 0.99)),
-                    "p999_us": float(np.quantile(t, 0.999)), "max_us": float(t.max()),
-                    "quantiles": [[p, float(v)] for p, v in zip(QUANTILES, q, strict=True)]})
+        wall, cpu = time_gets(db, draw_keys(db.n_keys, samples, n, zipf_s, rng))
+        out.append({"n": n, "samples": int(wall.size), "wall": _stats(wall / 1e3),
+                    "cpu": _stats(cpu / 1e3)})
     return {"what": "rocksdb handler GET(n) service time, one thread, in-process",
             "db": {"path": os.path.abspath(db.path), "keys": db.n_keys,
                    "value_size": db.value_size},
