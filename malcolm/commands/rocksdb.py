@@ -98,7 +98,7 @@ def calibrate(sizes, samples, warmup, key_dist, seed, out_path, path):
     """
     rdb = _rdb()
     from malcolm.loadgen.apps import AppError, parse_key_dist
-    from malcolm.workers import rocksdb_calibrate as cal
+    from malcolm.loadgen import rocksdb_calibrate as cal
     try:
         s = parse_key_dist(key_dist)
         ns = [int(x) for x in sizes.split(",") if x.strip()]
