@@ -97,8 +97,8 @@ def calibrate(sizes, samples, warmup, key_dist, seed, out_path, path):
     included) and cpu (the thread's CPU time, the work alone).
     """
     rdb = _rdb()
-    from malcolm.loadgen.apps import AppError, parse_key_dist
     from malcolm.loadgen import rocksdb_calibrate as cal
+    from malcolm.loadgen.apps import AppError, parse_key_dist
     try:
         s = parse_key_dist(key_dist)
         ns = [int(x) for x in sizes.split(",") if x.strip()]
