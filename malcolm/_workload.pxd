@@ -3,6 +3,10 @@
 
 Times are nanoseconds. The struct is plain C memory with no pointers, so it can be copied
 or embedded by value (the simulator keeps one; the load generator may keep one per thread).
+An empirical component (measured service times) samples the inverse of its empirical CDF,
+kept as ``WL_EMP_N`` quantiles from the smallest to the largest sample in the struct itself
+(16 kB each), so at most ``WL_EMP_MAX`` components of a mixture can be empirical (two: the
+RocksDB GET(16)/GET(64) mixes measured on the real handler).
 """
 from malcolm._core cimport Rng
 
@@ -12,8 +16,9 @@ cdef enum:
     WL_EXP = 1
     WL_UNIFORM = 2
     WL_LOGNORMAL = 3
-    WL_EMPIRICAL = 4        # piecewise-linear quantile function (a measured distribution)
-    WL_EMP_POINTS = 24      # at most this many (probability, value) points per component
+    WL_EMPIRICAL = 4
+    WL_EMP_N = 2048         # quantiles of an empirical component: min, ..., max
+    WL_EMP_MAX = 2          # empirical components per mixture
 
 
 ctypedef struct WorkloadC:
@@ -21,12 +26,12 @@ ctypedef struct WorkloadC:
     int _pad
     double cdf[WL_MAX]      # cumulative weights, cdf[n-1] == 1
     int kind[WL_MAX]
-    double a[WL_MAX]        # ns: const value / exp mean / uniform low / lognormal log-mean
+    # ns: const value / exp mean / uniform low / lognormal log-mean / empirical mean
+    double a[WL_MAX]
     double b[WL_MAX]        # ns: uniform high; lognormal shape sigma (dimensionless)
     double mean_ns          # mixture mean
-    int emp_n[WL_MAX]       # empirical: number of points (>= 2)
-    double emp_p[WL_MAX][WL_EMP_POINTS]   # increasing probabilities, 0 first, 1 last
-    double emp_x[WL_MAX][WL_EMP_POINTS]   # ns: the quantile at each probability
+    int emp_slot[WL_MAX]    # empirical component -> its row of emp
+    double emp[WL_EMP_MAX][WL_EMP_N]   # ns: quantiles k / (WL_EMP_N - 1)
 
 
 cdef double wl_sample(const WorkloadC* w, Rng* r, int* task_type) noexcept nogil
@@ -34,3 +39,5 @@ cdef double wl_sample(const WorkloadC* w, Rng* r, int* task_type) noexcept nogil
 
 cdef class NativeWorkload:
     cdef WorkloadC c
+
+    cdef double _set_table(self, table, int n_emp) except -1.0

@@ -25,23 +25,17 @@ cdef double wl_sample(const WorkloadC* w, Rng* r, int* task_type) noexcept nogil
     if k == WL_UNIFORM:
         return w.a[t] + (w.b[t] - w.a[t]) * rng_uniform(r)
     if k == WL_EMPIRICAL:
-        return _emp_sample(w, t, rng_uniform(r))
+        # inverse CDF, linear between quantiles: continuous, from the smallest to the
+        # largest measured time
+        z = rng_uniform(r) * (WL_EMP_N - 1)
+        i = <int>z
+        k = w.emp_slot[t]
+        if i >= WL_EMP_N - 1:
+            return w.emp[k][WL_EMP_N - 1]
+        return w.emp[k][i] + (z - i) * (w.emp[k][i + 1] - w.emp[k][i])
     # Lognormal: Box-Muller for the normal (one of the pair is dropped; cheap enough).
     z = sqrt(-2.0 * log(1.0 - rng_uniform(r))) * cos(2.0 * M_PI * rng_uniform(r))
     return exp(w.a[t] + w.b[t] * z)
-
-
-cdef inline double _emp_sample(const WorkloadC* w, int t, double u) noexcept nogil:
-    """Inverse of the piecewise-linear CDF through the measured quantiles."""
-    cdef int i = 1, n = w.emp_n[t]
-    cdef double p0, p1
-    while i < n - 1 and w.emp_p[t][i] <= u:
-        i += 1
-    p0 = w.emp_p[t][i - 1]
-    p1 = w.emp_p[t][i]
-    if p1 <= p0:
-        return w.emp_x[t][i]
-    return w.emp_x[t][i - 1] + (w.emp_x[t][i] - w.emp_x[t][i - 1]) * (u - p0) / (p1 - p0)
 
 
 cdef class NativeWorkload:
@@ -53,15 +47,17 @@ cdef class NativeWorkload:
     kinds : sequence of int
         0 const, 1 exp, 2 uniform, 3 lognormal, 4 empirical.
     a, b : sequence of float
-        Component parameters in µs (lognormal: mean in µs and shape sigma; empirical: the
-        mean in µs, and unused).
-    tables : sequence or None
-        Empirical components: ``((p, x_us), ...)`` with p from 0 to 1 increasing and x
-        non-decreasing (``None`` or empty for the other kinds).
+        Component parameters in µs (lognormal: mean in µs and shape sigma; empirical: its
+        mean, unused).
+    table : sequence of float, optional
+        The empirical component's ``WL_EMP_N`` quantiles in µs, non-decreasing.
+    tables : sequence of sequences, optional
+        Instead of ``table`` when there are several: one table per empirical component, in
+        component order (at most ``WL_EMP_MAX``).
     """
 
-    def __init__(self, weights, kinds, a, b, tables=None):
-        cdef int n = len(weights), i
+    def __init__(self, weights, kinds, a, b, table=None, tables=None):
+        cdef int n = len(weights), i, n_emp = 0
         if not 1 <= n <= WL_MAX:
             raise ValueError(f"a workload has 1..{WL_MAX} components, got {n}")
         if not (len(kinds) == len(a) == len(b) == n):
@@ -80,26 +76,13 @@ cdef class NativeWorkload:
                 raise ValueError(f"unknown component kind {k}")
             self.c.kind[i] = k
             if k == WL_EMPIRICAL:
-                tab = list(tables[i]) if tables is not None and tables[i] else []
-                if not 2 <= len(tab) <= WL_EMP_POINTS:
-                    raise ValueError(f"an empirical component needs 2..{WL_EMP_POINTS} "
-                                     "(p, value) points")
-                ps = [float(p) for p, _ in tab]
-                xs = [float(x) for _, x in tab]
-                # (ps[len(ps) - 1]: this module is built without wraparound)
-                if (ps[0] != 0.0 or ps[len(ps) - 1] != 1.0 or xs[0] < 0
-                        or any(q <= p for p, q in zip(ps, ps[1:]))
-                        or any(y < x for x, y in zip(xs, xs[1:]))):
-                    raise ValueError("empirical points: p must rise from 0 to 1 and the "
-                                     "values must be >= 0 and non-decreasing")
-                self.c.emp_n[i] = len(tab)
-                for j in range(len(tab)):
-                    self.c.emp_p[i][j] = ps[j]
-                    self.c.emp_x[i][j] = xs[j] * 1e3
-                self.c.a[i] = 0.0
+                if tables is not None:
+                    table = tables[n_emp] if n_emp < len(tables) else None
+                self.c.emp_slot[i] = n_emp
+                m = self._set_table(table, n_emp)
+                n_emp += 1
+                self.c.a[i] = m * 1e3
                 self.c.b[i] = 0.0
-                m = sum((ps[j + 1] - ps[j]) * (xs[j] + xs[j + 1]) / 2
-                        for j in range(len(tab) - 1))
             elif k == WL_LOGNORMAL:
                 s = float(b[i])
                 self.c.a[i] = log(float(a[i]) * 1e3) - 0.5 * s * s
@@ -112,6 +95,21 @@ cdef class NativeWorkload:
             mean += weights[i] / tot * m
         self.c.cdf[n - 1] = 1.0
         self.c.mean_ns = mean * 1e3
+
+    cdef double _set_table(self, table, int n_emp) except -1.0:
+        """Store the empirical quantiles (µs) in ns; return their distribution's mean (µs)."""
+        cdef int j
+        if n_emp >= WL_EMP_MAX:
+            raise ValueError(f"at most {WL_EMP_MAX} components of a workload can be empirical")
+        if table is None or len(table) != WL_EMP_N:
+            raise ValueError(f"an empirical component needs {WL_EMP_N} quantiles")
+        q = np.asarray(table, dtype=np.float64)
+        if not np.all(np.isfinite(q)) or q[0] < 0 or np.any(np.diff(q) < 0):
+            raise ValueError("empirical quantiles must be finite, >= 0 and non-decreasing")
+        for j in range(WL_EMP_N):
+            self.c.emp[n_emp][j] = q[j] * 1e3
+        # mean of the piecewise-linear inverse CDF that wl_sample draws from
+        return float((q.sum() - 0.5 * (q[0] + q[WL_EMP_N - 1])) / (WL_EMP_N - 1))
 
     @property
     def n_types(self):

@@ -23,16 +23,20 @@ Names
 ``fig2.1b``       95% Exp(20), 5% Exp(400) (thesis Fig 2.1, high dispersion).
 ``fig3.2a``       50% Exp(10), 50% Exp(1000) (thesis Fig 3.2 "HyperExp-1").
 ``fig3.2b``       99.9% Exp(25), 0.1% Exp(25025) (thesis Fig 3.2 "HyperExp-2").
+``empirical:FILE`` measured service times, µs, from a text file (numbers separated by
+                  whitespace or commas, ``#`` comments): one task type whose service times
+                  follow the samples' distribution (see :meth:`Workload.empirical`).
 
 RocksDB service-time model: the thesis gives only the means of a GET(16) (about 30 µs) and a
 GET(64) (about 100 µs) on its machines. A GET of n keys does a fixed amount of work, so we
 model each as *near-constant*: lognormal with that mean and shape sigma = 0.1 (coefficient of
 variation about 10%).
 
-The ``-measured`` variants are empirical instead: the quantiles of the handler's CPU time per
-GET measured by ``malcolm rocksdb calibrate`` (20 000 GETs of each size, uniform keys over a
+The ``-measured`` variants are empirical instead: the CPU time per GET of the real handler,
+measured by ``malcolm rocksdb calibrate`` (20 000 GETs of each size, uniform keys over a
 1 000 000-key dictionary of 16-byte values; ``docs/figures/rocksdb-calibration.json`` and
-``docs/rocksdb.md`` have the run), sampled by linear interpolation between them.
+``docs/rocksdb.md`` have the run). The run kept 18 quantiles per size, dense in the tail; the
+inverse CDF is linear between them.
 
 Mixture syntax
 --------------
@@ -50,12 +54,14 @@ Example: ``mix:90:const:50,10:exp:500``. At most 16 components.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 MAX_COMPONENTS = 16
-KINDS = ("const", "exp", "uniform", "lognormal", "empirical")   # native kind = index
+KINDS = ("const", "exp", "uniform", "lognormal", "empirical")
+#: Quantiles kept of an empirical distribution (must match WL_EMP_N in _workload.pxd).
+EMP_QUANTILES = 2048
 
 
 @dataclass(frozen=True)
@@ -70,40 +76,38 @@ class Component:
         ``const``, ``exp``, ``uniform``, ``lognormal`` or ``empirical``.
     a, b : float
         Parameters in µs: const (V, -), exp (MEAN, -), uniform (LO, HI),
-        lognormal (MEAN, SIGMA; SIGMA is dimensionless); unused for empirical.
-    table : tuple
-        Empirical only: ``((p, x_us), ...)``, quantiles at probabilities rising from 0 to 1;
-        the service time is linear between them.
+        lognormal (MEAN, SIGMA; SIGMA is dimensionless), empirical (MEAN, -).
+    table : tuple of float, optional
+        Empirical only: ``EMP_QUANTILES`` quantiles (µs) at probabilities k / (EMP_QUANTILES
+        - 1), smallest to largest sample; service times are drawn from the inverse CDF,
+        linear between them.
     """
 
     weight: float
     kind: str
     a: float
     b: float = 0.0
-    table: tuple = ()
+    table: tuple | None = field(default=None, repr=False)
 
     @property
     def mean_us(self) -> float:
         if self.kind == "uniform":
             return 0.5 * (self.a + self.b)
-        if self.kind == "empirical":
-            t = self.table
-            return sum((q1 - q0) * (x0 + x1) / 2
-                       for (q0, x0), (q1, x1) in zip(t, t[1:], strict=False))
         return self.a
 
     @property
     def second_moment_us2(self) -> float:
+        if self.kind == "empirical":
+            # piecewise-linear inverse CDF: each segment is uniform on [q_k, q_k+1]
+            q = np.asarray(self.table)
+            lo, hi = q[:-1], q[1:]
+            return float(np.mean((lo * lo + lo * hi + hi * hi) / 3))
         if self.kind == "const":
             return self.a**2
         if self.kind == "exp":
             return 2 * self.a**2
         if self.kind == "uniform":
             return (self.a**2 + self.a * self.b + self.b**2) / 3
-        if self.kind == "empirical":
-            t = self.table
-            return sum((q1 - q0) * (x0 * x0 + x0 * x1 + x1 * x1) / 3
-                       for (q0, x0), (q1, x1) in zip(t, t[1:], strict=False))
         return self.a**2 * math.exp(self.b**2)
 
     def describe(self) -> str:
@@ -114,8 +118,7 @@ class Component:
         if self.kind == "uniform":
             return f"U({self.a:g},{self.b:g})"
         if self.kind == "empirical":
-            return (f"Emp(mean {self.mean_us:.4g}, p50 {_interp(self.table, 0.5):.4g}, "
-                    f"p99 {_interp(self.table, 0.99):.4g})")
+            return f"Empirical(mean {self.a:.4g})"
         return f"LogN({self.a:g},{self.b:g})"
 
 
@@ -125,6 +128,40 @@ class Workload:
 
     name: str
     components: tuple[Component, ...]
+
+    @classmethod
+    def empirical(cls, samples_us, name: str = "empirical") -> Workload:
+        """A one-type workload whose service times follow measured ones.
+
+        Parameters
+        ----------
+        samples_us : array_like
+            Service times in µs (at least 2, finite, >= 0, not all equal to 0), e.g. a
+            handler's measured times. They are kept as ``EMP_QUANTILES`` quantiles, so the
+            tail is resolved to 1 / EMP_QUANTILES (0.05%) of the probability.
+        name : str
+            The workload's name in reports.
+
+        Raises
+        ------
+        ValueError
+            With a message naming the problem.
+        """
+        try:
+            x = np.asarray(samples_us, dtype=float).ravel()
+        except (TypeError, ValueError):
+            raise ValueError(f"workload {name!r}: samples must be numbers") from None
+        if x.size < 2:
+            raise ValueError(f"workload {name!r}: need at least 2 service-time samples, "
+                             f"got {x.size}")
+        if not np.all(np.isfinite(x)) or np.any(x < 0):
+            raise ValueError(f"workload {name!r}: service times must be finite and >= 0")
+        q = np.quantile(x, np.linspace(0.0, 1.0, EMP_QUANTILES))
+        q = np.maximum.accumulate(q)        # rounding must not make it decrease
+        mean = float((q.sum() - 0.5 * (q[0] + q[-1])) / (EMP_QUANTILES - 1))
+        if not mean > 0:
+            raise ValueError(f"workload {name!r}: service times must not all be 0")
+        return cls(name, (Component(1.0, "empirical", mean, 0.0, tuple(float(v) for v in q)),))
 
     @property
     def n_types(self) -> int:
@@ -168,8 +205,9 @@ class Workload:
             elif c.kind == "uniform":
                 out[idx] = rng.uniform(c.a, c.b, k)
             elif c.kind == "empirical":
-                p, x = zip(*c.table, strict=True)
-                out[idx] = np.interp(rng.random(k), p, x)
+                q = np.asarray(c.table)
+                out[idx] = np.interp(rng.uniform(0.0, 1.0, k) * (len(q) - 1),
+                                     np.arange(len(q)), q)
             else:
                 out[idx] = rng.lognormal(math.log(c.a) - 0.5 * c.b**2, c.b, k)
         return types, out
@@ -178,12 +216,13 @@ class Workload:
         """The nogil sampler (:class:`malcolm._workload.NativeWorkload`) for this mixture."""
         from malcolm._workload import NativeWorkload
 
+        tables = [c.table for c in self.components if c.kind == "empirical"]
         return NativeWorkload(
             [c.weight for c in self.components],
             [KINDS.index(c.kind) for c in self.components],
             [c.a for c in self.components],
             [c.b for c in self.components],
-            [c.table for c in self.components],
+            tables=tables or None,
         )
 
 
@@ -199,22 +238,24 @@ def _mixture(name, pairs):
     return Workload(name, tuple(Component(w, c.kind, c.a, c.b, c.table) for w, c in pairs))
 
 
-def _interp(table, p):
-    q, x = zip(*table, strict=True)
-    return float(np.interp(p, q, x))
+def _from_quantiles(points_p, points_us):
+    """An empirical component through the points (p, quantile µs), linear between them."""
+    q = np.interp(np.linspace(0.0, 1.0, EMP_QUANTILES), points_p, points_us)
+    mean = float((q.sum() - 0.5 * (q[0] + q[-1])) / (EMP_QUANTILES - 1))
+    return Component(1.0, "empirical", mean, 0.0, tuple(float(v) for v in q))
 
 
 # CPU time (µs) of one rocksdb-handler GET at these probabilities: `malcolm rocksdb calibrate
-# /path/db --samples 20000 --warmup 20000` on the 2-vCPU AMD EPYC development VM, 2026-11-23,
-# load average 8.3 (five other engineers building); docs/figures/rocksdb-calibration.json.
+# DB --samples 20000 --warmup 20000` on the 2-vCPU AMD EPYC development VM, 2026-11-23 00:55
+# UTC, load average 8.3 (five other engineers building); docs/figures/rocksdb-calibration.json.
 _P = (0.0, 0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995,
       0.999, 1.0)
 _GET16_US = (30.53, 34.08, 35.83, 36.9, 38.16, 39.22, 40.24, 41.36, 42.67, 44.42, 47.2, 53.41,
              62.13, 85.62, 134.42, 176.21, 226.57, 308.6)
 _GET64_US = (124.63, 134.88, 140.38, 143.81, 148.36, 152.18, 156.21, 161.02, 167.26, 177.39,
              195.4, 227.29, 263.96, 329.89, 378.23, 405.89, 474.89, 695.09)
-_GET16 = Component(1.0, "empirical", 0.0, 0.0, tuple(zip(_P, _GET16_US, strict=True)))
-_GET64 = Component(1.0, "empirical", 0.0, 0.0, tuple(zip(_P, _GET64_US, strict=True)))
+_GET16 = _from_quantiles(_P, _GET16_US)
+_GET64 = _from_quantiles(_P, _GET64_US)
 
 
 NAMED = {
@@ -232,7 +273,26 @@ NAMED = {
     "fig3.2b": _mixture("fig3.2b", [(99.9, _exp(25)), (0.1, _exp(25025))]),
 }
 
-WORKLOAD_NAMES = ("exp:MEAN", *NAMED, "mix:W:DIST,...")
+WORKLOAD_NAMES = ("exp:MEAN", *NAMED, "mix:W:DIST,...", "empirical:FILE")
+
+
+def _read_samples(path, spec):
+    """Service times (µs) from a text file: numbers separated by whitespace or commas."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ValueError(f"workload {spec!r}: cannot read {path}: {e.strerror}") from None
+    vals = []
+    for ln, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0]
+        for tok in line.replace(",", " ").split():
+            try:
+                vals.append(float(tok))
+            except ValueError:
+                raise ValueError(f"workload {spec!r}: {path}:{ln}: {tok!r} is not a "
+                                 "number") from None
+    return vals
 
 
 def _num(text, what, spec, positive=True):
@@ -287,6 +347,11 @@ def parse_workload(spec: str | Workload) -> Workload:
         return NAMED[low]
     if low.startswith("exp:"):
         return Workload(s, (Component(1.0, "exp", _num(s[4:], "mean", spec)),))
+    if low.startswith("empirical:"):
+        path = s[len("empirical:"):].strip()
+        if not path:
+            raise ValueError(f"workload {spec!r}: empirical needs a file, empirical:FILE")
+        return Workload.empirical(_read_samples(path, spec), name=s)
     if low.startswith("mix:"):
         parts = [p.strip() for p in s[4:].split(",")]
         if not parts or parts == [""]:
