@@ -47,8 +47,9 @@ def test_rocksdb_is_near_constant():
 def test_measured_rocksdb_reproduces_its_quantiles():
     """rocksdb*-measured: two empirical types in one mixture; both samplers follow the
     recorded quantiles of each GET size."""
-    from malcolm import workloads as W
     from malcolm._workload import NativeWorkload
+
+    from malcolm import workloads as W
     w = parse_workload("rocksdb2-measured")
     types, svc = w.native().sample(400_000, seed=4)
     t2, s2 = w.sample(400_000, np.random.default_rng(4))
