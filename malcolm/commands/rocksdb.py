@@ -101,9 +101,12 @@ def calibrate(sizes, samples, warmup, key_dist, seed, out_path, path):
     from malcolm.loadgen.apps import AppError, parse_key_dist
     try:
         s = parse_key_dist(key_dist)
-        ns = [int(x) for x in sizes.split(",") if x.strip()]
-    except (AppError, ValueError) as e:
+    except AppError as e:
         raise click.UsageError(str(e)) from None
+    try:
+        ns = [int(x) for x in sizes.split(",") if x.strip()]
+    except ValueError:
+        raise click.UsageError(f"--sizes {sizes!r} must be GET sizes, e.g. 16,64") from None
     try:
         db = rdb.open_handler(f"path={path}")
     except rdb.RocksDBError as e:
