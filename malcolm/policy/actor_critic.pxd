@@ -87,7 +87,10 @@ cdef class MalcolmPolicy(Policy):
     cdef double* srt                     # known loads v = x / load_scale, sorted ascending
     cdef double* pre                     # prefix sums of srt (n + 1)
     cdef int nsrt
+    cdef int* ord                        # server indices in the last sorted order
+    cdef int* pos                        # pos[j]: j's index in srt (known j)
     cdef bint sorted_ok                  # srt reflects the current loads
+    cdef double* g_pub                   # 2n: the learned logit parts at publish (mig, stl)
     cdef double* logit                   # publish scratch: f + capacity prior, masked
     cdef double* med                     # consensus scratch (n values per coordinate)
     cdef double hop_est                  # EWMA of measured one-way heartbeat delays (ns)
@@ -130,10 +133,10 @@ cdef class MalcolmPolicy(Policy):
     cdef void _release(self) noexcept
     cdef void _set_load(self, int j, double load) noexcept nogil
     cdef void _actor_inputs(self, double* z) noexcept nogil
-    cdef void _marginal_advantages(self) noexcept nogil
+    cdef void _marginal_advantages(self, bint do_mig, bint do_stl) noexcept nogil
     cdef void _features(self, double* out) noexcept nogil
     cdef void _sort_loads(self) noexcept nogil
-    cdef double _absdev(self, double a) noexcept nogil
+    cdef double _absdev(self, double a, int start) noexcept nogil
     cdef void _learn_window(self) noexcept nogil
     cdef void _apply_adamw(self) noexcept nogil
     cdef void _push_params(self) noexcept nogil
@@ -141,6 +144,7 @@ cdef class MalcolmPolicy(Policy):
     cdef void _publish(self) noexcept nogil
     cdef void _rescale(self) noexcept nogil
     cdef void _guard_actors(self) noexcept nogil
+    cdef void _clip_param(self, int i, double r) noexcept nogil
     cdef double _hop_units(self) noexcept nogil
     cdef void _reset_actors(self) noexcept nogil
     cdef void _check_runaway(self) noexcept nogil

@@ -30,7 +30,7 @@ import numpy as np
 
 from libc.math cimport fabs, log, sqrt
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
-from libc.stdlib cimport free, qsort
+from libc.stdlib cimport free
 from libc.string cimport memcpy, memset
 
 from malcolm._core cimport (
@@ -203,6 +203,8 @@ cdef double LOAD_MAX_NS = 1e12
 cdef double QUEUE_MAX = 1e9
 cdef double RATE_MAX = 1.0
 cdef uint64_t COUNT_JUMP_MAX = 1000000
+# The sparse actors' inputs (deviations from the rack's mean load) are clipped to +-ZCLIP.
+cdef double ZCLIP = 4.0
 
 
 cdef inline double* _dalloc(Py_ssize_t n) noexcept nogil:
@@ -217,11 +219,6 @@ cdef inline void* _zalloc(Py_ssize_t nbytes) noexcept nogil:
     if p != NULL:
         memset(p, 0, nbytes if nbytes > 0 else 8)
     return p
-
-
-cdef int _cmp_double(const void* a, const void* b) noexcept nogil:
-    cdef double x = (<const double*>a)[0], y = (<const double*>b)[0]
-    return (x > y) - (x < y)
 
 
 cdef object _copy(const double* p, int count):
@@ -364,8 +361,11 @@ cdef class MalcolmPolicy(Policy):
         self.P0 = _dalloc(npar)
         self.logit = _dalloc(n)
         self.med = _dalloc(n)
+        self.g_pub = _dalloc(2 * n)
         self.srt = _dalloc(n)
         self.pre = _dalloc(n + 1)
+        self.ord = <int*>_zalloc(sizeof(int) * n)
+        self.pos = <int*>_zalloc(sizeof(int) * n)
         self.G = _dalloc(npar)
         self.M = _dalloc(npar)
         self.V = _dalloc(npar)
@@ -390,7 +390,7 @@ cdef class MalcolmPolicy(Policy):
         self.peer_mig = <uint64_t*>_zalloc(8 * n)
         self.peer_stl = <uint64_t*>_zalloc(8 * n)
         if (self.P == NULL or self.P0 == NULL or self.logit == NULL or self.med == NULL
-                or self.srt == NULL or self.pre == NULL
+                or self.srt == NULL or self.g_pub == NULL or self.pre == NULL or self.ord == NULL or self.pos == NULL
                 or self.G == NULL or self.M == NULL or self.V == NULL
                 or self.x == NULL or self.u == NULL or self.u_pub == NULL
                 or self.feat_prev == NULL or self.feat_cur == NULL or self.pm_pub == NULL
@@ -409,6 +409,8 @@ cdef class MalcolmPolicy(Policy):
         self.b2t = 1.0
         self.adam_steps = 0
         self.known[me] = 1        # our own load is always known (0 until observe_local)
+        for i in range(n):
+            self.ord[i] = i
 
         if self.init == "random" and self.init_scale > 0:
             # A generator separate from the gateway's, so that init does not shift decisions.
@@ -416,9 +418,15 @@ cdef class MalcolmPolicy(Policy):
             vals = init_rng.uniform(-self.init_scale, self.init_scale, npar)
             for i in range(npar):
                 self.P[i] = vals[i]
-        # init="safe" (and "zero") leave every parameter at 0: with the capacity prior the
-        # migrate actor then sends tasks in proportion to the servers' reported service
-        # rates, and the steal actor is uniform over the peers the mask allows.
+        # init="safe": every parameter 0 but the accept bias, log(n). With the capacity prior
+        # the migrate actor then accepts a share r_me n / (r_me n + sum_{j != me} r_j) of its
+        # arrivals and sends the rest in proportion to the peers' service rates; with arrivals
+        # spread evenly over the servers, what a server accepts, r_me / (R + (n - 1) r_me) of
+        # the rack's traffic (R = sum of all rates), never exceeds its capacity share r_me / R,
+        # while a homogeneous rack keeps about half its tasks local (no hop). The steal actor
+        # is uniform over the peers the mask allows.
+        if self.init == "safe":
+            self.P[self.off_bm + me] = log(<double>n)
         memcpy(self.P0, self.P, sizeof(double) * npar)
         self._push_params()
         self._publish()
@@ -435,8 +443,11 @@ cdef class MalcolmPolicy(Policy):
         free(self.P0)
         free(self.logit)
         free(self.med)
+        free(self.g_pub)
         free(self.srt)
         free(self.pre)
+        free(self.ord)
+        free(self.pos)
         free(self.G)
         free(self.M)
         free(self.V)
@@ -461,7 +472,8 @@ cdef class MalcolmPolicy(Policy):
         free(self.peer_mig)
         free(self.peer_stl)
         self.P = self.P0 = self.logit = self.med = self.G = self.M = self.V = NULL
-        self.srt = self.pre = NULL
+        self.srt = self.pre = self.g_pub = NULL
+        self.ord = self.pos = NULL
         self.x = self.u = self.u_pub = self.feat_prev = self.feat_cur = NULL
         self.pm_pub = self.ps_pub = self.coef = self.adv = self.peer_theta = NULL
         self.known = self.peer_theta_ok = self.peer_seen = NULL
@@ -498,6 +510,9 @@ cdef class MalcolmPolicy(Policy):
             ub /= k if k > 0 else 1
             for j in range(n):
                 z[j] = self.u[j] - ub if self.known[j] else 0.0
+                # deviations beyond ZCLIP tasks carry no more information (the mask
+                # handles overloaded servers), and bounded inputs keep logits bounded
+                z[j] = ZCLIP if z[j] > ZCLIP else (-ZCLIP if z[j] < -ZCLIP else z[j])
             return
         if not self.rel_input:
             memcpy(z, self.u, sizeof(double) * n)
@@ -511,39 +526,72 @@ cdef class MalcolmPolicy(Policy):
         O(n log n); with it the imbalance and every one-decision change of it cost
         O(log n) instead of O(n) (a 64-server rack was dominated by the O(n^2) loops).
         """
-        cdef int j, k = 0
-        cdef double inv = 1.0 / self.load_scale
+        cdef int j, k = 0, a, t, n = self.n
+        cdef double inv = 1.0 / self.load_scale, v
+        cdef int* o = self.ord
         if self.sorted_ok:
             return
-        for j in range(self.n):
-            if self.known[j]:
-                self.srt[k] = self.x[j] * inv
+        # Insertion sort of the indices in last window's order: loads move little between
+        # windows, so this is close to O(n) (no comparison callbacks either).
+        for j in range(n):
+            if self.known[o[j]]:
+                t = o[j]
+                v = self.x[t]
+                a = k
+                while a > 0 and self.x[o[a - 1]] > v:
+                    o[a] = o[a - 1]
+                    a -= 1
+                o[a] = t
                 k += 1
-        qsort(self.srt, k, sizeof(double), _cmp_double)
+            else:
+                pass
+        # unknown servers keep their places after the known ones
+        a = k
+        for j in range(n):
+            if not self.known[j]:
+                o[a] = j
+                a += 1
+        for j in range(k):
+            self.srt[j] = self.x[o[j]] * inv
+            self.pos[o[j]] = j
         self.pre[0] = 0.0
         for j in range(k):
             self.pre[j + 1] = self.pre[j] + self.srt[j]
         self.nsrt = k
         self.sorted_ok = True
 
-    cdef double _absdev(self, double a) noexcept nogil:
-        """sum_k |a - v_k| over the known loads, O(log n) (needs _sort_loads)."""
-        cdef int lo = 0, hi = self.nsrt, mid
-        while lo < hi:              # lo <- the number of v_k < a
-            mid = (lo + hi) >> 1
-            if self.srt[mid] < a:
-                lo = mid + 1
-            else:
-                hi = mid
-        return (a * lo - self.pre[lo]) + (self.pre[self.nsrt] - self.pre[lo]
-                                          - a * (self.nsrt - lo))
+    cdef double _absdev(self, double a, int start) noexcept nogil:
+        """sum_k |a - v_k| over the known loads (needs _sort_loads).
 
-    cdef void _marginal_advantages(self) noexcept nogil:
+        ``start``: a guess of the number of v_k < a (a server's own sorted position): the
+        search walks from there, so a point near a known load costs O(1) steps, at worst
+        O(n); -1 for a binary search.
+        """
+        cdef int lo = 0, hi = self.nsrt, mid, k = self.nsrt
+        cdef const double* v = self.srt
+        if start < 0:
+            while lo < hi:              # lo <- the number of v_k < a
+                mid = (lo + hi) >> 1
+                if v[mid] < a:
+                    lo = mid + 1
+                else:
+                    hi = mid
+        else:
+            lo = start if start <= k else k
+            while lo > 0 and v[lo - 1] >= a:
+                lo -= 1
+            while lo < k and v[lo] < a:
+                lo += 1
+        return (a * lo - self.pre[lo]) + (self.pre[k] - self.pre[lo] - a * (k - lo))
+
+    cdef void _marginal_advantages(self, bint do_mig, bint do_stl) noexcept nogil:
         """Per-outcome one-decision changes of the potential at the current state (adv).
 
         With v = x / load_scale (known servers, unclipped) and s_j one task's load on j,
         I(v + d) - I(v) for a d touching one or two servers, through
-        F(a) = sum_k |a - v_k| over the sorted loads: O(log n) per outcome.
+        F(a) = sum_k |a - v_k| over the sorted loads: O(log n) per outcome. Outcomes the
+        published distribution gives probability 0 (masked) get no gradient and are skipped,
+        and so is an actor that took no decision in the window (``do_mig``, ``do_stl``).
         """
         cdef int n = self.n, me = self.me, i
         cdef double* am = self.adv
@@ -557,19 +605,21 @@ cdef class MalcolmPolicy(Policy):
         norm = 2.0 / (self.nsrt - 1) if self.nsrt > 1 else 0.0
         sme = 1.0 / (rate[me] * self.load_scale) if rate[me] > 0.0 else 1.0
         vme = self.x[me] * inv
-        fme = self._absdev(vme)
-        fme_up = self._absdev(vme + sme)
+        fme = self._absdev(vme, self.pos[me])
+        fme_up = self._absdev(vme + sme, self.pos[me])
         # migrate: the task goes to i (i = me: accepted here).
         # sum_{k != i} |vi + si - vk| - |vi - vk| = F(vi + si) - si - F(vi)
         for i in range(n):
-            if not self.known[i]:
+            if not self.known[i] or (i != me and not (do_mig and self.pm_pub[i] > 0.0)):
+                am[i] = 0.0
                 continue          # never heard of: set below
             si = 1.0 / (rate[i] * self.load_scale) if rate[i] > 0.0 else 1.0
             vi = self.x[i] * inv
             if i == me:
                 di = fme_up - si - fme
             else:
-                di = self._absdev(vi + si) - si - self._absdev(vi)
+                di = (self._absdev(vi + si, self.pos[i]) - si
+                      - self._absdev(vi, self.pos[i]))
             am[i] = -norm * di - (cmig if i != me else 0.0)
         for i in range(n):
             if not self.known[i]:
@@ -580,13 +630,16 @@ cdef class MalcolmPolicy(Policy):
         for i in range(n):
             if i == me:
                 continue
+            if not do_stl or self.ps_pub[i] <= 0.0:
+                st[i] = 0.0
+                continue
             if not self.known[i]:
                 st[i] = -cstl              # no information: nothing moves
                 continue
             si = 1.0 / (rate[i] * self.load_scale) if rate[i] > 0.0 else 1.0
             vi = self.x[i] * inv
-            di = ((self._absdev(vi - si) - si - fabs(vi - si - vme))
-                  - (self._absdev(vi) - fabs(vi - vme)))
+            di = ((self._absdev(vi - si, self.pos[i]) - si - fabs(vi - si - vme))
+                  - (self._absdev(vi, self.pos[i]) - fabs(vi - vme)))
             di += ((fme_up - fabs(vme + sme - vi) - sme)
                    - (fme - fabs(vme - vi)))
             # the pair (i, me) itself
@@ -763,7 +816,7 @@ cdef class MalcolmPolicy(Policy):
     cdef void _learn_window(self) noexcept nogil:
         """One TD(0) actor-critic step for the window that just ended; gradients are cached."""
         cdef int n = self.n, d = self.n_theta, i, j
-        cdef double vprev = 0.0, vcur = 0.0, delta, payoff, cost, tot, h
+        cdef double vprev = 0.0, vcur = 0.0, delta, payoff, cost, tot, ts, h
         cdef double own_mig, own_stl, c, abar
         cdef const double* a
         cdef uint64_t now_mig, now_stl
@@ -776,6 +829,7 @@ cdef class MalcolmPolicy(Policy):
         cdef uint64_t* seen
         cdef double* coef = self.coef
         cdef const double* z
+        cdef const double* gl
         cdef int actor
 
         self._features(self.feat_cur)
@@ -802,7 +856,13 @@ cdef class MalcolmPolicy(Policy):
 
         if self.learn and self.has_prev:
             if self.adv_next:
-                self._marginal_advantages()     # at the window's realised outcome
+                # at the window's realised outcome, for the actors that took decisions
+                tot = 0.0
+                ts = 0.0
+                for i in range(n):
+                    tot += <double>(mc_load_relaxed(&self.cnt_mig[i]) - self.seen_mig[i])
+                    ts += <double>(mc_load_relaxed(&self.cnt_stl[i]) - self.seen_stl[i])
+                self._marginal_advantages(tot > 0.0, ts > 0.0)
             delta = payoff + self.gamma * vcur - vprev
             self.last_td_error = delta
             # Critic, semi-gradient of 1/2 (V(x_r) - target)^2: -delta * feat(x_r).
@@ -835,7 +895,19 @@ cdef class MalcolmPolicy(Policy):
                     # coef_i = -delta * (k_i / tot - p_i): the logits' descent gradient
                     for i in range(n):
                         coef[i] = delta * p[i] - c * <double>(mc_load_relaxed(&cnt[i]) - seen[i])
-                if self.entropy > 0.0:
+                if self.entropy > 0.0 and (self.sparse or self.capacity_prior
+                                           or self.mask_factor > 0.0):
+                    # entropy * KL(pi || pi_safe), pi_safe the initial policy (capacity prior,
+                    # mask): d/dg_i = entropy * pi_i (g_i - pi . g), g the learned logit part
+                    # (what the actor adds to the safe start). With a uniform prior and no
+                    # mask this is exactly the entropy bonus below.
+                    gl = self.g_pub + (0 if actor == 0 else n)
+                    h = 0.0
+                    for i in range(n):
+                        h += p[i] * gl[i]
+                    for i in range(n):
+                        coef[i] += self.entropy * p[i] * (gl[i] - h)
+                elif self.entropy > 0.0:
                     # - entropy * H(pi): d/df_i = entropy * pi_i (log pi_i + H)
                     h = 0.0
                     for i in range(n):
@@ -871,7 +943,7 @@ cdef class MalcolmPolicy(Policy):
 
         Same arithmetic as ``torch.optim.AdamW``: decay, moments, bias-corrected step.
         """
-        cdef int npar = self.n_params, d = self.n_theta
+        cdef int npar = self.n_params, d = self.n_theta, n = self.n, a, j, k, w
         cdef double b1 = self.beta1, b2 = self.beta2, eps = self.eps
         cdef double inv_b = 1.0 / (self.win_in_batch if self.win_in_batch > 0 else 1)
         cdef double c1, c2, lr
@@ -884,8 +956,25 @@ cdef class MalcolmPolicy(Policy):
         mc_ac_adamw(self.P, self.G, self.M, self.V, d, lr, 1.0 - lr * self.weight_decay,
                     b1, b2, c1, c2, eps, inv_b)
         lr = self.actor_lr
-        mc_ac_adamw(self.P + d, self.G + d, self.M + d, self.V + d, npar - d, lr,
-                    1.0 - lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b)
+        if not self.sparse:
+            mc_ac_adamw(self.P + d, self.G + d, self.M + d, self.V + d, npar - d, lr,
+                        1.0 - lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b)
+        else:
+            # only the weights the sparse actors use: each W's diagonal and column me, and
+            # the biases (the other entries stay 0). O(n) instead of O(n^2).
+            for a in range(2):
+                w = self.off_wm if a == 0 else self.off_ws
+                k = w + self.me * n
+                mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, n, lr,
+                            1.0 - lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b)
+                k = w + n * n                   # the biases follow their W
+                mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, n, lr,
+                            1.0 - lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b)
+                for j in range(n):
+                    if j != self.me:
+                        k = w + j * n + j
+                        mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, 1, lr,
+                                    1.0 - lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b)
         self.win_in_batch = 0
         self.batches += 1
 
@@ -996,14 +1085,23 @@ cdef class MalcolmPolicy(Policy):
         |dW| <= trust / load_clip, so no single input moves a logit by more than ``trust``);
         a non-finite parameter resets the actors; the critic's norm stays within theta_bound.
         """
-        cdef int d = self.n_theta, npar = self.n_params, i, nn = self.n * self.n
-        cdef double lo, hi, r, nrm = 0.0, t
+        cdef int d = self.n_theta, npar = self.n_params, i, j, k, nn = self.n * self.n
+        cdef double r, nrm = 0.0, t
         cdef double* P = self.P
-        cdef const double* P0 = self.P0
-        for i in range(d, npar):
-            if not (P[i] == P[i]) or P[i] > 1e300 or P[i] < -1e300:
-                self._reset_actors()
-                break
+        # Adam's step is finite for finite gradients; a NaN can only come from a bug or an
+        # absurd input that got past the clamps, and then the safe start is the answer.
+        t = 0.0
+        for j in range(self.n):
+            t += (P[self.off_bm + j] + P[self.off_bs + j] + P[self.off_wm + self.me * self.n + j]
+                  + P[self.off_ws + self.me * self.n + j])
+        if self.sparse:
+            for j in range(self.n):
+                t += P[self.off_wm + j * self.n + j] + P[self.off_ws + j * self.n + j]
+        else:
+            for i in range(d, npar):
+                t += P[i]
+        if not (t == t) or t > 1e300 or t < -1e300:
+            self._reset_actors()
         for i in range(d):
             t = P[i]
             if not (t == t) or t > 1e300 or t < -1e300:
@@ -1019,21 +1117,35 @@ cdef class MalcolmPolicy(Policy):
                 P[i] *= 0.99 * self.theta_bound / nrm
         if self.trust <= 0.0:
             return
-        for i in range(d, npar):
-            # [Wm | Bm | Ws | Bs]: W blocks are n*n long, B blocks n
-            r = self.trust
-            if (i - d) < nn or (self.off_ws <= i < self.off_bs):
-                r = self.trust * 0.125
-            elif i == self.off_bm + self.me:
-                r = self.trust + log(<double>self.n)   # accepting vs n - 1 capacity shares
-            lo = P0[i] - r
-            hi = P0[i] + r
-            if P[i] < lo:
-                P[i] = lo
-                self.trust_clips += 1
-            elif P[i] > hi:
-                P[i] = hi
-                self.trust_clips += 1
+        if not self.sparse:
+            for i in range(d, npar):
+                # [Wm | Bm | Ws | Bs]: W blocks are n*n long, B blocks n
+                r = self.trust
+                if (i - d) < nn or (self.off_ws <= i < self.off_bs):
+                    r = self.trust * 0.125
+                elif i == self.off_bm + self.me:
+                    r = self.trust + log(<double>self.n)
+                self._clip_param(i, r)
+            return
+        # sparse: only the used entries (the others stay 0), O(n)
+        for j in range(self.n):
+            for i in range(2):
+                k = self.off_wm if i == 0 else self.off_ws
+                self._clip_param(k + j * self.n + j, self.trust / ZCLIP)
+                self._clip_param(k + self.me * self.n + j, self.trust / ZCLIP)
+            self._clip_param(self.off_bs + j, self.trust)
+            # accepting competes with n - 1 capacity shares: a wider range for its bias
+            self._clip_param(self.off_bm + j,
+                             self.trust + (log(<double>self.n) if j == self.me else 0.0))
+
+    cdef inline void _clip_param(self, int i, double r) noexcept nogil:
+        cdef double lo = self.P0[i] - r, hi = self.P0[i] + r
+        if self.P[i] < lo:
+            self.P[i] = lo
+            self.trust_clips += 1
+        elif self.P[i] > hi:
+            self.P[i] = hi
+            self.trust_clips += 1
 
     cdef void _publish(self) noexcept nogil:
         """Softmax of the incrementally maintained logits -> live CDFs; remember the state.
@@ -1069,6 +1181,7 @@ cdef class MalcolmPolicy(Policy):
                          + (P[self.off_wm + me * n + j] * z[me] if j != me else 0.0))
             else:
                 lg[j] = self.mig.f[j]
+            self.g_pub[j] = lg[j]
             if self.capacity_prior and rbar > 0.0 and rate[j] > 0.0:
                 lg[j] += log(rate[j] / rbar)
             if j != me and self.mask_factor > 0.0 and self.known[j]:
@@ -1085,6 +1198,7 @@ cdef class MalcolmPolicy(Policy):
                          + (P[self.off_ws + me * n + j] * z[me] if j != me else 0.0))
             else:
                 lg[j] = self.stl.f[j]
+            self.g_pub[n + j] = lg[j]
             if j != me and self.mask_factor > 0.0 and self.known[j] and self.x[j] <= self.x[me]:
                 lg[j] = -1e300
         softmax(lg, self.ps_pub, n)
@@ -1092,7 +1206,7 @@ cdef class MalcolmPolicy(Policy):
         cat_publish_probs(&self.stl, self.ps_pub)
         self._features(self.feat_prev)
         if self.marginal and not self.adv_next:
-            self._marginal_advantages()
+            self._marginal_advantages(True, True)
 
     # ------------------------------------------------------------ Python inspection and driving
     def _vec(self, int off, int count):
