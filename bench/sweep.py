@@ -129,11 +129,19 @@ def main(argv=None):
     ap.add_argument("--procs", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="6 small scenarios, 20 000 tasks")
     ap.add_argument("--out", default=os.path.join("out", "sweep"))
+    ap.add_argument("--malcolm", default="",
+                    help="extra parameters for Malcolm (and its frozen copy), k=v,...")
+    ap.add_argument("--tasks-mult", type=float, default=1.0, help="scale every task count")
     a = ap.parse_args(argv)
     if a.scenarios < 1 or a.procs < 1:
         ap.error("--scenarios and --procs must be >= 1")
     scen = draw_scenarios(6 if a.quick else a.scenarios, a.seed, a.quick)
-    jobs = [(sc, label, spec, a.sim_seed) for sc in scen for label, spec in POLICIES]
+    for sc in scen:
+        sc["tasks"] = int(sc["tasks"] * a.tasks_mult)
+    extra = a.malcolm.strip().strip(",")
+    pols = [(label, (spec + ("," if ":" in spec else ":") + extra)
+             if extra and spec.startswith("malcolm") else spec) for label, spec in POLICIES]
+    jobs = [(sc, label, spec, a.sim_seed) for sc in scen for label, spec in pols]
     # the slow ones first so that the pool ends together
     jobs.sort(key=lambda j: -(j[0]["tasks"] * (j[0]["n"] if j[1] == "malcolm" else 1)))
     t0 = time.time()

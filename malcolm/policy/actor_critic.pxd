@@ -33,6 +33,8 @@ cdef class MalcolmPolicy(Policy):
     cdef readonly double trust         # actors stay within this (logit units) of the safe init
     cdef readonly int runaway_windows  # own runaway queue this many windows -> reset actors
     cdef readonly double theta_bound   # peers' critic norm bound for consensus
+    cdef readonly str consensus        # "median" (robust) or "mean" (the thesis)
+    cdef bint cons_median
     cdef readonly bint capacity_prior  # migrate logits += log(rate_j / mean rate)
     cdef readonly double init_scale
     cdef readonly str init

@@ -110,6 +110,7 @@ DEFAULTS = dict(
     trust=8.0,                  # 0 disables the trust region around the initial actors
     runaway_windows=20,         # 0 disables the runaway reset
     theta_bound=1000.0,         # peers' critics with a larger norm are refused
+    consensus="median",         # "mean": the thesis's average (one bad peer moves it)
 )
 
 
@@ -189,6 +190,9 @@ def _check_params(params):
     if cfg["advantage"] not in ("td", "marginal", "difference"):
         raise ValueError("MalcolmPolicy: advantage must be 'td', 'marginal' or 'difference', "
                          f"got {cfg['advantage']!r}")
+    if cfg["consensus"] not in ("median", "mean"):
+        raise ValueError("MalcolmPolicy: consensus must be 'median' or 'mean', "
+                         f"got {cfg['consensus']!r}")
     if cfg["init"] not in ("safe", "random", "zero"):
         raise ValueError("MalcolmPolicy: init must be 'safe', 'random' or 'zero', "
                          f"got {cfg['init']!r}")
@@ -337,6 +341,8 @@ cdef class MalcolmPolicy(Policy):
         self.trust = cfg["trust"]
         self.runaway_windows = cfg["runaway_windows"]
         self.theta_bound = cfg["theta_bound"]
+        self.consensus = cfg["consensus"]
+        self.cons_median = self.consensus == "median"
         self.init_scale = cfg["init_scale"]
         self.init = cfg["init"]
         self.features_kind = cfg["features"]
@@ -989,7 +995,8 @@ cdef class MalcolmPolicy(Policy):
         cat_set_params(&self.stl, self.P + self.off_ws, self.P + self.off_bs)
 
     cdef void _consensus(self) noexcept nogil:
-        """theta <- coordinate-wise median of our theta and the peers' latest (§5.2.3).
+        """theta <- coordinate-wise median of our theta and the peers' latest (§5.2.3), or
+        their mean with ``consensus="mean"``.
 
         The thesis averages; a median keeps one bad peer (whose theta passed the finiteness
         and norm checks in observe_peer) from moving anyone's theta by more than the spread
@@ -1000,6 +1007,18 @@ cdef class MalcolmPolicy(Policy):
         cdef double* th = self.P
         cdef double* m = self.med
         cdef double t
+        if not self.cons_median:
+            k = 1
+            for j in range(n):
+                if j != self.me and self.peer_theta_ok[j]:
+                    for i in range(d):
+                        th[i] += self.peer_theta[<Py_ssize_t>j * d + i]
+                    k += 1
+            if k > 1:
+                for i in range(d):
+                    th[i] /= k
+            self.consensus_rounds += 1
+            return
         for i in range(d):
             m[0] = th[i]
             k = 1
@@ -1300,8 +1319,10 @@ cdef class MalcolmPolicy(Policy):
         self._publish()
 
     def py_heartbeat_in(self, int64_t now, int src, double load, migrations=0, steals=0,
-                        theta=None, seq=None, double queue_len=0.0, double rate=0.0):
-        """Deliver a heartbeat from peer ``src`` (what the transport would do)."""
+                        theta=None, seq=None, double queue_len=0.0, double rate=0.0,
+                        sent_ns=None):
+        """Deliver a heartbeat from peer ``src`` (what the transport would do); it was sent
+        at ``sent_ns`` (default ``now``)."""
         cdef Heartbeat hb
         cdef int k
         if not 0 <= src < self.n:
@@ -1309,7 +1330,7 @@ cdef class MalcolmPolicy(Policy):
         memset(&hb, 0, sizeof(Heartbeat))
         hb.src = src
         hb.seq = (self.peer_seq[src] + 1) if seq is None else int(seq)
-        hb.sent_ns = now
+        hb.sent_ns = now if sent_ns is None else int(sent_ns)
         hb.load = load
         hb.queue_len = queue_len
         hb.rate = rate
