@@ -65,7 +65,7 @@ def test_median_consensus_keeps_a_bad_peer_within_the_honest_range():
     d = p.n_theta
     own = p.theta
     honest = [own + 0.1, own - 0.2, own + 0.05]
-    for j, t in zip((1, 2, 3), honest):
+    for j, t in zip((1, 2, 3), honest, strict=True):
         p.py_heartbeat_in(0, j, 0.0, theta=t)
     p.py_heartbeat_in(0, 4, 0.0, theta=np.full(d, 900.0 / np.sqrt(d)))     # norm 900 < 1000
     p.py_consensus()
@@ -75,7 +75,7 @@ def test_median_consensus_keeps_a_bad_peer_within_the_honest_range():
     assert p.consensus_rejected == 0
     # the thesis's mean would have been moved by about 900 / sqrt(d) / 5
     m = MalcolmPolicy(n, me, seed=2, consensus_every=0, consensus="mean")
-    for j, t in zip((1, 2, 3), honest):
+    for j, t in zip((1, 2, 3), honest, strict=True):
         m.py_heartbeat_in(0, j, 0.0, theta=t)
     m.py_heartbeat_in(0, 4, 0.0, theta=np.full(d, 900.0 / np.sqrt(d)))
     m.py_consensus()

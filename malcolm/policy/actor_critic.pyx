@@ -396,7 +396,8 @@ cdef class MalcolmPolicy(Policy):
         self.peer_mig = <uint64_t*>_zalloc(8 * n)
         self.peer_stl = <uint64_t*>_zalloc(8 * n)
         if (self.P == NULL or self.P0 == NULL or self.logit == NULL or self.med == NULL
-                or self.srt == NULL or self.g_pub == NULL or self.pre == NULL or self.ord == NULL or self.pos == NULL
+                or self.srt == NULL or self.g_pub == NULL or self.pre == NULL
+                or self.ord == NULL or self.pos == NULL
                 or self.G == NULL or self.M == NULL or self.V == NULL
                 or self.x == NULL or self.u == NULL or self.u_pub == NULL
                 or self.feat_prev == NULL or self.feat_cur == NULL or self.pm_pub == NULL
