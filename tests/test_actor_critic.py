@@ -19,9 +19,8 @@ S = 50_000.0          # the thesis-mode load_scale, ns
 # TD-error actors with dense W, a fixed load_scale, random init, uniform entropy bonus, none
 # of the guards. The defaults (difference advantage, sparse actors, guards) are tested in
 # tests/test_policy_guards.py.
-THESIS = dict(advantage="td", actor="full", entropy=0.1, init="random", load_scale=S,
-              load_clip=8.0, actor_lr=0.001, capacity_prior=False, mask_factor=0.0, trust=0.0,
-              runaway_windows=0, hop_ns=0.0, consensus="mean")
+THESIS = ac.THESIS
+assert THESIS["load_scale"] == S
 
 
 # ---------------------------------------------------------------- numpy reference
