@@ -17,6 +17,7 @@ cdef class MalcolmPolicy(Policy):
     cdef readonly double gamma
     cdef readonly double critic_lr
     cdef readonly double actor_lr
+    cdef readonly double accept_lr
     cdef readonly double weight_decay
     cdef readonly double beta1
     cdef readonly double beta2

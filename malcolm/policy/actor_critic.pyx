@@ -85,7 +85,8 @@ DEFAULTS = dict(
     consensus_every=16,
     gamma=0.9,
     critic_lr=0.05,
-    actor_lr=0.01,
+    actor_lr=0.003,
+    accept_lr=0.03,             # sparse actors: the own outcome's bias and weight
     weight_decay=1e-4,
     beta1=0.9,
     beta2=0.999,
@@ -173,6 +174,7 @@ def _check_params(params):
     num("gamma", 0.0, 1.0, hi_open=True)
     num("critic_lr", 0.0)
     num("actor_lr", 0.0)
+    num("accept_lr", 0.0)
     num("weight_decay", 0.0)
     num("beta1", 0.0, 1.0, hi_open=True)
     num("beta2", 0.0, 1.0, hi_open=True)
@@ -331,6 +333,7 @@ cdef class MalcolmPolicy(Policy):
         self.gamma = cfg["gamma"]
         self.critic_lr = cfg["critic_lr"]
         self.actor_lr = cfg["actor_lr"]
+        self.accept_lr = cfg["accept_lr"]
         self.weight_decay = cfg["weight_decay"]
         self.beta1 = cfg["beta1"]
         self.beta2 = cfg["beta2"]
@@ -959,7 +962,7 @@ cdef class MalcolmPolicy(Policy):
 
         Same arithmetic as ``torch.optim.AdamW``: decay, moments, bias-corrected step.
         """
-        cdef int npar = self.n_params, d = self.n_theta, n = self.n, a, j, k, w
+        cdef int npar = self.n_params, d = self.n_theta, n = self.n, a, j, k, w, t
         cdef double b1 = self.beta1, b2 = self.beta2, eps = self.eps
         cdef double inv_b = 1.0 / (self.win_in_batch if self.win_in_batch > 0 else 1)
         cdef double c1, c2, lr
@@ -977,18 +980,22 @@ cdef class MalcolmPolicy(Policy):
                         1.0 - lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b)
         else:
             # only the weights the sparse actors use: each W's diagonal and column me, and
-            # the biases (the other entries stay 0). O(n) instead of O(n^2).
+            # the biases (the other entries stay 0). O(n) instead of O(n^2). The own
+            # outcome's bias and weight (accept / do not steal) learn at accept_lr: how much
+            # to keep local is the one decision whose payoff (a hop saved) every window shows.
             for a in range(2):
                 w = self.off_wm if a == 0 else self.off_ws
-                k = w + self.me * n
-                mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, n, lr,
-                            1.0 - lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b)
-                k = w + n * n                   # the biases follow their W
-                mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, n, lr,
-                            1.0 - lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b)
                 for j in range(n):
-                    if j != self.me:
-                        k = w + j * n + j
+                    lr = self.accept_lr if j == self.me else self.actor_lr
+                    for t in range(3):
+                        if t == 0:
+                            k = w + self.me * n + j         # W[j, me]: our own load's weight
+                        elif t == 1:
+                            k = w + n * n + j               # B[j] (the biases follow their W)
+                        elif j != self.me:
+                            k = w + j * n + j               # W[j, j]: the target's load
+                        else:
+                            continue                        # W[me, me]: in column me already
                         mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, 1, lr,
                                     1.0 - lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b)
         self.win_in_batch = 0
