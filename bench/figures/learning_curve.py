@@ -7,9 +7,9 @@ over the loads the simulator records at each window (µs), averaged per 10 ms. p
 10 ms groups tasks by their creation time, estimated from their creation index and the
 arrival rate (exact on average; off by about sqrt(i)/rate, under 1 ms here).
 
-"Settled" (printed, and in ``learning_curve_settle.csv``) is the first 10 ms bin from which
-the imbalance stays within 1.1x (+1 µs) of the mean of the run's last 10% for the rest of
-the run: the time to settle from a cold start.
+"Settled" (printed, and in ``learning_curve_settle.csv``) is the start of the first bin from
+which the imbalance's 3-bin (30 ms) moving average stays within 1.1x (+1 µs) of the mean of
+the run's last 10% for the rest of the run: the time to settle from a cold start.
 
 Writes ``learning_curve.csv`` and ``learning_curve.png``.
 
@@ -31,7 +31,9 @@ def settle_ms(tm, imb, bin_ms):
     10%'s mean; inf if only the last bins do."""
     q = max(1, len(imb) // 10)
     thr = 1.1 * float(np.mean(imb[-q:])) + 1.0
-    bad = np.nonzero(imb > thr)[0]
+    ma = np.convolve(imb, np.ones(3) / 3, mode="same")
+    ma[0], ma[-1] = imb[0], imb[-1]
+    bad = np.nonzero(ma > thr)[0]
     first = 0 if not len(bad) else int(bad[-1]) + 1
     if first >= len(imb) - q:
         return float("inf")
