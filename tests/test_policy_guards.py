@@ -170,6 +170,9 @@ def test_trust_region_bounds_every_actor_parameter():
     assert dp[accept_bias] <= 0.5 + np.log(n) + 1e-12
     others = np.delete(dp, accept_bias)
     assert others.max() <= 0.5 + 1e-12
+    # the learner may only accept more and steal more than the safe start, never less
+    assert p.B_migrate[me] >= p0[d + accept_bias] - 1e-12
+    assert p.B_steal[me] <= p0[d + 2 * n * n + n + me] + 1e-12
     assert np.all(np.isfinite(p.probs_migrate))
 
 

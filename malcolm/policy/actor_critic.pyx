@@ -1170,9 +1170,22 @@ cdef class MalcolmPolicy(Policy):
                 self._clip_param(k + j * self.n + j, self.trust / ZCLIP)
                 self._clip_param(k + self.me * self.n + j, self.trust / ZCLIP)
             self._clip_param(self.off_bs + j, self.trust)
+            if j == self.me and self.P[self.off_bs + j] > self.P0[self.off_bs + j]:
+                # "do not steal": never more reluctant than the safe start (a steal request
+                # that finds nothing costs a message, a missed one an idle worker)
+                self.P[self.off_bs + j] = self.P0[self.off_bs + j]
+                self.trust_clips += 1
             # accepting competes with n - 1 capacity shares: a wider range for its bias
-            self._clip_param(self.off_bm + j,
-                             self.trust + (log(<double>self.n) if j == self.me else 0.0))
+            if j != self.me:
+                self._clip_param(self.off_bm + j, self.trust)
+            else:
+                # accepting: never below the safe start (which keeps at most a server's
+                # capacity share); above it by up to trust + log n, so that a lightly loaded
+                # rack learns to keep its tasks local and save the hop
+                self._clip_param(self.off_bm + j, self.trust + log(<double>self.n))
+                if self.P[self.off_bm + j] < self.P0[self.off_bm + j]:
+                    self.P[self.off_bm + j] = self.P0[self.off_bm + j]
+                    self.trust_clips += 1
 
     cdef inline void _clip_param(self, int i, double r) noexcept nogil:
         cdef double lo = self.P0[i] - r, hi = self.P0[i] + r
