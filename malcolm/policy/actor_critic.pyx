@@ -248,6 +248,9 @@ cdef object _copy(const double* p, int count):
 cdef class MalcolmPolicy(Policy):
     """Malcolm's decentralized actor-critic agent for server ``me`` of an ``n``-server rack.
 
+    The defaults are the guarded policy of docs/policy.md ("The default policy");
+    ``MalcolmPolicy(n, me, **THESIS)`` is Algorithm 1 as the thesis specifies it.
+
     Parameters
     ----------
     n : int
@@ -263,58 +266,77 @@ cdef class MalcolmPolicy(Policy):
         Policy-optimization interval in windows (default 16, i.e. 1.6 ms): cached gradients
         are applied by AdamW once per batch.
     consensus_every : int
-        Average the critic with the peers' latest copies every C windows (0 disables).
+        Combine the critic with the peers' latest copies every C windows (0 disables).
+    consensus : {"median", "mean"}
+        Coordinate-wise median of own and peers' critics (default, robust to one bad peer),
+        or their mean (the thesis).
+    theta_bound : float
+        A peer's critic is used only if finite with norm <= this (else counted in
+        ``consensus_rejected``); the own critic is kept within it.
     gamma : float
         Discount per window, in [0, 1).
-    critic_lr, actor_lr : float
-        AdamW learning rates of the critic and of both actors.
+    critic_lr, actor_lr, accept_lr : float
+        AdamW learning rates of the critic, the actors, and (sparse actors) the own
+        outcome's bias and weight (accept / do not steal).
     weight_decay, beta1, beta2, eps : float
         AdamW's decoupled weight decay and moment parameters.
     migration_cost, steal_cost : float
-        Cost C(a) of one migration / one steal request, in units of ``load_scale``.
+        Cost C(a) of one migration / one steal, in units of ``load_scale``, on top of one
+        hop (``hop_ns``).
+    hop_ns : float
+        One hop's latency in ns, charged per migration and steal; < 0 (default): the EWMA of
+        the heartbeats' one-way delays (values outside [0, 10 windows] are ignored).
     entropy : float
-        Weight of an entropy bonus on both actors (in payoff units per window); it keeps a
-        softmax from saturating before the critic has learnt anything. 0 disables it.
+        Weight of the actors' regulariser (payoff units per window): KL(pi || the safe start)
+        for the sparse actors or with the capacity prior or the mask, else the entropy bonus
+        (the same thing for a uniform start). 0 disables it.
     features : {"symmetric", "per_server"}
         Critic features: permutation-symmetric summaries of the loads (default), or one
         load and one deviation feature per server (see docs/policy.md for why the default).
-    init : {"random", "zero"}
-        Initial parameters: uniform in ``[-init_scale, init_scale]`` or all zero.
+    init : {"safe", "random", "zero"}
+        ``"safe"`` (default): all parameters 0 but the accept bias, log n (see
+        ``capacity_prior``); ``"random"``: uniform in ``[-init_scale, init_scale]``.
     init_scale : float
         Half-width of the random initialisation.
+    capacity_prior : bool
+        Add log(rate_j / mean rate) to the migrate logits (rates from heartbeats).
+    mask_factor : float
+        Never migrate to a peer whose load is above ours and above ``mask_factor`` times the
+        rack's mean plus one task; never steal from a peer not busier than us. 0 disables.
+    trust : float
+        Actor parameters stay within ``trust`` (biases; the accept bias may exceed its start
+        by ``trust + log n`` but never fall below it, the no-steal bias never rises above
+        it) or ``trust / 4`` (weights) of their initial values. 0 disables.
+    runaway_windows : int
+        An own load above 4x the peers' mean + 16 tasks and not falling for this many
+        windows resets the actors to the start (``resets``). 0 disables.
     load_scale : float
-        Loads (ns) are divided by this before they enter features and logits; set it near the
-        mean service time so that inputs are O(1).
+        ns per unit of load. 0 (default): derived, 1 / mean of the reported service rates
+        (the rack's mean task interval), re-derived when it moves by more than 5%.
     load_clip : float
-        Scaled loads are clipped to ``[0, load_clip]`` so that a runaway queue cannot blow up
-        the logits or the gradients.
+        Scaled loads are clipped to ``[0, load_clip]`` in features and inputs.
     learn : bool
         False freezes all parameters (the agent still tracks loads and publishes).
+    actor : {"sparse", "full"}
+        ``"sparse"`` (default): logit_i = B_i + W_ii z_i + W_i,me z_me with z the loads'
+        deviations from the rack's mean, clipped to +-4, computed at publish, O(n).
+        ``"full"``: the thesis's dense W u + B, updated per heartbeat (eq. 6.1), O(n^2).
     actor_input : {"absolute", "relative"}
-        The actors' input vector: the scaled loads ``u`` (default), or the loads relative to
-        our own, ``z_j = u_j - u_me`` for known peers and 0 for ``me`` and unknown peers.
-        Same logit form ``W z + B`` and the same gradient with ``z`` in place of ``u``.
-        Experimental, no gain (see "Experiment: per-agent difference advantage" in
-        docs/policy.md).
-    advantage : {"td", "difference", "marginal"}
-        The actors' learning signal. ``"td"`` (default, Algorithm 1): every decision of the
-        window is credited with the window's global TD error, descent gradient
-        ``-delta (k/K - pi)`` on the logits. ``"difference"`` and ``"marginal"``
-        (experimental, per-agent counterfactuals): for each outcome ``i`` the exact change
-        of the potential if one decision's task were put on ``i``, with unscaled, unclipped
-        loads ``v = x / load_scale``: migrate ``A_i = -I(v + s_i e_i) - migration_cost``
-        (no cost for ``i = me``), steal ``A_j = -I(v + s_me e_me - s_j e_j) - steal_cost``
-        and ``A_me = -I(v)``, where ``s_j = 1 / (rate_j load_scale)`` is one task's load on
-        server ``j`` (rates from ``observe_local`` and heartbeats; 1 where none is known).
-        ``"difference"`` evaluates ``v`` at the end of the window, i.e. at the outcome of
-        everyone's decisions (a difference reward); ``"marginal"`` at the published state
-        the decisions were drawn in. The actor follows the exact gradient of
-        ``sum_i pi_i A_i`` (no sampling): descent gradient ``-pi_i (A_i - pi . A)`` on the
-        logits, in each window with at least one decision of that actor, plus the entropy
-        term. It is myopic (one decision, no critic); the critic is still trained by TD(0)
-        and averaged by consensus. O(n^2) per window. See "Experiment: per-agent difference
-        advantage" in docs/policy.md for what it does (faster, more stable learning;
-        sharper policies that need ``entropy`` ~0.3 to survive a sudden slowdown).
+        ``actor="full"`` only: the scaled loads ``u`` (default), or ``z_j = u_j - u_me``
+        for known peers and 0 elsewhere (experimental, no gain).
+    advantage : {"difference", "td", "marginal"}
+        The actors' learning signal. ``"difference"`` (default): for each outcome ``i`` the
+        exact change of the potential if one decision's task were put on ``i``, with
+        unscaled, unclipped loads ``v = x / load_scale`` at the end of the window (the
+        outcome of everyone's decisions): migrate ``A_i = -I(v + s_i e_i) - cost`` (no cost
+        for ``i = me``), steal ``A_j = -I(v + s_me e_me - s_j e_j) - cost`` and
+        ``A_me = -I(v)``, where ``s_j = 1 / (rate_j load_scale)`` is one task's load on
+        server ``j``; the actor follows the exact gradient of ``sum_i pi_i A_i``,
+        ``-pi_i (A_i - pi . A)`` on the logits, in each window with a decision of that
+        actor. O(log n) per outcome from the sorted loads. ``"td"`` (Algorithm 1): every
+        decision of the window is credited with the window's TD error, ``-delta (k/K -
+        pi)``. ``"marginal"``: as ``"difference"`` at the state the decisions were drawn in
+        (experimental; drifts). The critic is trained by TD(0) in every case.
     """
 
     def __init__(self, int n, int me, seed=0, **params):
