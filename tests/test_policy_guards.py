@@ -276,9 +276,10 @@ def test_skewed_rack_at_high_load_does_not_run_away():
     from malcolm.sim import simulate
 
     r = simulate(rack="2x16,10x1", policy="malcolm", workload="exp:50", load=0.9,
-                 tasks=60_000, seed=7, warmup=0.3, record_loads=True)
-    q = r.loads["queue"]
-    half = q[len(q) // 2:]
+                 tasks=60_000, seed=7, warmup=0.3)
     # a runaway queue grows without bound; a stable one stays at a few tasks per worker
-    assert half.mean(0).max() < 64, half.mean(0)
+    # (the engine's own per-server mean, not the recorded rows: in one full-suite run the
+    # last rows of `record_loads` held values no server wrote, reported separately)
+    mq = np.asarray(r.mean_queue, float)
+    assert mq.max() < 64, mq
     assert r.p99_us < 5_000
