@@ -16,6 +16,8 @@ COMMANDS = {
     "rack": ("malcolm.commands.rack", "rack", "Start a local rack, or check a rack file."),
     "loadgen": ("malcolm.commands.loadgen", "loadgen", "Open-loop load generator for a rack."),
     "demo": ("malcolm.commands.demo", "demo", "Main job: a small rack, Malcolm vs baselines."),
+    "list": ("malcolm.commands.list", "list_", "List policies, workloads, handlers and their "
+             "parameters."),
 }
 
 
