@@ -129,8 +129,13 @@ def _sdist_only():
     """True when setup.py only describes or packs the sources (sdist, egg_info, dist_info):
     then the extensions are listed by their .pyx, not cythonized, so that packing is fast and
     the sdist ships the Cython sources rather than generated C."""
-    cmds = {a for a in sys.argv[1:] if not a.startswith("-")}
-    return bool(cmds) and cmds <= {"sdist", "egg_info", "dist_info"}
+    # PEP 517 front ends pass option values as separate words (sdist --formats gztar), so
+    # look at the first command and make sure no building command follows.
+    words = [a for a in sys.argv[1:] if not a.startswith("-")]
+    building = {"build", "build_ext", "build_py", "bdist", "bdist_wheel", "editable_wheel",
+                "develop", "install"}
+    return bool(words) and words[0] in {"sdist", "egg_info", "dist_info"} \
+        and not building & set(words)
 
 
 if _sdist_only():
