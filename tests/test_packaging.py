@@ -76,8 +76,9 @@ def test_server_command_never_imports_the_working_directory(tmp_path):
 # -------------------------------------------------------------------------- malcolm list
 
 def test_list_policies_shows_every_policy_and_parameter():
-    from malcolm.policy import registry
     from malcolm.policy.actor_critic import DEFAULTS
+
+    from malcolm.policy import registry
     code, out = run("list", "policies", "--json")
     assert code == 0, out
     rows = {r["name"]: r for r in json.loads(out)}
@@ -199,3 +200,22 @@ def test_check_local_address(tmp_path):
     check_local_address(cfg, 0)
     with pytest.raises(ConfigError, match="not an address of this host"):
         check_local_address(cfg, 1)
+
+
+@pytest.mark.slow
+def test_generated_rack_runs(tmp_path):
+    import socket
+
+    from malcolm.commands.rack import LocalRack
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))            # a free port (127.0.0.2 is loopback too)
+        port = s.getsockname()[1]
+    path = tmp_path / "rack.toml"
+    code, out = run("rack", "gen", "--hosts", "127.0.0.1,127.0.0.2", "--port", str(port),
+                    "--workers", "1", "--handler", "sleep", "--policy", "jsq", "-o", str(path))
+    assert code == 0, out
+    with LocalRack(str(path), logdir=str(tmp_path)) as lr:
+        for k in range(2):
+            check_local_address(lr.cfg, k)
+        assert all(p.poll() is None for p in lr.procs.values())
+    assert all(c == 0 for c in lr.down().values())
