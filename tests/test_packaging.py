@@ -124,7 +124,7 @@ def test_list_handlers_builtins_are_accepted_by_the_runtime():
     assert any(r["spec"].startswith("so:") for r in rows if r["user"])
 
 
-@pytest.mark.parametrize("cmd", [["list"], ["list", "policies"], ["list", "workloads"],
+@pytest.mark.parametrize("cmd", [[], ["list"], ["list", "policies"], ["list", "workloads"],
                                  ["list", "handlers"], ["rack", "gen"]])
 def test_help_has_examples(cmd):
     code, out = run(*cmd, "--help")
