@@ -54,28 +54,24 @@ def _numpydoc_params(doc: str) -> dict[str, tuple[str, str]]:
                      and set(lines[i + 1].strip()) == {"-"})
     except StopIteration:
         return out
-    names, typ, text = [], "", []
-
-    def flush():
-        for n in names:
-            out[n] = (typ, " ".join(text))
-
-    for ln in lines[start + 2:]:
-        if ln and not ln[0].isspace():
-            if set(ln.strip()) == {"-"}:        # the underline of the next section
-                break
-            flush()
+    body = lines[start + 2:]
+    # The section ends where the next one's title (a line over an underline of dashes) starts.
+    for i in range(len(body) - 1):
+        if body[i].strip() and set(body[i + 1].strip()) == {"-"}:
+            body = body[:i]
+            break
+    names: list[str] = []
+    typ, text = "", []
+    for ln in body + ["END : "]:
+        if ln and not ln[0].isspace():          # "name : type" or "a, b : type"
+            for n in names:
+                out[n] = (typ, " ".join(text))
             head, _, typ = ln.partition(" : ")
             names = [n.strip() for n in head.split(",") if n.strip()]
             typ, text = typ.strip(), []
         elif ln.strip():
             text.append(ln.strip())
-        elif text and not names:
-            break
-    if text or names:
-        flush()
-    # The next section's title line was read as a parameter name: drop it.
-    return {k: v for k, v in out.items() if re.fullmatch(r"[A-Za-z_]\w*", k)}
+    return out
 
 
 def policy_params(name: str) -> list[dict]:
