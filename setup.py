@@ -15,7 +15,8 @@ is on PATH (and ``CC`` is not set), the C compiler runs through it, so that rebu
 unchanged tree (a fresh venv, or pip building the sdist again) is mostly cache hits.
 
 An extension that needs a system library which is missing (libibverbs for the RDMA
-transport) is skipped with a message; the rest of the package still installs.
+transport, librocksdb for the ``rocksdb`` handler) is skipped with a message; the rest of the
+package still installs.
 """
 
 import fnmatch
@@ -37,6 +38,7 @@ SYMBOLS = os.environ.get("MALCOLM_SYMBOLS") == "1"
 # Extensions that link a system library: module -> (library, header, Debian package).
 SYSTEM_LIBS = {
     "malcolm.net._verbs": ("ibverbs", "infiniband/verbs.h", "libibverbs-dev"),
+    "malcolm.workers.rocksdb": ("rocksdb", "rocksdb/c.h", "librocksdb-dev"),
 }
 
 
