@@ -202,7 +202,7 @@ def _workload_forms(wl) -> list[dict]:
 
 # ------------------------------------------------------------------------------ handlers
 
-_SPEC_LINE = re.compile(r"^``([^`]+)``\s+(.*)$")
+_SPEC_LINE = re.compile(r"^``([^`]+)``\s*(.*)$")
 
 
 def handler_specs() -> list[dict]:
