@@ -15,11 +15,12 @@ its initial policy (``learn=0``), JSQ, JBT, client power-of-2, and the ideal cen
 and, for the learnt policy against its frozen start on heterogeneous racks, the fraction of
 scenarios where learning wins and the worst loss.
 
-Not part of CI (the full sweep takes about 20 minutes on 2 cores); ``--quick`` runs a handful
-of small scenarios as a smoke test (< 60 s). Writes ``OUT/sweep.csv``, ``OUT/sweep.md`` and
-``OUT/sweep.png``::
+Not part of CI (the full sweep takes 7-14 minutes on 2 shared cores); ``--quick`` runs a
+handful of small scenarios as a smoke test (< 60 s). Writes ``OUT/sweep.csv``,
+``OUT/sweep.txt`` (the markdown table; not ``.md``, which the docs site would take for a page)
+and ``OUT/sweep.png``::
 
-    python3 bench/sweep.py --out docs/figures             # the committed sweep
+    python3 bench/sweep.py --tasks-mult 2 --hetero-seeds 3 --out docs/figures   # committed
     python3 bench/sweep.py --quick --out /tmp/sweep       # smoke test
 """
 
@@ -205,7 +206,7 @@ def write_outputs(a, scen, res, wall):
               f"{100 * lf['wins']:.0f}%, equal within 0.1% in {lf['ties']}; learnt/frozen "
               f"from {lf['best_ratio']:.3f} to {lf['worst_ratio']:.3f}."]
     text = "\n".join(lines) + "\n"
-    with open(os.path.join(a.out, "sweep.md"), "w") as f:
+    with open(os.path.join(a.out, "sweep.txt"), "w") as f:
         f.write(text)
     print(text)
     _plot(scen, res, os.path.join(a.out, "sweep.png"))
