@@ -68,6 +68,8 @@ ctypedef struct Counts:
     uint64_t window_full            # tasks given up early because the window was full
     uint64_t late_sends             # sends later than lag_threshold behind schedule
     uint64_t late_episodes          # runs of consecutive late sends
+    uint64_t svc_req_ns             # sum of the service times asked for, measured sends
+    uint64_t svc_ns                 # sum of the service times servers measured, completed
     uint64_t sent_to[MAX_SERVERS]
     uint64_t answered_by[MAX_SERVERS]
 
@@ -312,6 +314,7 @@ cdef class LoadClient:
             self.c.sent += 1
             lag = now - intended
             hist_add(self.lag, lag)
+            self.c.svc_req_ns += <uint64_t>t.service_ns
         self.c.sent_to[s] += 1
         self.next_id += 1
         b = self.tr.tx_next(&self.servers[s])
@@ -365,6 +368,8 @@ cdef class LoadClient:
             if self.n_raw < self.raw_cap:
                 self.raw[self.n_raw] = lat
                 self.n_raw += 1
+            if r.service_ns > 0:
+                self.c.svc_ns += <uint64_t>r.service_ns
             if r.flags & F_MIGRATED:
                 self.c.migrated += 1
             if r.flags & F_STOLEN:

@@ -193,6 +193,8 @@ class LoadSpec:
     lag_threshold_us: float = 50.0
     seed: int = 1
     bind: str | None = None
+    cpus: list | None = None             # pin client thread i to cpus[i % len(cpus)]
+    nice: int | None = None              # the client threads' nice value (if permitted)
 
     def validate(self):
         from malcolm.workloads import parse_workload
@@ -290,8 +292,9 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
                 lag_threshold_us=spec.lag_threshold_us))
         from malcolm._core import now_ns
         t0 = now_ns() + 20_000_000         # every thread starts on the same schedule
-        threads = [threading.Thread(target=c.run, args=(t0,), daemon=True,
-                                    name=f"loadgen-{i}") for i, c in enumerate(clients)]
+        threads = [threading.Thread(target=_pinned_run, args=(c, t0, spec.cpus, i, spec.nice),
+                                    daemon=True, name=f"loadgen-{i}")
+                   for i, c in enumerate(clients)]
         for t in threads:
             t.start()
         limit = spec.warmup_s + spec.duration_s + spec.timeout_s + 10.0
@@ -320,6 +323,17 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
     return rep
 
 
+def _pinned_run(client, t0, cpus, i, nice=None):
+    if cpus:
+        os.sched_setaffinity(0, {cpus[i % len(cpus)]})      # 0: this thread on Linux
+    if nice is not None:
+        try:        # on Linux a thread id names one thread: only this client thread
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        except OSError:
+            pass    # not permitted: the experiment runner says whether it could
+    client.run(t0)
+
+
 def report(spec: LoadSpec, rate, results, wl=None):
     """Merge the client threads' results into one report."""
     n = len(spec.target.servers)
@@ -327,7 +341,7 @@ def report(spec: LoadSpec, rate, results, wl=None):
     for k in ("sent", "sent_warm", "completed", "timed_out", "warm_answered",
               "warm_timed_out", "migrated", "stolen", "late", "duplicates", "unknown",
               "foreign", "malformed", "unexpected", "send_failed", "window_full",
-              "late_sends", "late_episodes", "outstanding"):
+              "late_sends", "late_episodes", "outstanding", "svc_req_ns", "svc_ns"):
         tot[k] = int(sum(r[k] for r in results))
     rejected = {STATUS_NAMES[s]: int(sum(r["rejected"][s] for r in results))
                 for s in range(1, len(STATUS_NAMES))}
@@ -384,6 +398,13 @@ def report(spec: LoadSpec, rate, results, wl=None):
         "warmup": {"sent": tot["sent_warm"], "answered": tot["warm_answered"],
                    "timed_out": tot["warm_timed_out"]},
         "latency_us": lat_us,
+        # What the servers measured (RESPONSE.service_ns) against what was asked: the
+        # effective load is offered_per_s * measured_mean_us / workers, not the nominal one.
+        "service_us": {
+            "requested_mean": tot["svc_req_ns"] / sent / 1e3 if sent else float("nan"),
+            "measured_mean": (tot["svc_ns"] / tot["completed"] / 1e3 if tot["completed"]
+                              else float("nan")),
+        },
         "schedule": {
             "late_sends": tot["late_sends"],
             "late_fraction": tot["late_sends"] / sent if sent else 0.0,

@@ -36,6 +36,7 @@ from malcolm._core cimport (
     mc_aligned_alloc, mc_cpu_relax, mc_load_acq, mc_now_ns, mc_store_rel,
     mpmc_bytes, mpmc_init, mpmc_pop, mpmc_push, mpmc_size,
 )
+from malcolm.loadgen._hist cimport N_BUCKETS, Hist, hist_add
 from malcolm.net._wire cimport *
 from malcolm.net.transport cimport BATCH, MsgBuf, Transport, addr_eq, addr_parse, addr_py
 from malcolm.policy.base cimport MAX_SERVERS, Heartbeat, Policy
@@ -209,6 +210,7 @@ cdef class Server:
     cdef Mpmc* doneq
     cdef Estimator est
     cdef bint est_ok
+    cdef Hist* svc_hist             # one per worker (inline: one): measured handler times
     cdef int64_t in_server          # tasks held: waiting + running (gateway writes)
     cdef uint64_t stop_gateway, stop_workers, stop_policy
     cdef bint draining
@@ -305,6 +307,10 @@ cdef class Server:
         if est_init(&self.est, max(workers, 1), n_types, est_alpha, prior_service_us * 1000) != 0:
             raise ValueError("bad estimator parameters")
         self.est_ok = True
+        self.svc_hist = <Hist*>mc_aligned_alloc(64, sizeof(Hist) * max(workers, 1))
+        if self.svc_hist == NULL:
+            raise MemoryError("cannot allocate the service-time histograms")
+        memset(self.svc_hist, 0, sizeof(Hist) * max(workers, 1))
         memset(&self.c, 0, sizeof(Counters))
         memset(&self.work_bell, 0, sizeof(mc_doorbell))
         memset(&self.hb_bell, 0, sizeof(mc_doorbell))
@@ -345,6 +351,7 @@ cdef class Server:
         free(self.doneq)
         free(self.hb_in)
         free(self.hb_out)
+        free(self.svc_hist)
         if self.est_ok:
             est_free(&self.est)
 
@@ -463,12 +470,52 @@ cdef class Server:
         d["uptime_s"] = (mc_now_ns() - self.started_ns) / 1e9 if self.started_ns else 0.0
         d["last_bad"] = (wire_error_name(self.last_bad_code).decode(),
                          addr_py(&self.last_bad_addr)) if self.last_bad_code else None
+        d["service"] = self.service_times()
         if hasattr(self.policy_obj, "stats"):
             try:
                 d["policy"] = self.policy_obj.stats()
             except Exception as e:  # a policy's optional hook must not break monitoring
                 d["policy"] = {"error": str(e)}
         return d
+
+    def service_times(self, buckets=True):
+        """The measured handler times of all workers, merged (read racily while running).
+
+        Returns
+        -------
+        dict
+            ``count``, ``mean_us``, ``p50_us``, ``p99_us``, ``min_us``, ``max_us``, and with
+            ``buckets`` the non-empty histogram buckets ``[lower_ns, upper_ns, count]``
+            (log-linear, each at most 1/128 of its values wide; ``malcolm.loadgen.hist``).
+        """
+        import numpy as np
+        from malcolm.loadgen import hist as H
+        cdef int w, i
+        cdef Hist* h
+        merged = H.empty()
+        counts = np.zeros(N_BUCKETS, dtype=np.uint64)
+        for w in range(max(self.n_workers, 1)):
+            h = &self.svc_hist[w]
+            if h.n == 0:
+                continue
+            for i in range(N_BUCKETS):
+                if h.counts[i]:
+                    counts[i] += h.counts[i]
+            merged = H.merge([merged, {"n": h.n, "min": h.min, "max": h.max, "sum": h.sum,
+                                       "counts": np.zeros(N_BUCKETS, dtype=np.uint64)}])
+        merged["counts"] = counts
+        # n from the buckets: a racy read may see a count before its n
+        merged["n"] = int(counts.sum())
+        nan = float("nan")
+        out = {"count": merged["n"],
+               "mean_us": H.mean(merged) / 1e3 if merged["n"] else nan,
+               "p50_us": H.percentile(merged, 50) / 1e3,
+               "p99_us": H.percentile(merged, 99) / 1e3,
+               "min_us": merged["min"] / 1e3 if merged["n"] else nan,
+               "max_us": merged["max"] / 1e3 if merged["n"] else nan}
+        if buckets:
+            out["buckets"] = H.buckets(merged)
+        return out
 
     # ------------------------------------------------------------ threads (Python side)
     @staticmethod
@@ -530,6 +577,9 @@ cdef class Server:
             t1 = mc_now_ns()
             s.measured_ns = t1 - t0
             est_observe(&self.est, w, s.task_type, <double>(t1 - t0))
+            # Every handler run, by the worker that ran it (no sharing): what the service
+            # times really were, so a report can state the load the rack really carried.
+            hist_add(&self.svc_hist[w], t1 - t0)
             if rc == 0:
                 s.status = ST_OK
                 s.out_len = t.out_len if t.out_len <= MAX_PAYLOAD else MAX_PAYLOAD
