@@ -88,6 +88,7 @@ def test_layout_from_core_count():
     used = [c for cs in lay.server_cpus for c in cs] + lay.client_cpus
     assert len(used) == len(set(used)) == 12 + 3 and 0 not in used    # disjoint, one spare
     assert [len(c) for c in lay.server_cpus] == [4, 4, 2, 2]
+    assert M.layout([3, 3, 1, 1], range(16), 1e6).client_threads == 3     # what is left
     assert M.layout([3, 3, 1, 1], range(14), 1000).poll == "busy"
     assert M.layout([3, 3, 1, 1], range(13), 1000).poll == "adaptive"
 

@@ -174,25 +174,28 @@ def layout(workers, cpus, rate_per_s, per_thread_rate=40_000.0):
 
     Every server needs one core for its gateway and one per worker (``workers = 0``: the
     gateway only); the policy thread sleeps between heartbeats and shares a worker's core.
-    The load generator gets ``ceil(rate / per_thread_rate)`` threads, each an own core when
-    pinned. One CPU is left for the runner and the kernel. Without enough cores nothing is
-    pinned and everything polls adaptively (spinners sharing a core are time-sliced, which
-    turns microseconds into milliseconds).
+    The load generator wants ``ceil(rate / per_thread_rate)`` threads and gets as many of
+    them as there are cores left (at least one). One CPU is left for the runner and the
+    kernel. Without a core for every server thread and one client thread nothing is pinned
+    and everything polls adaptively (spinners sharing a core are time-sliced, which turns
+    microseconds into milliseconds).
     """
     cpus = sorted(cpus)
-    threads = max(1, math.ceil(rate_per_s / per_thread_rate))
-    need = sum(1 + max(0, w) for w in workers) + threads + 1
+    want = max(1, math.ceil(rate_per_s / per_thread_rate))
+    need = sum(1 + max(0, w) for w in workers) + 1 + 1
     if len(cpus) < need:
-        return Layout("adaptive", None, None, threads,
+        return Layout("adaptive", None, None, want,
                       f"{len(cpus)} CPUs < {need} needed for disjoint cores (gateways + "
-                      f"workers + {threads} client thread(s) + 1 spare): adaptive polling, "
-                      "nothing pinned")
+                      "workers + a client thread + 1 spare): adaptive polling, nothing "
+                      "pinned")
     free = cpus[1:]                 # the first is the spare
     server_cpus = []
     for w in workers:
         n = 1 + max(0, w)
         server_cpus.append(free[:n])
         free = free[n:]
+    threads = max(1, min(want, len(free)))
     return Layout("busy", server_cpus, free[:threads], threads,
                   f"{len(cpus)} CPUs >= {need}: busy polling, every gateway, worker and "
-                  f"client thread on a core of its own")
+                  f"client thread on a core of its own ({threads} client thread(s) of the "
+                  f"{want} wanted)")
