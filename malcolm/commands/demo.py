@@ -24,7 +24,7 @@ import time
 
 import click
 
-FULL = {"loads": (0.5, 0.7, 0.85), "duration": 3.0, "warmup": 0.5, "repeat": 1,
+FULL = {"loads": (0.5, 0.7, 0.85), "duration": 4.0, "warmup": 0.5, "repeat": 1,
         "dilate": "auto"}
 # --quick skips the calibration (a fixed K that a loaded 2-core machine keeps up with)
 QUICK = {"loads": (0.5, 0.8), "duration": 0.6, "warmup": 0.3, "repeat": 1, "dilate": "50"}
