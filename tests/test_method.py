@@ -141,3 +141,21 @@ def test_rows_leave_flagged_runs_out_and_say_so():
     assert j["late_fraction"] == 0.05                                 # the worst repeat
     assert j["flagged"][0]["repeat"] == 1 and "late" in j["flagged"][0]["why"][0]
     assert not rows["po2"]["valid"] and rows["po2"]["p99_us"] == 300
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--dilate", "foo"], "must be 'auto' or a number"),
+    (["--dilate", "0.5"], "must be in [1, 10000]"),
+    (["--loads", "x"], "must be numbers"),
+    (["--loads", "2"], "each load must be in (0, 1.5)"),
+    (["--workers", "a"], "must be integers"),
+    (["--policies", "bogus"], "unknown policy 'bogus'"),
+    (["--repeat", "0"], "--repeat must be >= 1"),
+    (["--workload", "nope:1"], "unknown workload"),
+])
+def test_demo_cli_rejects_bad_input_in_one_line(args, msg):
+    from click.testing import CliRunner
+
+    from malcolm.cli import main
+    r = CliRunner().invoke(main, ["demo"] + args)
+    assert r.exit_code == 2 and msg in r.output and "Traceback" not in r.output
