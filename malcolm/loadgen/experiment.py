@@ -312,7 +312,7 @@ class Experiment:
         self.cpus = sorted(os.sched_getaffinity(0))
         self.layout = None
         self.svc_factor = 1.0          # measured / requested service time, runs so far
-        self._svc_meas = self._svc_req = 0.0
+        self._svc = {}                 # load (None: all) -> [measured sum, requested sum]
         self.runs = []
         self.delay_us = float("nan")   # measured one-way delay, real µs
         self.net_delay = ""
@@ -372,15 +372,23 @@ class Experiment:
         if k is None:
             raise ExperimentError(f"no dilation up to {M.DILATION_LADDER[-1]} kept time here; "
                                   "the machine is too busy (see the calibration lines)")
-        self._note_service(self._calib[k])
+        self._note_service(self._calib[k], top)
         return k
 
-    def _note_service(self, rep):
+    def _note_service(self, rep, load):
         s = rep["service_us"]
         if rep["completed"] and math.isfinite(s["measured_mean"]):
-            self._svc_meas += s["measured_mean"] * rep["completed"]
-            self._svc_req += s["requested_mean"] * rep["completed"]
-            self.svc_factor = self._svc_meas / self._svc_req
+            for key in (None, load):
+                acc = self._svc.setdefault(key, [0.0, 0.0])
+                acc[0] += s["measured_mean"] * rep["completed"]
+                acc[1] += s["requested_mean"] * rep["completed"]
+            self.svc_factor = self._svc[None][0] / self._svc[None][1]
+
+    def service_factor(self, load):
+        """How much slower than asked the handler ran, at this load if it ran there before
+        (a handler slows with the machine's load), else over every run so far."""
+        acc = self._svc.get(load) or self._svc.get(None)
+        return acc[0] / acc[1] if acc and acc[1] > 0 else 1.0
 
     def _one_way_us(self, rack):
         """Half the median round trip of near-empty tasks through one server (real µs),
@@ -460,7 +468,7 @@ class Experiment:
                 if self.stop.is_set():
                     return
                 rk = racks[p]
-                rate = M.corrected_rate(load, self.capacity(), self.svc_factor)
+                rate = M.corrected_rate(load, self.capacity(), self.service_factor(load))
                 rk.resume()
                 try:
                     spec = self._spec(rk, self.dilate, self.layout.client_threads,
@@ -498,7 +506,7 @@ class Experiment:
         util = [None if d is None else d["service_sum_ns"] / 1e9 / span / max(1, w)
                 for d, w in zip(delta, self.workers, strict=True)]
         run = {"repeat": r, "policy": p, "load": load, "rate_per_s": rate,
-               "rate_correction": 1.0 / self.svc_factor,
+               "rate_correction": 1.0 / self.service_factor(load),
                "p50_us": rep["latency_us"]["p50"] / k, "p99_us": rep["latency_us"]["p99"] / k,
                "p999_us": rep["latency_us"]["p99.9"] / k, "late_fraction": late,
                "effective_load": eff, "service_mean_us": s["measured_mean"] / k,
@@ -508,7 +516,7 @@ class Experiment:
                "steals_per_task": rep["stolen"] / done, "server_util": util,
                "flags": fl, "_delta": delta}
         self.runs.append(run)
-        self._note_service(rep)
+        self._note_service(rep, load)
         self.echo(format_run(run))
 
     # ------------------------------------------------------------ results
