@@ -621,8 +621,13 @@ def _verbs_class():
     expose ``VerbsTransport(address, **opts)``, a subclass of :class:`Transport`."""
     try:
         from malcolm.net import verbs
+    except ImportError as e:
+        raise TransportUnavailable(f"verbs transport is not available ({e})") from None
+    try:
         cls = verbs.VerbsTransport
-    except (ImportError, AttributeError) as e:
+    except (ImportError, AttributeError, verbs.VerbsUnavailable) as e:
+        # VerbsUnavailable: the native data path was not built (no libibverbs-dev on a fresh
+        # machine); that is "not available here", never an error at import or collection.
         raise TransportUnavailable(
             f"verbs transport is not available ({e}); it needs libibverbs-dev and "
             "python3-pyverbs and a rebuild of malcolm.net._verbs") from None
