@@ -141,6 +141,7 @@ def demo(quick, png, json_path, policies, loads, repeat, duration, warmup, workl
     """
     import threading
 
+    from malcolm.commands.rack import LocalRack
     from malcolm.loadgen.experiment import HEADER as ROW_HEADER
     from malcolm.loadgen.experiment import Experiment, ExperimentError, format_row
     cfg = QUICK if quick else FULL
@@ -156,7 +157,7 @@ def demo(quick, png, json_path, policies, loads, repeat, duration, warmup, workl
                          warmup_s=cfg["warmup"] if warmup is None else warmup,
                          window_us=window_us, dilate=_dilate(dilate_text or cfg["dilate"]),
                          compare_sim=compare_sim, echo=echo, logdir=logdir, stop=stop,
-                         sim_tasks=40_000 if quick else 100_000)
+                         sim_tasks=40_000 if quick else 100_000, rack_class=LocalRack)
     except ExperimentError as e:
         raise click.UsageError(str(e)) from None
     old_int = signal.signal(signal.SIGINT, lambda *a: stop.set())

@@ -24,7 +24,7 @@ import numpy as np
 from malcolm._core cimport Rng, mc_aligned_alloc, mc_cpu_relax, mc_load_acq, mc_now_ns, \
     mc_store_rel, rng_exponential, rng_seed, rng_uniform
 from malcolm._workload cimport NativeWorkload, WorkloadC, wl_sample
-from malcolm.loadgen._hist cimport N_BUCKETS, Hist, hist_add
+from malcolm._hist cimport N_BUCKETS, Hist, hist_add
 from malcolm.net._wire cimport *
 from malcolm.net.transport cimport BATCH, MsgBuf, Transport, addr_parse
 from malcolm.policy.base cimport MAX_SERVERS, ClientPolicy

@@ -153,7 +153,6 @@ class PolicyRack:
     INTERVAL = 0.2      # s between the servers' --stats-json updates
 
     def __init__(self, exp, policy, tmp, tag):
-        from malcolm.commands.rack import LocalRack
         base, params = split_policy(policy)
         section, self.client_policy = BASE_POLICIES[base]
         section = dict(section, **params)
@@ -177,7 +176,7 @@ class PolicyRack:
         os.makedirs(self.logdir, exist_ok=True)
         from malcolm.config import ConfigError
         try:
-            self.rack = LocalRack(self.path, extra_args=["--interval", str(self.INTERVAL)],
+            self.rack = exp.rack_class(self.path, extra_args=["--interval", str(self.INTERVAL)],
                                   logdir=self.logdir)
         except ConfigError as e:
             raise ExperimentError(f"policy {policy!r}: {e}") from None
@@ -276,13 +275,16 @@ class Experiment:
     dilate : float or "auto"
     compare_sim : bool
         Run :func:`malcolm.sim.twin.runtime_twin` next to each point.
+    rack_class : type
+        Runs a rack file's servers as processes: ``malcolm.commands.rack.LocalRack`` (passed
+        in by the command, so that this tool does not import the command layer).
     """
 
     def __init__(self, workers, workload="exp:50", policies=("malcolm", "jsq", "po2"),
                  loads=(0.5, 0.7, 0.85), repeat=1, duration_s=2.0, warmup_s=0.5,
                  window_us=100.0, dilate="auto", compare_sim=False, handler="bench",
                  echo=print, logdir=None, stop=None, sim_tasks=100_000,
-                 calib_duration_s=1.0):
+                 calib_duration_s=1.0, rack_class=None):
         from malcolm.workloads import parse_workload
         self.workers = list(workers)
         self.total_workers = sum(max(1, w) for w in self.workers)
@@ -309,6 +311,7 @@ class Experiment:
         self.stop = stop or threading.Event()
         self.sim_tasks = sim_tasks
         self.calib_duration_s = calib_duration_s
+        self.rack_class = rack_class
         self.cpus = sorted(os.sched_getaffinity(0))
         self.layout = None
         self.svc_factor = 1.0          # measured / requested service time, runs so far
@@ -406,6 +409,8 @@ class Experiment:
     # ------------------------------------------------------------ running
     def run(self):
         """Run everything; return the result dict (``dilate``, ``rows``, ``runs``, ...)."""
+        if self.rack_class is None:
+            raise ExperimentError("no rack_class: pass malcolm.commands.rack.LocalRack")
         t_start = time.monotonic()
         ok, why = netem_status()
         self.net_delay = (f"per-hop delay: none added ({why}; this runner has no delay stage "

@@ -36,7 +36,7 @@ from malcolm._core cimport (
     mc_aligned_alloc, mc_cpu_relax, mc_load_acq, mc_now_ns, mc_store_rel,
     mpmc_bytes, mpmc_init, mpmc_pop, mpmc_push, mpmc_size,
 )
-from malcolm.loadgen._hist cimport N_BUCKETS, Hist, hist_add
+from malcolm._hist cimport N_BUCKETS, Hist, hist_add, hist_lower, hist_upper
 from malcolm.net._wire cimport *
 from malcolm.net.transport cimport BATCH, MsgBuf, Transport, addr_eq, addr_parse, addr_py
 from malcolm.policy.base cimport MAX_SERVERS, Heartbeat, Policy
@@ -486,36 +486,56 @@ cdef class Server:
         dict
             ``count``, ``mean_us``, ``p50_us``, ``p99_us``, ``min_us``, ``max_us``, and with
             ``buckets`` the non-empty histogram buckets ``[lower_ns, upper_ns, count]``
-            (log-linear, each at most 1/128 of its values wide; ``malcolm.loadgen.hist``).
+            (log-linear, each at most 1/128 of its values wide; ``malcolm/_hist.pxd``).
+            Percentiles are bucket midpoints clamped to the exact min and max, as the load
+            generator reports them (``malcolm.loadgen.hist``).
         """
-        import numpy as np
-        from malcolm.loadgen import hist as H
         cdef int w, i
         cdef Hist* h
-        merged = H.empty()
-        counts = np.zeros(N_BUCKETS, dtype=np.uint64)
+        cdef uint64_t n = 0, c
+        cdef double total = 0.0
+        cdef int64_t lo = 0, hi = 0
+        counts = {}
         for w in range(max(self.n_workers, 1)):
             h = &self.svc_hist[w]
             if h.n == 0:
                 continue
+            if n == 0 or h.min < lo:
+                lo = h.min
+            if n == 0 or h.max > hi:
+                hi = h.max
+            total += h.sum
             for i in range(N_BUCKETS):
-                if h.counts[i]:
-                    counts[i] += h.counts[i]
-            merged = H.merge([merged, {"n": h.n, "min": h.min, "max": h.max, "sum": h.sum,
-                                       "counts": np.zeros(N_BUCKETS, dtype=np.uint64)}])
-        merged["counts"] = counts
-        # n from the buckets: a racy read may see a count before its n
-        merged["n"] = int(counts.sum())
+                c = h.counts[i]
+                if c:
+                    counts[i] = counts.get(i, 0) + c
+                    n += c      # from the buckets: a racy read may see a count before its n
         nan = float("nan")
-        out = {"count": merged["n"],
-               "mean_us": H.mean(merged) / 1e3 if merged["n"] else nan,
-               "p50_us": H.percentile(merged, 50) / 1e3,
-               "p99_us": H.percentile(merged, 99) / 1e3,
-               "min_us": merged["min"] / 1e3 if merged["n"] else nan,
-               "max_us": merged["max"] / 1e3 if merged["n"] else nan}
+        out = {"count": int(n), "mean_us": total / n / 1e3 if n else nan,
+               "p50_us": self._svc_pct(counts, n, 50.0, lo, hi),
+               "p99_us": self._svc_pct(counts, n, 99.0, lo, hi),
+               "min_us": lo / 1e3 if n else nan, "max_us": hi / 1e3 if n else nan}
         if buckets:
-            out["buckets"] = H.buckets(merged)
+            out["buckets"] = [[int(hist_lower(i)), int(hist_upper(i)), int(counts[i])]
+                              for i in sorted(counts)]
         return out
+
+    @staticmethod
+    def _svc_pct(dict counts, uint64_t n, double q, int64_t lo, int64_t hi):
+        import math
+        cdef uint64_t rank, cum = 0
+        cdef int i
+        cdef double mid
+        if n == 0:
+            return float("nan")
+        rank = max(1, <uint64_t>math.ceil(q / 100.0 * n))
+        for i in sorted(counts):
+            cum += counts[i]
+            if cum >= rank:
+                mid = (0.5 * (hist_lower(i) + hist_upper(i) - 1) if i >= 256
+                       else <double>hist_lower(i))
+                return min(max(mid, <double>lo), <double>hi) / 1e3
+        return hi / 1e3
 
     # ------------------------------------------------------------ threads (Python side)
     @staticmethod
