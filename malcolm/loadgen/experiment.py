@@ -373,8 +373,11 @@ class Experiment:
         self._calib = {}
         k, _ = M.search_dilation(trial)
         if k is None:
-            raise ExperimentError(f"no dilation up to {M.DILATION_LADDER[-1]} kept time here; "
-                                  "the machine is too busy (see the calibration lines)")
+            k = M.DILATION_LADDER[-1]
+            self.echo(f"dilation: no K up to {k} kept time here (the machine is busy: see the "
+                      f"calibration lines); running at K={k}, expect FLAGGED runs")
+            self.dilate = k
+            return k
         self._note_service(self._calib[k], top)
         return k
 
