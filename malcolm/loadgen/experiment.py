@@ -327,13 +327,13 @@ class Experiment:
         k = self.dilate if k is None else k
         return self.total_workers / (self.wl.mean_us * k * 1e-6)
 
-    def _spec(self, rack, k, threads, cpus, duration, warmup):
+    def _spec(self, rack, k, threads, cpus, duration, warmup, seed=7):
         from malcolm.loadgen.run import LoadSpec, Target
         return LoadSpec(Target("udp", rack.addresses, rack.path),
                         workload=M.dilate_workload(self.wl, k), duration_s=duration,
                         warmup_s=warmup, threads=threads, timeout_s=max(1.0, 0.02 * k),
                         policy=rack.client_policy, busy=self.layout.poll == "busy",
-                        cpus=cpus, lag_threshold_us=LAG_US * k, seed=7 + len(self.runs),
+                        cpus=cpus, lag_threshold_us=LAG_US * k, seed=seed,
                         nice=NICE if self.prioritized else None)
 
     # ------------------------------------------------------------ dilation
@@ -344,7 +344,7 @@ class Experiment:
 
         def trial(k):
             if self.stop.is_set():
-                raise KeyboardInterrupt
+                return False
             self.dilate = k
             rate = top * self.capacity(k)
             self.layout = M.layout(self.workers, self.cpus, rate)
@@ -358,7 +358,7 @@ class Experiment:
             finally:
                 rack.down()
             if rep.get("interrupted"):
-                raise KeyboardInterrupt
+                return False
             s = rep["service_us"]
             ok = M.calibration_ok(rep["schedule"]["late_fraction"], s["measured_mean"],
                                   s["requested_mean"], rep["accounted"], rep["timed_out"])
@@ -372,6 +372,8 @@ class Experiment:
 
         self._calib = {}
         k, _ = M.search_dilation(trial)
+        if self.stop.is_set():
+            return None
         if k is None:
             k = M.DILATION_LADDER[-1]
             self.echo(f"dilation: no K up to {k} kept time here (the machine is busy: see the "
@@ -422,6 +424,9 @@ class Experiment:
             if self.dilate_arg == "auto":
                 self.echo("dilation: auto, calibrating at the highest load")
                 self.dilate = self._calibrate(tmp)
+                if self.dilate is None:         # interrupted
+                    self.dilate = 1.0
+                    return {"dilate": None, "rows": [], "runs": [], "interrupted": True}
             else:
                 self.dilate = float(self.dilate_arg)
             k = self.dilate
@@ -472,15 +477,24 @@ class Experiment:
                 self.echo(f"one-way delay (half the median round trip of empty tasks through "
                           f"{first.policy}'s server 0): {self.delay_us:.1f} µs real = "
                           f"{self.delay_us / self.dilate:.2f} µs at rack scale")
+            rates = {}
             for _, load, p in M.run_order(self.policies, self.loads, 1):
                 if self.stop.is_set():
                     return
                 rk = racks[p]
-                rate = M.corrected_rate(load, self.capacity(), self.service_factor(load))
+                # one rate per load and repeat, fixed before its first policy runs: with the
+                # same seed, every policy then gets the same arrivals and service times
+                if load not in rates:
+                    rates[load] = M.corrected_rate(load, self.capacity(),
+                                                   self.service_factor(load))
+                rate = rates[load]
                 rk.resume()
                 try:
+                    # the same arrival stream for every policy at this load and repeat
+                    # (common random numbers: the policies differ, not their luck)
                     spec = self._spec(rk, self.dilate, self.layout.client_threads,
-                                      self.layout.client_cpus, self.duration_s, self.warmup_s)
+                                      self.layout.client_cpus, self.duration_s, self.warmup_s,
+                                      seed=7 + 1000 * r + self.loads.index(load))
                     rep = run_load(spec, rate, self.stop)
                     delta = rk.measure_delta()
                 finally:
@@ -514,7 +528,7 @@ class Experiment:
         util = [None if d is None else d["service_sum_ns"] / 1e9 / span / max(1, w)
                 for d, w in zip(delta, self.workers, strict=True)]
         run = {"repeat": r, "policy": p, "load": load, "rate_per_s": rate,
-               "rate_correction": 1.0 / self.service_factor(load),
+               "rate_correction": rate / (load * self.capacity()),
                "p50_us": rep["latency_us"]["p50"] / k, "p99_us": rep["latency_us"]["p99"] / k,
                "p999_us": rep["latency_us"]["p99.9"] / k, "late_fraction": late,
                "effective_load": eff, "service_mean_us": s["measured_mean"] / k,
