@@ -41,7 +41,7 @@ def _server(handler, workers=2):
 def test_server_reports_measured_service_times_and_loadgen_the_effective_load():
     srv, addr = _server("bench")
     try:
-        rep = run_load(LoadSpec(Target("udp", [addr], "test"), workload="exp:200",
+        rep = run_load(LoadSpec(Target("udp", [addr], "test", workers=2), workload="exp:200",
                                 duration_s=0.5, warmup_s=0.1), 1000)
         st = srv.stats()
     finally:
@@ -71,3 +71,9 @@ def test_server_reports_measured_service_times_and_loadgen_the_effective_load():
     from malcolm.loadgen.method import effective_load
     eff = effective_load(rep["offered_per_s"], s["measured_mean"], 2)
     assert eff >= rep["offered_per_s"] * s["requested_mean"] * 1e-6 / 2 > 0
+    # a target with known workers (a rack file): the report states both loads
+    assert rep["effective_load"] == pytest.approx(eff)
+    assert rep["nominal_load"] == pytest.approx(rep["offered_per_s"] * s["requested_mean"]
+                                                * 1e-6 / 2)
+    from malcolm.loadgen.run import notes
+    assert any("effective" in ln and "nominal" in ln for ln in notes(rep))

@@ -128,6 +128,7 @@ class Target:
     transport: str
     servers: list
     source: str          # the rack file, or "--server"
+    workers: int | None = None      # the rack's worker threads (from a rack file), for loads
 
 
 def resolve_target(rack=None, servers=(), transport=None) -> Target:
@@ -143,7 +144,8 @@ def resolve_target(rack=None, servers=(), transport=None) -> Target:
         if transport and transport != cfg.transport:
             raise LoadgenError(f"--transport {transport} but the rack {rack} uses "
                                f"{cfg.transport}")
-        return Target(cfg.transport, list(cfg.addresses), rack)
+        return Target(cfg.transport, list(cfg.addresses), rack,
+                      sum(max(1, s.workers) for s in cfg.servers))
     if not servers:
         raise LoadgenError("no servers: give --rack RACK.toml or --server HOST:PORT "
                            "(repeatable, or comma-separated)")
@@ -421,6 +423,13 @@ def report(spec: LoadSpec, rate, results, wl=None):
                    for t, r, s in spec.phases(rate)],
         "histogram": {"unit": "ns", "n": int(lat["n"]), "buckets": H.buckets(lat)},
     }
+    w = spec.target.workers
+    if w:
+        # nominal: what was asked of the rack; effective: what it carried (measured times)
+        svc = rep["service_us"]
+        rep["nominal_load"] = rep["offered_per_s"] * svc["requested_mean"] * 1e-6 / w
+        rep["effective_load"] = rep["offered_per_s"] * svc["measured_mean"] * 1e-6 / w
+        rep["target_workers"] = w
     if raw is not None:
         rep["raw_samples"] = int(raw.size)
         rep["raw_truncated"] = any(r["raw_truncated"] for r in results)
@@ -470,6 +479,12 @@ def notes(rep):
                    f"({100 * s['late_fraction']:.2f}%) later than {s['threshold_us']:g} µs, "
                    f"in {s['late_episodes']} episode(s); worst {s['lag_max_us']:.0f} µs "
                    "(latency is still measured from the intended send time)")
+    if rep.get("effective_load") is not None and math.isfinite(rep["effective_load"]):
+        svc = rep["service_us"]
+        out.append(f"  load: nominal {rep['nominal_load']:.3f} (offered rate x requested mean "
+                   f"{svc['requested_mean']:.1f} µs / {rep['target_workers']} workers), "
+                   f"effective {rep['effective_load']:.3f} (measured mean "
+                   f"{svc['measured_mean']:.1f} µs)")
     if rep["rejected"]:
         out.append("  rejected by servers: " + ", ".join(f"{v} {k}" for k, v in
                                                         rep["rejected"].items()))
