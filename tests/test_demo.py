@@ -59,7 +59,7 @@ def test_demo_quick(tmp_path):
             assert run["migrations_per_task"] == 0 and run["steals_per_task"] == 0
     # jsq migrates: the slow servers get tasks they pass on
     assert sum(r["migrations_per_task"] for r in data["runs"] if r["policy"] == "jsq") > 0
-    assert data["lowest_at_top"] in ("malcolm", "jsq", "po2")
+    assert data["lowest_at_top"] in ("malcolm", "jsq", "po2", None)    # None: all flagged
     assert took < 60
     assert not _demo_servers()
 

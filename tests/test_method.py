@@ -159,3 +159,16 @@ def test_demo_cli_rejects_bad_input_in_one_line(args, msg):
     from malcolm.cli import main
     r = CliRunner().invoke(main, ["demo"] + args)
     assert r.exit_code == 2 and msg in r.output and "Traceback" not in r.output
+
+
+def test_lowest_at_top_ignores_flagged_rows_and_the_control():
+    from malcolm.commands.demo import lowest_at_top
+
+    def row(p, load, p99, valid=True):
+        return {"policy": p, "load": load, "p99_us": p99, "valid": valid}
+    res = {"rows": [row("malcolm", 0.85, 100, valid=False), row("jsq", 0.85, 300),
+                    row("po2", 0.85, 200), row("malcolm:learn=0", 0.85, 50),
+                    row("jsq", 0.5, 10)]}
+    assert lowest_at_top(res) == "po2"
+    res["rows"] = [row("jsq", 0.85, 300, valid=False)]
+    assert lowest_at_top(res) is None
