@@ -11,7 +11,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _demo_servers():
-    """PIDs of `malcolm serve` processes started from a demo rack file."""
+    """PIDs of `malcolm serve` processes started from a demo rack file by a demo run in this
+    checkout (their working directory): other checkouts on a shared machine run demos too."""
     out = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -19,9 +20,10 @@ def _demo_servers():
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmd = f.read().replace(b"\0", b" ")
+            cwd = os.readlink(f"/proc/{pid}/cwd")
         except OSError:
             continue
-        if b"serve" in cmd and b"malcolm-demo-" in cmd:
+        if b"serve" in cmd and b"malcolm-demo-" in cmd and cwd == ROOT:
             out.append(int(pid))
     return out
 
