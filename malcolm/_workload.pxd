@@ -3,6 +3,9 @@
 
 Times are nanoseconds. The struct is plain C memory with no pointers, so it can be copied
 or embedded by value (the simulator keeps one; the load generator may keep one per thread).
+An empirical component (measured service times) samples the inverse of its empirical CDF,
+kept as ``WL_EMP_N`` quantiles from the smallest to the largest sample in the struct itself
+(16 kB), so at most one component of a mixture can be empirical.
 """
 from malcolm._core cimport Rng
 
@@ -12,6 +15,8 @@ cdef enum:
     WL_EXP = 1
     WL_UNIFORM = 2
     WL_LOGNORMAL = 3
+    WL_EMPIRICAL = 4
+    WL_EMP_N = 2048         # quantiles of an empirical component: min, ..., max
 
 
 ctypedef struct WorkloadC:
@@ -19,9 +24,11 @@ ctypedef struct WorkloadC:
     int _pad
     double cdf[WL_MAX]      # cumulative weights, cdf[n-1] == 1
     int kind[WL_MAX]
-    double a[WL_MAX]        # ns: const value / exp mean / uniform low / lognormal log-mean
+    # ns: const value / exp mean / uniform low / lognormal log-mean / empirical mean
+    double a[WL_MAX]
     double b[WL_MAX]        # ns: uniform high; lognormal shape sigma (dimensionless)
     double mean_ns          # mixture mean
+    double emp[WL_EMP_N]    # ns: quantiles k / (WL_EMP_N - 1) of the empirical component
 
 
 cdef double wl_sample(const WorkloadC* w, Rng* r, int* task_type) noexcept nogil
@@ -29,3 +36,5 @@ cdef double wl_sample(const WorkloadC* w, Rng* r, int* task_type) noexcept nogil
 
 cdef class NativeWorkload:
     cdef WorkloadC c
+
+    cdef double _set_table(self, table, int n_emp) except -1.0

@@ -24,6 +24,14 @@ cdef double wl_sample(const WorkloadC* w, Rng* r, int* task_type) noexcept nogil
         return w.a[t]
     if k == WL_UNIFORM:
         return w.a[t] + (w.b[t] - w.a[t]) * rng_uniform(r)
+    if k == WL_EMPIRICAL:
+        # inverse CDF, linear between quantiles: continuous, from the smallest to the
+        # largest measured time
+        z = rng_uniform(r) * (WL_EMP_N - 1)
+        i = <int>z
+        if i >= WL_EMP_N - 1:
+            return w.emp[WL_EMP_N - 1]
+        return w.emp[i] + (z - i) * (w.emp[i + 1] - w.emp[i])
     # Lognormal: Box-Muller for the normal (one of the pair is dropped; cheap enough).
     z = sqrt(-2.0 * log(1.0 - rng_uniform(r))) * cos(2.0 * M_PI * rng_uniform(r))
     return exp(w.a[t] + w.b[t] * z)
@@ -36,13 +44,17 @@ cdef class NativeWorkload:
     ----------
     weights : sequence of float
     kinds : sequence of int
-        0 const, 1 exp, 2 uniform, 3 lognormal.
+        0 const, 1 exp, 2 uniform, 3 lognormal, 4 empirical.
     a, b : sequence of float
-        Component parameters in µs (lognormal: mean in µs and shape sigma).
+        Component parameters in µs (lognormal: mean in µs and shape sigma; empirical: its
+        mean, unused).
+    table : sequence of float, optional
+        The empirical component's ``WL_EMP_N`` quantiles in µs, non-decreasing (at most one
+        component may be empirical).
     """
 
-    def __init__(self, weights, kinds, a, b):
-        cdef int n = len(weights), i
+    def __init__(self, weights, kinds, a, b, table=None):
+        cdef int n = len(weights), i, n_emp = 0
         if not 1 <= n <= WL_MAX:
             raise ValueError(f"a workload has 1..{WL_MAX} components, got {n}")
         if not (len(kinds) == len(a) == len(b) == n):
@@ -57,10 +69,15 @@ cdef class NativeWorkload:
             acc += weights[i] / tot
             self.c.cdf[i] = acc
             k = int(kinds[i])
-            if not 0 <= k <= 3:
+            if not 0 <= k <= 4:
                 raise ValueError(f"unknown component kind {k}")
             self.c.kind[i] = k
-            if k == WL_LOGNORMAL:
+            if k == WL_EMPIRICAL:
+                m = self._set_table(table, n_emp)
+                n_emp += 1
+                self.c.a[i] = m * 1e3
+                self.c.b[i] = 0.0
+            elif k == WL_LOGNORMAL:
                 s = float(b[i])
                 self.c.a[i] = log(float(a[i]) * 1e3) - 0.5 * s * s
                 self.c.b[i] = s
@@ -72,6 +89,21 @@ cdef class NativeWorkload:
             mean += weights[i] / tot * m
         self.c.cdf[n - 1] = 1.0
         self.c.mean_ns = mean * 1e3
+
+    cdef double _set_table(self, table, int n_emp) except -1.0:
+        """Store the empirical quantiles (µs) in ns; return their distribution's mean (µs)."""
+        cdef int j
+        if n_emp:
+            raise ValueError("at most one component of a workload can be empirical")
+        if table is None or len(table) != WL_EMP_N:
+            raise ValueError(f"an empirical component needs {WL_EMP_N} quantiles")
+        q = np.asarray(table, dtype=np.float64)
+        if not np.all(np.isfinite(q)) or q[0] < 0 or np.any(np.diff(q) < 0):
+            raise ValueError("empirical quantiles must be finite, >= 0 and non-decreasing")
+        for j in range(WL_EMP_N):
+            self.c.emp[j] = q[j] * 1e3
+        # mean of the piecewise-linear inverse CDF that wl_sample draws from
+        return float((q.sum() - 0.5 * (q[0] + q[WL_EMP_N - 1])) / (WL_EMP_N - 1))
 
     @property
     def n_types(self):

@@ -32,13 +32,17 @@ from dataclasses import dataclass, field
 
 import tomllib
 
+from malcolm.policy.defaults import EST_ALPHA, EST_PRIOR_SERVICE_US
+
 RACK_KEYS = {
     "name": (str, "rack"), "transport": (str, "udp"), "poll": (str, "adaptive"),
     "window_us": (float, 100.0), "spin_us": (float, 50.0), "workers": (int, 2),
     "handler": (str, "spin"), "task_types": (int, 8), "capacity": (int, 4096),
     "task_timeout_ms": (float, 0.0), "steal_timeout_us": (float, 2000.0),
     "max_service_ms": (float, 10_000.0), "clients": (list, None), "grace_s": (float, 2.0),
-    "est_alpha": (float, 0.01), "prior_service_us": (float, 50.0), "shm_capacity": (int, 1024),
+    # the load estimator's defaults are the simulator's (malcolm/policy/driver.pxd)
+    "est_alpha": (float, EST_ALPHA), "prior_service_us": (float, EST_PRIOR_SERVICE_US),
+    "shm_capacity": (int, 1024),
     "peer_timeout_ms": (float, -1.0),
 }
 SERVER_KEYS = {"address", "workers", "handler", "transport", "cpus"}

@@ -20,6 +20,9 @@ Names
 ``fig2.1b``       95% Exp(20), 5% Exp(400) (thesis Fig 2.1, high dispersion).
 ``fig3.2a``       50% Exp(10), 50% Exp(1000) (thesis Fig 3.2 "HyperExp-1").
 ``fig3.2b``       99.9% Exp(25), 0.1% Exp(25025) (thesis Fig 3.2 "HyperExp-2").
+``empirical:FILE`` measured service times, µs, from a text file (numbers separated by
+                  whitespace or commas, ``#`` comments): one task type whose service times
+                  follow the samples' distribution (see :meth:`Workload.empirical`).
 
 RocksDB service-time model: the thesis gives only the means of a GET(16) (about 30 µs) and a
 GET(64) (about 100 µs) on its machines. A GET of n keys does a fixed amount of work, so we
@@ -42,12 +45,14 @@ Example: ``mix:90:const:50,10:exp:500``. At most 16 components.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 MAX_COMPONENTS = 16
-KINDS = ("const", "exp", "uniform", "lognormal")
+KINDS = ("const", "exp", "uniform", "lognormal", "empirical")
+#: Quantiles kept of an empirical distribution (must match WL_EMP_N in _workload.pxd).
+EMP_QUANTILES = 2048
 
 
 @dataclass(frozen=True)
@@ -59,16 +64,21 @@ class Component:
     weight : float
         Probability of this type (the workload normalises weights to sum to 1).
     kind : str
-        ``const``, ``exp``, ``uniform`` or ``lognormal``.
+        ``const``, ``exp``, ``uniform``, ``lognormal`` or ``empirical``.
     a, b : float
         Parameters in µs: const (V, -), exp (MEAN, -), uniform (LO, HI),
-        lognormal (MEAN, SIGMA; SIGMA is dimensionless).
+        lognormal (MEAN, SIGMA; SIGMA is dimensionless), empirical (MEAN, -).
+    table : tuple of float, optional
+        Empirical only: ``EMP_QUANTILES`` quantiles (µs) at probabilities k / (EMP_QUANTILES
+        - 1), smallest to largest sample; service times are drawn from the inverse CDF,
+        linear between them.
     """
 
     weight: float
     kind: str
     a: float
     b: float = 0.0
+    table: tuple | None = field(default=None, repr=False)
 
     @property
     def mean_us(self) -> float:
@@ -78,6 +88,11 @@ class Component:
 
     @property
     def second_moment_us2(self) -> float:
+        if self.kind == "empirical":
+            # piecewise-linear inverse CDF: each segment is uniform on [q_k, q_k+1]
+            q = np.asarray(self.table)
+            lo, hi = q[:-1], q[1:]
+            return float(np.mean((lo * lo + lo * hi + hi * hi) / 3))
         if self.kind == "const":
             return self.a**2
         if self.kind == "exp":
@@ -93,6 +108,8 @@ class Component:
             return f"Exp({self.a:g})"
         if self.kind == "uniform":
             return f"U({self.a:g},{self.b:g})"
+        if self.kind == "empirical":
+            return f"Empirical(mean {self.a:.4g})"
         return f"LogN({self.a:g},{self.b:g})"
 
 
@@ -102,6 +119,40 @@ class Workload:
 
     name: str
     components: tuple[Component, ...]
+
+    @classmethod
+    def empirical(cls, samples_us, name: str = "empirical") -> Workload:
+        """A one-type workload whose service times follow measured ones.
+
+        Parameters
+        ----------
+        samples_us : array_like
+            Service times in µs (at least 2, finite, >= 0, not all equal to 0), e.g. a
+            handler's measured times. They are kept as ``EMP_QUANTILES`` quantiles, so the
+            tail is resolved to 1 / EMP_QUANTILES (0.05%) of the probability.
+        name : str
+            The workload's name in reports.
+
+        Raises
+        ------
+        ValueError
+            With a message naming the problem.
+        """
+        try:
+            x = np.asarray(samples_us, dtype=float).ravel()
+        except (TypeError, ValueError):
+            raise ValueError(f"workload {name!r}: samples must be numbers") from None
+        if x.size < 2:
+            raise ValueError(f"workload {name!r}: need at least 2 service-time samples, "
+                             f"got {x.size}")
+        if not np.all(np.isfinite(x)) or np.any(x < 0):
+            raise ValueError(f"workload {name!r}: service times must be finite and >= 0")
+        q = np.quantile(x, np.linspace(0.0, 1.0, EMP_QUANTILES))
+        q = np.maximum.accumulate(q)        # rounding must not make it decrease
+        mean = float((q.sum() - 0.5 * (q[0] + q[-1])) / (EMP_QUANTILES - 1))
+        if not mean > 0:
+            raise ValueError(f"workload {name!r}: service times must not all be 0")
+        return cls(name, (Component(1.0, "empirical", mean, 0.0, tuple(float(v) for v in q)),))
 
     @property
     def n_types(self) -> int:
@@ -144,6 +195,10 @@ class Workload:
                 out[idx] = rng.exponential(c.a, k)
             elif c.kind == "uniform":
                 out[idx] = rng.uniform(c.a, c.b, k)
+            elif c.kind == "empirical":
+                q = np.asarray(c.table)
+                out[idx] = np.interp(rng.uniform(0.0, 1.0, k) * (len(q) - 1),
+                                     np.arange(len(q)), q)
             else:
                 out[idx] = rng.lognormal(math.log(c.a) - 0.5 * c.b**2, c.b, k)
         return types, out
@@ -152,11 +207,13 @@ class Workload:
         """The nogil sampler (:class:`malcolm._workload.NativeWorkload`) for this mixture."""
         from malcolm._workload import NativeWorkload
 
+        tables = [c.table for c in self.components if c.kind == "empirical"]
         return NativeWorkload(
             [c.weight for c in self.components],
             [KINDS.index(c.kind) for c in self.components],
             [c.a for c in self.components],
             [c.b for c in self.components],
+            table=tables[0] if tables else None,
         )
 
 
@@ -185,7 +242,26 @@ NAMED = {
     "fig3.2b": _mixture("fig3.2b", [(99.9, _exp(25)), (0.1, _exp(25025))]),
 }
 
-WORKLOAD_NAMES = ("exp:MEAN", *NAMED, "mix:W:DIST,...")
+WORKLOAD_NAMES = ("exp:MEAN", *NAMED, "mix:W:DIST,...", "empirical:FILE")
+
+
+def _read_samples(path, spec):
+    """Service times (µs) from a text file: numbers separated by whitespace or commas."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ValueError(f"workload {spec!r}: cannot read {path}: {e.strerror}") from None
+    vals = []
+    for ln, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0]
+        for tok in line.replace(",", " ").split():
+            try:
+                vals.append(float(tok))
+            except ValueError:
+                raise ValueError(f"workload {spec!r}: {path}:{ln}: {tok!r} is not a "
+                                 "number") from None
+    return vals
 
 
 def _num(text, what, spec, positive=True):
@@ -204,7 +280,7 @@ def _parse_dist(fields, spec):
     need = {"const": 1, "exp": 1, "uniform": 2, "lognormal": 2}
     if kind not in need:
         raise ValueError(f"workload {spec!r}: unknown distribution {kind!r} "
-                         f"(choose from {', '.join(KINDS)})")
+                         f"(choose from {', '.join(need)})")
     if len(args) != need[kind]:
         raise ValueError(f"workload {spec!r}: {kind} takes {need[kind]} parameter(s), "
                          f"got {len(args)}")
@@ -240,6 +316,11 @@ def parse_workload(spec: str | Workload) -> Workload:
         return NAMED[low]
     if low.startswith("exp:"):
         return Workload(s, (Component(1.0, "exp", _num(s[4:], "mean", spec)),))
+    if low.startswith("empirical:"):
+        path = s[len("empirical:"):].strip()
+        if not path:
+            raise ValueError(f"workload {spec!r}: empirical needs a file, empirical:FILE")
+        return Workload.empirical(_read_samples(path, spec), name=s)
     if low.startswith("mix:"):
         parts = [p.strip() for p in s[4:].split(",")]
         if not parts or parts == [""]:

@@ -137,7 +137,9 @@ def test_steal_from_empty_victim_returns_nothing():
                  shares=[1, 0])
     assert r.per_server["completed"] == [r.completed, 0]
     assert r.steals == 0
-    assert r.steal_requests == r.completed          # one request per completion
+    # one decision per completion: sent, or held back while a request is in flight
+    assert r.steal_requests + r.steal_suppressed == r.completed
+    assert 0 < r.steal_suppressed < 0.2 * r.completed
     # the request sent after the very last completion may still be in flight at the end
     assert 0 <= r.steal_requests - r.steal_empty <= 1
 
@@ -146,13 +148,14 @@ def test_steals_under_ideal_ps_return_nothing():
     # decide_steal is still called after every completion, but no task is ever waiting
     r = simulate("4x2", "steal:min_victim=0", "exp:50", 0.8, 20_000, seed=1, sched="ps",
                  quantum_us=0.0)
-    assert r.steal_requests >= r.completed - 4
+    assert r.steal_requests + r.steal_suppressed >= r.completed - 4
     assert r.steals == 0 and r.steal_requests - r.steal_empty <= 4
 
 
 def test_steals_move_work_to_idle_server():
+    # how stealing moves work, without the runtime's one-request-in-flight limit
     kw = dict(rack="2x2", workload="exp:50", load=0.6, tasks=50_000, seed=1,
-              shares=[0.95, 0.05])
+              shares=[0.95, 0.05], max_steals_in_flight=0)
     lazy = simulate(policy="steal:min_victim=1000", **kw)
     busy = simulate(policy="steal:min_victim=1,max_own=100", **kw)
     assert lazy.steals == 0
@@ -248,3 +251,210 @@ def test_cli_json_and_sweep(tmp_path):
     assert "cfcfs" in res.output and png.stat().st_size > 1000
     res = runner.invoke(main, ["sim", "--policy", "nope"])
     assert res.exit_code != 0 and "unknown policy" in res.output
+
+
+# ------------------------------------------------------------------ the runtime's mechanics
+
+def erlang_b(k, a):
+    """Blocking probability of M/G/k/k with offered load a (any service distribution)."""
+    b = 1.0
+    for i in range(1, k + 1):
+        b = a * b / (i + a * b)
+    return b
+
+
+@pytest.mark.parametrize("workload", ["exp:50", "bimodal"])
+def test_capacity_drops_match_erlang_loss(workload):
+    # 4 workers, 4 task slots: an arrival that finds every slot taken is dropped (M/G/4/4);
+    # the loss probability does not depend on the service distribution.
+    r = simulate("1x4", "random", workload, 0.8, 200_000, seed=2, delay_us=0.0,
+                 capacity=4, warmup=0.01)
+    assert r.dropped + r.completed == r.generated
+    assert r.dropped / r.generated == pytest.approx(erlang_b(4, 3.2), rel=0.03)
+    assert sum(r.per_server["dropped"]) == r.dropped
+    # served tasks never waited: latency is service time; drops are not in the statistics
+    assert r.measured == len(r.latencies_us) < 0.9 * r.generated
+    assert np.allclose(r.latencies_us, r.service_us, atol=1e-3)
+
+
+def test_capacity_with_a_queue_matches_mm1k():
+    rho, k = 0.9, 5
+    r = simulate("1x1", "random", "exp:50", rho, 300_000, seed=4, delay_us=0.0,
+                 capacity=k, warmup=0.01)
+    expect = (1 - rho) * rho**k / (1 - rho ** (k + 1))
+    assert r.dropped / r.generated == pytest.approx(expect, rel=0.04)
+    unbounded = simulate("1x1", "random", "exp:50", rho, 20_000, seed=4, delay_us=0.0)
+    assert unbounded.dropped == 0
+
+
+def test_dropped_task_is_answered_and_every_task_accounted():
+    # overloaded servers with few slots, migrations and steals: nothing disappears
+    r = simulate("2x4,2x2@0.5", "malcolm", "hyperexp1", 1.2, 20_000, seed=3, capacity=6,
+                 jitter_us=0.5, gateway_ns=200.0)
+    assert r.dropped > 0
+    assert r.completed + r.dropped == r.generated
+    assert sum(r.per_server["completed"]) == r.completed
+    assert np.all(np.isfinite(r.latencies_us)) and np.all(r.latencies_us > 0)
+
+
+def test_at_most_the_allowed_steals_in_flight():
+    # blind steals after every completion, 40 µs round trips: several would be in flight
+    kw = dict(rack="4x4", policy="steal:min_victim=0", workload="exp:50", load=0.6,
+              tasks=30_000, seed=1, delay_us=20.0)
+    one = simulate(**kw)                                # the default: the runtime's rule
+    assert max(one.per_server["steals_in_flight_max"]) == 1
+    assert one.steal_suppressed > 0.3 * one.completed
+    assert one.steal_requests + one.steal_suppressed >= one.completed
+    four = simulate(max_steals_in_flight=4, **kw)
+    assert max(four.per_server["steals_in_flight_max"]) == 4
+    assert four.steal_requests > 1.5 * one.steal_requests
+    unlimited = simulate(max_steals_in_flight=0, **kw)  # the simulator's old model
+    assert unlimited.steal_suppressed == 0
+    assert unlimited.steal_requests >= unlimited.completed - 16
+
+
+def test_steal_timeout_gives_up_but_a_late_task_still_counts():
+    # 10 µs timeout, 40 µs round trip: every request is given up before its reply
+    r = simulate("2x2", "steal:min_victim=1,max_own=100", "exp:50", 0.6, 30_000, seed=1,
+                 shares=[0.95, 0.05], delay_us=20.0, steal_timeout_us=10.0)
+    assert r.steal_timeouts >= r.steal_requests - 4
+    assert r.steals > 0.1 * r.generated                 # the stolen tasks still arrive
+    assert r.completed == r.generated
+    patient = simulate("2x2", "steal:min_victim=1,max_own=100", "exp:50", 0.6, 30_000,
+                       seed=1, shares=[0.95, 0.05], delay_us=20.0)
+    assert patient.steal_timeouts == 0
+
+
+def test_gateway_cost_adds_its_messages_to_latency():
+    # one server, low load: a task costs the gateway its arrival and its response
+    kw = dict(rack="1x8", policy="random", workload="exp:50", load=0.02, tasks=40_000,
+              seed=3, delay_us=0.0)
+    base = simulate(**kw)
+    gw = simulate(gateway_ns=5000.0, **kw)
+    assert gw.mean_us - base.mean_us == pytest.approx(10.0, rel=0.05)
+    rate_per_us = gw.offered / 1e6
+    assert gw.gateway_util[0] == pytest.approx(2 * rate_per_us * 5.0, rel=0.05)
+    assert base.gateway_util == [0.0]
+
+
+def test_gateway_is_one_fifo_server():
+    # 10 µs per message (mu = 100 k/s), two messages per task, 80 k tasks/s offered: the
+    # gateway, not the 8 workers, is the bottleneck. One FIFO queue for arrivals and
+    # responses, overloaded from the start: its wait grows at a constant rate w, arrivals
+    # are served at lam * (1 - w) and responses at lam * (1 - w)^2, which fill the gateway:
+    # lam y + lam y^2 = mu with y = 1 - w. Clients see responses at lam y^2 (42 k/s).
+    lam, mu = 80_000.0, 100_000.0
+    y = (-lam + math.sqrt(lam * lam + 4 * lam * mu)) / (2 * lam)
+    r = simulate("1x8", "random", "exp:50", 0.5, 30_000, seed=1, delay_us=0.0,
+                 gateway_ns=1e9 / mu)
+    assert r.throughput == pytest.approx(lam * y * y, rel=0.02)
+    assert r.gateway_util[0] == pytest.approx(1.0, abs=0.02)
+
+
+def test_gateway_carries_heartbeats():
+    # 4 servers exchange heartbeats every 100 µs: each gateway also sends 3 and receives 3
+    r = simulate("4x4", "jsq", "exp:50", 0.05, 20_000, seed=1, gateway_ns=1000.0,
+                 phase="staggered")
+    windows = np.array(r.per_server["windows"])
+    tasks = np.array(r.per_server["accepted"])
+    msgs = np.array(r.per_server["gateway_msgs"])
+    hb = 6 * windows
+    assert np.all(msgs >= hb + 2 * tasks - 3 * 4)
+    assert r.heartbeats_lost == 0
+    with pytest.raises(ValueError, match="ideal reference"):
+        simulate(policy="cfcfs", gateway_ns=100.0, tasks=10)
+
+
+@pytest.mark.parametrize("bad,msg", [(dict(capacity=0), "capacity"),
+                                     (dict(capacity=2.5), "whole number"),
+                                     (dict(gateway_ns=-1.0), "gateway_ns"),
+                                     (dict(max_steals_in_flight=99), "max_steals_in_flight"),
+                                     (dict(steal_timeout_us=0.0), "steal_timeout_us"),
+                                     (dict(prior_service_us=-3.0), "prior_service_us"),
+                                     (dict(ewma=0.0), "ewma")])
+def test_bad_mechanics_give_clear_errors(bad, msg):
+    with pytest.raises(ValueError, match=msg):
+        simulate(tasks=10, **bad)
+
+
+def test_empirical_workload_follows_its_samples(tmp_path):
+    from malcolm.workloads import EMP_QUANTILES, Workload, parse_workload
+
+    rng = np.random.default_rng(5)
+    x = rng.exponential(50.0, 200_000)
+    wl = Workload.empirical(x)
+    assert wl.n_types == 1 and len(wl.components[0].table) == EMP_QUANTILES
+    assert wl.mean_us == pytest.approx(x.mean(), rel=0.005)
+    assert wl.scv == pytest.approx(1.0, rel=0.03)
+    _, drawn = wl.native().sample(400_000, seed=1)
+    drawn /= 1e3
+    assert drawn.mean() == pytest.approx(wl.mean_us, rel=0.01)
+    for q in (0.5, 0.9, 0.99, 0.999):
+        assert np.quantile(drawn, q) == pytest.approx(np.quantile(x, q), rel=0.03)
+    _, py = wl.sample(200_000, np.random.default_rng(2))
+    assert py.mean() == pytest.approx(wl.mean_us, rel=0.01)
+    # the simulator on the empirical twin of Exp(50) gives Exp(50)'s latencies
+    kw = dict(rack="4x4", policy="jsq", load=0.8, tasks=200_000, seed=3)
+    a = simulate(workload="exp:50", **kw)
+    b = simulate(workload=wl, **kw)
+    assert b.p99_us == pytest.approx(a.p99_us, rel=0.05)
+    # from a file, with comments and commas
+    f = tmp_path / "svc.txt"
+    f.write_text("# measured, µs\n" + "\n".join(f"{v:.3f}," for v in x[:5000]))
+    w2 = parse_workload(f"empirical:{f}")
+    assert w2.mean_us == pytest.approx(x[:5000].mean(), rel=0.01)
+    r = simulate(workload=f"empirical:{f}", tasks=2000)
+    assert r.completed == r.generated >= 2000
+
+
+@pytest.mark.parametrize("content,msg", [(None, "cannot read"), ("1 2 x", "not a number"),
+                                         ("5", "at least 2"), ("1 -2", ">= 0"),
+                                         ("0 0 0", "not all be 0")])
+def test_empirical_workload_errors(tmp_path, content, msg):
+    from malcolm.workloads import parse_workload
+
+    f = tmp_path / "svc.txt"
+    if content is not None:
+        f.write_text(content)
+    with pytest.raises(ValueError, match=msg):
+        parse_workload(f"empirical:{f}")
+
+
+def test_runtime_twin_passes_every_cost_through():
+    from malcolm.sim.twin import RuntimeCosts, runtime_twin
+
+    rng = np.random.default_rng(1)
+    costs = RuntimeCosts(delay_us=3.0, gateway_ns=400.0, hb_loss=0.1, capacity=8,
+                         max_steals_in_flight=2, steal_timeout_us=500.0,
+                         service_us=list(rng.exponential(60.0, 20_000)), est_alpha=0.02,
+                         prior_service_us=60.0)
+    out = runtime_twin(workers=[3, 3, 1, 1], workload="exp:50", load=0.95, policy="malcolm",
+                       window_us=100.0, seed=2, tasks=20_000, warmup=0.25, costs=costs)
+    c = out["config"]
+    assert (c["delay_us"], c["gateway_ns"], c["loss"], c["capacity"]) == (3.0, 400.0, 0.1, 8)
+    assert (c["max_steals_in_flight"], c["steal_timeout_us"], c["ewma"]) == (2, 500.0, 0.02)
+    assert c["prior_service_us"] == 60.0 and c["workload"].startswith("empirical")
+    assert c["mean_service_us"] == pytest.approx(60.0, rel=0.03)
+    assert out["dropped"] > 0 and len(out["gateway_util"]) == 4
+    assert out["costs"]["service_samples"] == 20_000
+
+
+def test_cli_runtime_mechanics(tmp_path):
+    from malcolm.cli import main
+
+    f = tmp_path / "svc.txt"
+    f.write_text(" ".join(str(v) for v in np.random.default_rng(1).exponential(50, 1000)))
+    runner = CliRunner()
+    res = runner.invoke(main, ["sim", "--rack", "4x2", "--policy", "jsq", "--workload",
+                               f"empirical:{f}", "--load", "1.1", "--tasks", "5000",
+                               "--gateway-ns", "300", "--capacity", "4",
+                               "--steals-in-flight", "1", "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    assert d["dropped"] > 0 and d["config"]["gateway_ns"] == 300.0
+    assert d["config"]["capacity"] == 4
+    res = runner.invoke(main, ["sim", "--capacity", "0", "--tasks", "100"])
+    assert res.exit_code != 0 and "capacity" in res.output
+    assert "Traceback" not in res.output
+    res = runner.invoke(main, ["sim", "--workload", "empirical:/nonexistent", "--tasks", "9"])
+    assert res.exit_code != 0 and "cannot read" in res.output

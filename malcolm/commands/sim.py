@@ -39,11 +39,12 @@ def _row(r):
     n = max(r.generated, 1)
     return (c["policy"], c["workload"], f"{c['load']:.3f}", f"{r.p50_us:.1f}", f"{r.p99_us:.1f}",
             f"{r.p999_us:.1f}", f"{r.mean_us:.1f}", f"{r.throughput / 1e3:.1f}",
-            f"{100 * r.migrations / n:.1f}", f"{100 * r.steals / n:.1f}", f"{r.wall_s:.2f}")
+            f"{100 * r.migrations / n:.1f}", f"{100 * r.steals / n:.1f}",
+            f"{100 * r.dropped / n:.2f}", f"{r.wall_s:.2f}")
 
 
 _HEAD = ("policy", "workload", "load", "p50_us", "p99_us", "p999_us", "mean_us", "KTPS",
-         "migr%", "steal%", "wall_s")
+         "migr%", "steal%", "drop%", "wall_s")
 
 
 def _table(rows):
@@ -119,13 +120,25 @@ def plot_p99(results, path, title=None):
               help="Fraction of the first tasks not measured.")
 @click.option("--phase", type=click.Choice(["random", "staggered", "aligned"]),
               default="random", show_default=True, help="Window phases of the servers.")
-@click.option("--ewma", default=0.05, show_default=True, type=float,
-              help="Weight of a new sample in the load estimator's averages.")
+@click.option("--ewma", default=None, type=float,
+              help="Weight of a new sample in the load estimator's averages (default: the "
+                   "runtime's, malcolm.policy.defaults.EST_ALPHA).")
+@click.option("--gateway-ns", default=0.0, show_default=True, type=float,
+              help="Gateway CPU time per message, ns: each server's gateway handles "
+                   "received and originated messages one at a time (0: free).")
+@click.option("--capacity", default=None, type=int,
+              help="Tasks a server holds at most (waiting + running, tasks); beyond it a "
+                   "task is dropped and answered at once. Default: unbounded.")
+@click.option("--steals-in-flight", default=1, show_default=True, type=int,
+              help="Steal requests a server may have outstanding (requests; 0: unlimited).")
+@click.option("--steal-timeout", default=2000.0, show_default=True, type=float,
+              help="A steal request unanswered this long is given up, µs.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per run (JSON lines).")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Write a p99-versus-load plot (PNG).")
 def sim(rack, policies, workloads, loads, tasks, seed, delay, jitter, window, sched, quantum,
-        shares, loss, clients, warmup, phase, ewma, as_json, plot):
+        shares, loss, clients, warmup, phase, ewma, gateway_ns, capacity, steals_in_flight,
+        steal_timeout, as_json, plot):
     """Simulate a rack: p50/p99/p99.9 latency, throughput, migrations and steals.
 
     Sweeps run every combination of --policy, --workload and --load.
@@ -154,7 +167,10 @@ def sim(rack, policies, workloads, loads, tasks, seed, delay, jitter, window, sc
             r = simulate(rack=rack, policy=p, workload=w, load=ld, tasks=tasks, seed=seed,
                          delay_us=delay, jitter_us=jitter, window_us=window, sched=sched,
                          quantum_us=quantum, shares=shares, loss=loss, clients=clients,
-                         warmup=warmup, phase=phase, ewma=ewma)
+                         warmup=warmup, phase=phase, gateway_ns=gateway_ns,
+                         capacity=capacity, max_steals_in_flight=steals_in_flight,
+                         steal_timeout_us=steal_timeout,
+                         **({} if ewma is None else {"ewma": ewma}))
         except ValueError as e:
             raise click.UsageError(str(e)) from None
         # keep the summary only: a sweep of 10^6-task runs would otherwise hold GBs

@@ -14,7 +14,7 @@
   it for a heartbeat.
   It calls ``observe_peer`` for each heartbeat as it arrives and, at each
   window boundary, ``observe_local`` (the load now), ``end_window`` and ``fill_heartbeat``
-  (base.pxd), in the simulator's order.
+  (base.pxd): the window protocol of ``policy/driver.pxd``, the simulator's own code.
 
 Only the gateway touches the transport (RDMA queue pairs are not thread-safe either); the
 other threads talk to it through lock-free queues and wake it with ``Transport.wake``.
@@ -40,6 +40,10 @@ from malcolm._hist cimport N_BUCKETS, Hist, hist_add, hist_lower, hist_upper
 from malcolm.net._wire cimport *
 from malcolm.net.transport cimport BATCH, MsgBuf, Transport, addr_eq, addr_parse, addr_py
 from malcolm.policy.base cimport MAX_SERVERS, Heartbeat, Policy
+from malcolm.policy.driver cimport (
+    WindowState, drv_end_window, drv_observe_peer, drv_start,
+)
+from malcolm.policy.defaults import EST_ALPHA, EST_PRIOR_SERVICE_US
 from malcolm.workers.handlers cimport Handler, malcolm_task
 
 log = logging.getLogger("malcolm.server")
@@ -221,7 +225,7 @@ cdef class Server:
     cdef uint64_t hb_head, hb_tail
     cdef Heartbeat* hb_out          # policy thread -> gateway, one at a time
     cdef uint64_t hb_out_pending
-    cdef uint32_t hb_seq
+    cdef WindowState win            # policy thread: the window protocol (policy/driver.pxd)
     cdef uint32_t steal_seq
     cdef bint steal_pending
     cdef int64_t steal_deadline
@@ -238,8 +242,9 @@ cdef class Server:
                  handler="spin", int workers=2, int capacity=4096, int n_types=8,
                  double window_us=100.0, str poll="adaptive", double spin_us=50.0,
                  double task_timeout_ms=0.0, double steal_timeout_us=2000.0,
-                 double max_service_ms=10_000.0, clients=None, double est_alpha=0.01,
-                 double prior_service_us=50.0, double grace_s=2.0,
+                 double max_service_ms=10_000.0, clients=None,
+                 double est_alpha=EST_ALPHA, double prior_service_us=EST_PRIOR_SERVICE_US,
+                 double grace_s=2.0,
                  double peer_timeout_ms=-1.0, cpus=None):
         cdef int i
         cdef uint32_t cap2
@@ -645,46 +650,35 @@ cdef class Server:
             mc_bell_wait(&self.work_bell, ticket, IDLE_WAIT_NS)
 
     # ------------------------------------------------------------ policy thread
-    cdef void _observe_local(self, int64_t now) noexcept nogil:
-        cdef double q = <double>self.in_server
-        self.policy.observe_local(now, est_load(&self.est, q), q, est_rate(&self.est))
-
     cdef void _observe_heartbeats(self) noexcept nogil:
         cdef uint64_t head = self.hb_head
         while head != mc_load_acq(&self.hb_tail):
-            self.policy.observe_peer(mc_now_ns(), &self.hb_in[head % HB_RING])
+            drv_observe_peer(&self.win, self.policy, mc_now_ns(), &self.hb_in[head % HB_RING])
             head += 1
             mc_store_rel(&self.hb_head, head)
             self.c.hb_observed += 1
 
     cdef void _policy_loop(self) noexcept nogil:
+        # The window protocol is policy/driver.pxd's, the simulator's own code: the own load
+        # is observed at each boundary before end_window, and the driver stamps the heartbeat.
         cdef int64_t now = mc_now_ns()
         cdef int64_t end = now + self.window_ns
         cdef uint32_t ticket
-        self._observe_local(now)
+        cdef Heartbeat* hb
+        drv_start(&self.win, self.policy, &self.est, now, <double>self.in_server)
         while not mc_load_acq(&self.stop_policy):
             self._observe_heartbeats()
             now = mc_now_ns()
             if now >= end:
-                # The own load is observed at the boundary, *before* end_window, as the
-                # simulator does: end_window then learns from the state its window's decisions
-                # led to, and the heartbeat carries the current load. (Observed after
-                # end_window, every load a window's TD error saw predated that window's
-                # decisions, so Malcolm's actors learnt from noise and could herd; see
-                # docs/loadgen.md, "Why Malcolm loses in the demo".)
-                self._observe_local(now)
-                self.policy.end_window(now)
-                self.c.windows += 1
-                if not mc_load_acq(&self.hb_out_pending):
-                    self.policy.fill_heartbeat(self.hb_out)
-                    self.hb_seq += 1
-                    self.hb_out.src = self.me
-                    self.hb_out.seq = self.hb_seq
-                    self.hb_out.sent_ns = now
+                # The gateway has not sent the last heartbeat yet: no new one this window.
+                hb = NULL if mc_load_acq(&self.hb_out_pending) else self.hb_out
+                if drv_end_window(&self.win, self.policy, &self.est, now,
+                                  <double>self.in_server, hb):
                     mc_store_rel(&self.hb_out_pending, 1)
                     self.tr.wake()
                 else:
                     self.c.hb_skipped += 1
+                self.c.windows += 1
                 now = mc_now_ns()
                 end += self.window_ns
                 if end <= now:          # we fell behind (descheduled): skip, do not burst

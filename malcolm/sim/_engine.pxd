@@ -5,6 +5,7 @@ from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from malcolm._core cimport Estimator, Rng
 from malcolm._workload cimport WorkloadC
 from malcolm.policy.base cimport Heartbeat, MAX_SERVERS
+from malcolm.policy.driver cimport StealGate, WindowState
 
 
 ctypedef struct Event:
@@ -50,8 +51,8 @@ ctypedef struct Server:
     double V                # virtual time: work each task has received
     int64_t vlast
     uint32_t ps_rr          # which worker "observes" the next PS completion
-    uint32_t hb_seq
     int64_t windows
+    int64_t gw_free         # the gateway is busy with earlier messages until then
     Estimator est
     # statistics
     double busy_ns          # worker-ns of service
@@ -64,3 +65,8 @@ ctypedef struct Server:
     uint64_t steal_requests
     uint64_t steal_empty
     uint64_t bad_decisions
+    uint64_t dropped        # tasks refused at capacity, answered at once
+    uint64_t gw_msgs        # messages the gateway handled
+    # cold: once per window or per steal decision
+    WindowState win         # the policy thread's window protocol (policy/driver.pxd)
+    StealGate steal         # steal requests in flight

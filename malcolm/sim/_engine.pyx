@@ -13,11 +13,17 @@ same sequence of tasks (common random numbers).
 
 Policies are called exactly as the real gateway calls them (``malcolm/policy/base.pxd``):
 ``decide_arrival`` for each task from a client, ``decide_steal`` after each completion, and
-per window ``observe_local``/``end_window``/``fill_heartbeat``, with the heartbeat delivered to
-each peer after a network delay (``observe_peer``).
+per window the window protocol of ``malcolm/policy/driver.pxd`` (the same code the runtime's
+policy thread runs), with the heartbeat delivered to each peer after a network delay
+(``observe_peer``). Steal requests in flight go through the driver's ``StealGate``.
+
+The runtime's mechanics that shape results are parameters (all off by default except one
+steal in flight): ``gateway_ns`` makes each server's gateway a FIFO single server of
+messages, ``capacity`` bounds the tasks a server holds (the rest are dropped and answered at
+once), and ``max_steals``/``steal_timeout_ns`` bound steal requests in flight.
 """
 from libc.math cimport ceil, log
-from libc.stdint cimport INT64_MAX, int32_t, int64_t, uint32_t, uint64_t
+from libc.stdint cimport INT64_MAX, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memset
 
@@ -25,12 +31,18 @@ import time
 
 import numpy as np
 
+from malcolm.policy.defaults import EST_ALPHA, STEAL_TIMEOUT_US, STEALS_IN_FLIGHT
+
 from malcolm._core cimport (
     Rng, est_free, est_init, est_load, est_note_arrival, est_observe, est_rate,
     rng_below, rng_seed, rng_uniform,
 )
 from malcolm._workload cimport NativeWorkload, WorkloadC, wl_sample
 from malcolm.policy.base cimport ClientPolicy, Heartbeat, MAX_SERVERS, Policy
+from malcolm.policy.driver cimport (
+    drv_end_window, drv_migrated, drv_observe_peer, drv_start, drv_stole,
+    steal_gate_init, steal_gate_open, steal_gate_reply,
+)
 
 
 cdef enum:
@@ -39,8 +51,8 @@ cdef enum:
     EV_PSDONE = 3       # a: server, b: epoch. Ideal PS: the smallest tag is reached.
     EV_WINDOW = 4       # a: server. Start of a load-broadcast window.
     EV_HB = 5           # a: destination, b: heartbeat buffer index.
-    EV_STEAL_REQ = 6    # a: victim, b: thief.
-    EV_STEAL_REP = 7    # a: thief, b: slot or -1.
+    EV_STEAL_REQ = 6    # a: victim, b: thief, x: request seq.
+    EV_STEAL_REP = 7    # a: thief, b: slot or -1, x: request seq.
     EV_RESP = 8         # a: client, b: server + 64 * queue length, x: load.
     EV_CHANGE = 9       # a: change index.
     EV_CDISPATCH = 10   # a: global worker, b: slot. cFCFS: a task reaches its worker.
@@ -48,6 +60,12 @@ cdef enum:
     # a: source, b: heartbeat buffer index. Without jitter every peer receives a heartbeat
     # at the same time, so one event delivers it to all of them.
     EV_HBALL = 12
+    # With a gateway cost (gateway_ns > 0) a message first waits for its server's gateway;
+    # these are the same messages once the gateway has handled them.
+    EV_TASK_GW = 13
+    EV_HB_GW = 14       # a: destination, b: heartbeat buffer index, x: its seq
+    EV_STEAL_REQ_GW = 15
+    EV_STEAL_REP_GW = 16
 
     MODE_DIST = 0       # servers run policies; clients send by shares or a client policy
     MODE_CFCFS = 1      # one rack-wide FCFS queue
@@ -114,8 +132,9 @@ cdef class Engine:
     """One simulation run. Built and driven by :func:`malcolm.sim.simulate`; not reusable."""
 
     cdef int n, mode, sched, n_clients, n_types, err, has_policies, has_client_policies
-    cdef int record, K, pod_d, n_workers
+    cdef int record, K, pod_d, n_workers, max_steals
     cdef int64_t now, delay, jitter, window, quantum, cdelay, next_arrival
+    cdef int64_t gw_ns, cap, steal_timeout
     cdef double arr_clock, rate, loss, prior_ns, alpha
     cdef double shares_cdf[MAX_SERVERS]
     cdef int32_t speed_order[MAX_SERVERS]
@@ -136,6 +155,8 @@ cdef class Engine:
     cdef int64_t* sent
     cdef int32_t* ttype
     cdef double* svc
+    cdef uint8_t* dropped       # per task: answered "dropped" (capacity), not served
+    cdef uint64_t n_dropped
     cdef double area
     cdef int64_t area_t
     # events
@@ -146,7 +167,7 @@ cdef class Engine:
     cdef double loop_s
     # heartbeats
     cdef Heartbeat* hbuf
-    cdef uint64_t hb_sent, hb_lost
+    cdef uint64_t hb_sent, hb_lost, hb_overrun
     # policies (owned by the Python lists below; the C arrays hold borrowed pointers)
     cdef void* pol[MAX_SERVERS]
     cdef void** cpol
@@ -176,7 +197,10 @@ cdef class Engine:
                  long long n_warm, unsigned long long seed, double delay_ns,
                  double jitter_ns, double window_ns, double loss, phases_ns,
                  policies=None, clients=None, int n_clients=1, double central_delay_ns=0.0,
-                 int pod_d=2, double ewma=0.05, bint record=False, changes=()):
+                 int pod_d=2, double ewma=EST_ALPHA, bint record=False, changes=(),
+                 double prior_ns=0.0, double gateway_ns=0.0, long long capacity=0,
+                 int max_steals=STEALS_IN_FLIGHT,
+                 double steal_timeout_ns=STEAL_TIMEOUT_US * 1e3):
         cdef int s, w, i, k
         self.n = len(workers)
         if not 1 <= self.n <= MAX_SERVERS:
@@ -199,7 +223,19 @@ cdef class Engine:
         self.alpha = ewma
         self.wl = workload.c
         self.n_types = workload.c.n
-        self.prior_ns = workload.c.mean_ns
+        # The estimator's prior: the workload's nominal mean unless told (the runtime's
+        # rack file gives one, by default defaults.EST_PRIOR_SERVICE_US).
+        self.prior_ns = prior_ns if prior_ns > 0 else workload.c.mean_ns
+        if gateway_ns < 0 or capacity < 0 or max_steals < 0 or steal_timeout_ns <= 0:
+            raise ValueError("gateway_ns, capacity and max_steals must be >= 0, "
+                             "steal_timeout_ns > 0")
+        self.gw_ns = <int64_t>(gateway_ns + 0.5)
+        if self.gw_ns > 0 and mode != MODE_DIST:
+            raise ValueError("a gateway cost applies to server and client policies; cfcfs and "
+                             "racksched are ideal references without gateways")
+        self.cap = capacity
+        self.max_steals = max_steals
+        self.steal_timeout = <int64_t>steal_timeout_ns
         self.n_clients = max(1, n_clients)
         if self.window <= 0:
             raise ValueError("window must be > 0")
@@ -238,6 +274,7 @@ cdef class Engine:
             self.sv[s].nidle = workers[s]
             if est_init(&self.sv[s].est, workers[s], self.n_types, ewma, self.prior_ns) != 0:
                 raise ValueError(f"cannot set up the load estimator (ewma={ewma})")
+            steal_gate_init(&self.sv[s].steal, max(1, max_steals), self.steal_timeout)
             k += workers[s]
         # cFCFS hands work to the fastest idle server first (ties: lowest index)
         order = sorted(range(self.n), key=lambda j: (-speeds[j], j))
@@ -252,9 +289,12 @@ cdef class Engine:
         self.sent = <int64_t*>malloc(sizeof(int64_t) * max(1, n_tasks))
         self.ttype = <int32_t*>malloc(sizeof(int32_t) * max(1, n_tasks))
         self.svc = <double*>malloc(sizeof(double) * max(1, n_tasks))
+        self.dropped = <uint8_t*>malloc(max(1, n_tasks))
         if (self.tasks == NULL or self.free_slots == NULL or self.lat == NULL
-                or self.sent == NULL or self.ttype == NULL or self.svc == NULL):
+                or self.sent == NULL or self.ttype == NULL or self.svc == NULL
+                or self.dropped == NULL):
             raise MemoryError()
+        memset(self.dropped, 0, max(1, n_tasks))
         for i in range(self.pool_cap):
             self.free_slots[i] = <int32_t>(self.pool_cap - 1 - i)
         self.n_free = self.pool_cap
@@ -288,6 +328,10 @@ cdef class Engine:
 
         # heartbeat ring: K slots per server outlive the longest possible delivery delay
         self.K = <int>((self.delay + self.jitter) // self.window) + 2
+        if self.gw_ns > 0:
+            # Gateways can hold a heartbeat back for a while: more slots, and one overwritten
+            # before its delivery is counted (hb_overrun) and not delivered.
+            self.K += 8
         if self.has_policies:
             self.hbuf = <Heartbeat*>malloc(sizeof(Heartbeat) * self.n * self.K)
             if self.hbuf == NULL:
@@ -364,6 +408,7 @@ cdef class Engine:
         free(self.sent)
         free(self.ttype)
         free(self.svc)
+        free(self.dropped)
         free(self.heap)
         free(self.hbuf)
         free(self.cpol)
@@ -467,6 +512,16 @@ cdef class Engine:
         self.n_free -= 1
         return self.free_slots[self.n_free]
 
+    cdef inline int64_t gw_take(self, int s, int64_t n_msgs) noexcept nogil:
+        """Server s's gateway handles ``n_msgs`` messages that reach it now, after those
+        already waiting (one FIFO server): returns when it is done with them."""
+        cdef Server* v = &self.sv[s]
+        cdef int64_t t = v.gw_free if v.gw_free > self.now else self.now
+        t += n_msgs * self.gw_ns
+        v.gw_free = t
+        v.gw_msgs += <uint64_t>n_msgs
+        return t
+
     cdef inline void track_area(self) noexcept nogil:
         # integral over time of the tasks that clients have sent and not yet seen finish
         self.area += <double>(self.generated - self.completed) * <double>(self.now - self.area_t)
@@ -550,7 +605,7 @@ cdef class Engine:
                 if 0 <= j < self.n:
                     t.moved = 1
                     self.sv[s].migrations += 1
-                    (<Policy>self.pol[s]).migrations = self.sv[s].migrations
+                    drv_migrated(<Policy>self.pol[s])
                     self.push(self.now + self.net(), EV_TASK, j, slot, 0.0)
                     return
                 self.sv[s].bad_decisions += 1
@@ -560,6 +615,9 @@ cdef class Engine:
     cdef void accept(self, int s, int32_t slot) noexcept nogil:
         cdef Server* v = &self.sv[s]
         cdef int lw
+        if self.cap > 0 and v.ntasks >= self.cap:
+            self.drop(s, slot)
+            return
         est_note_arrival(&v.est, self.tasks[slot].type)
         v.accepted += 1
         v.ntasks += 1
@@ -603,7 +661,7 @@ cdef class Engine:
             return
         est_observe(&v.est, lw, t.type, t.total / v.speed)
         v.ntasks -= 1
-        self.finish(s, slot)
+        self.finish(s, slot, True)
         if self.mode == MODE_CFCFS:
             self.w_slot[gw] = -1
             if self.cdelay == 0:
@@ -624,17 +682,35 @@ cdef class Engine:
     cdef void ask_steal(self, int s) noexcept nogil:
         """After a completion at server s: the policy may send a steal request."""
         cdef int victim = (<Policy>self.pol[s]).decide_steal(self.now)
+        cdef uint32_t seq = 0
+        cdef int64_t t = self.now
         if victim >= 0:
             if victim < self.n and victim != s:
+                if self.max_steals > 0:
+                    seq = steal_gate_open(&self.sv[s].steal, self.now)
+                    if seq == 0:
+                        return
+                if self.sv[s].gw_free > t:
+                    t = self.sv[s].gw_free      # after the response the gateway is sending
                 self.sv[s].steal_requests += 1
-                self.push(self.now + self.net(), EV_STEAL_REQ, victim, s, 0.0)
+                self.push(t + self.net(), EV_STEAL_REQ, victim, s, <double>seq)
             else:
                 self.sv[s].bad_decisions += 1
 
-    cdef void finish(self, int s, int32_t slot) noexcept nogil:
-        """Task done at server s: the response goes back to its client."""
+    cdef void drop(self, int s, int32_t slot) noexcept nogil:
+        """Server s is at capacity: the task is answered "dropped" at once, as the runtime's
+        gateway does when no task slot is free."""
         cdef Task* t = &self.tasks[slot]
-        cdef int64_t back
+        self.sv[s].dropped += 1
+        self.n_dropped += 1
+        if t.idx < self.n_tasks:
+            self.dropped[t.idx] = 1
+        self.finish(s, slot, False)
+
+    cdef void finish(self, int s, int32_t slot, bint served) noexcept nogil:
+        """Task done (or dropped) at server s: the response goes back to its client."""
+        cdef Task* t = &self.tasks[slot]
+        cdef int64_t back, t_out = self.now
         cdef Server* v = &self.sv[s]
         if self.mode == MODE_CFCFS:
             back = self.cdelay
@@ -642,16 +718,19 @@ cdef class Engine:
             back = 0
         else:
             back = self.net()
+        if self.gw_ns > 0:
+            t_out = self.gw_take(s, 1)      # the response leaves when the gateway sends it
         self.track_area()
-        v.completed += 1
-        self.completed += 1
+        if served:
+            v.completed += 1
+        self.completed += 1                 # answered: served or dropped
         if t.idx < self.n_tasks:
-            self.lat[t.idx] = self.now + back - t.sent
-            self.svc[t.idx] = t.total / v.speed
+            self.lat[t.idx] = t_out + back - t.sent
+            self.svc[t.idx] = t.total / v.speed if served else 0.0
             if t.idx >= self.n_warm:
                 self.completed_measured += 1
         if self.has_client_policies:
-            self.push(self.now + back, EV_RESP, t.client,
+            self.push(t_out + back, EV_RESP, t.client,
                       s + 64 * <int32_t>(v.ntasks if v.ntasks < 16777215 else 16777215),
                       est_load(&v.est, <double>v.ntasks))
         self.free_slots[self.n_free] = slot
@@ -735,7 +814,7 @@ cdef class Engine:
                     self.tasks[slot].total / v.speed)
         v.ps_rr += 1
         v.ntasks -= 1
-        self.finish(s, slot)
+        self.finish(s, slot, True)
         self.ps_reschedule(s)
         if self.has_policies:
             self.ask_steal(s)
@@ -785,12 +864,19 @@ cdef class Engine:
     cdef void on_window(self, int s) noexcept nogil:
         cdef Server* v = &self.sv[s]
         cdef double q = <double>v.ntasks
-        cdef double rate, load
-        cdef Heartbeat* hb
-        cdef int j, idx
-        cdef int64_t row
-        rate = est_rate(&v.est)
-        load = q / rate
+        cdef double load
+        cdef Heartbeat* hb = NULL
+        cdef int j, idx = 0
+        cdef int64_t row, t
+        if self.has_policies:
+            # The window protocol, as the runtime's policy thread runs it. The ring slot of
+            # this heartbeat outlives its delivery (K slots per server).
+            idx = s * self.K + <int>(v.win.hb_seq % <uint32_t>self.K)
+            hb = &self.hbuf[idx]
+            drv_end_window(&v.win, <Policy>self.pol[s], &v.est, self.now, q, hb)
+            load = v.win.load
+        else:
+            load = q / est_rate(&v.est)
         v.load_sum += load
         v.q_sum += q
         if self.record:
@@ -804,21 +890,12 @@ cdef class Engine:
             if row + 1 > self.rec_rows:
                 self.rec_rows = row + 1
         v.windows += 1
-        if self.has_policies:
-            (<Policy>self.pol[s]).observe_local(self.now, load, q, rate)
-            (<Policy>self.pol[s]).end_window(self.now)
-            (<Policy>self.pol[s]).migrations = v.migrations
-            (<Policy>self.pol[s]).steals = v.steals
-            idx = s * self.K + <int>(v.hb_seq % <uint32_t>self.K)
-            hb = &self.hbuf[idx]
-            (<Policy>self.pol[s]).fill_heartbeat(hb)
-            hb.src = s
-            hb.seq = v.hb_seq
-            hb.sent_ns = self.now
-            v.hb_seq += 1
+        if self.has_policies and self.n > 1:
+            t = self.now
+            if self.gw_ns > 0:
+                t = self.gw_take(s, self.n - 1)     # one copy per peer, sent together
             if self.jitter == 0:
-                if self.n > 1:
-                    self.push(self.now + self.delay, EV_HBALL, s, idx, 0.0)
+                self.push(t + self.delay, EV_HBALL, s, idx, <double>hb.seq)
             else:
                 for j in range(self.n):
                     if j == s:
@@ -827,7 +904,7 @@ cdef class Engine:
                     if self.loss > 0.0 and rng_uniform(&self.r_net) < self.loss:
                         self.hb_lost += 1
                         continue
-                    self.push(self.now + self.net(), EV_HB, j, idx, 0.0)
+                    self.push(t + self.net(), EV_HB, j, idx, <double>hb.seq)
         self.push(self.now + self.window, EV_WINDOW, s, 0, 0.0)
 
     cdef bint grow_record(self) noexcept nogil:
@@ -850,7 +927,7 @@ cdef class Engine:
         self.rec_cap = ncap
         return True
 
-    cdef void on_hb_all(self, int src, int idx) noexcept nogil:
+    cdef void on_hb_all(self, int src, int idx, double seq) noexcept nogil:
         cdef int j
         cdef const Heartbeat* hb = &self.hbuf[idx]
         for j in range(self.n):
@@ -860,12 +937,23 @@ cdef class Engine:
             if self.loss > 0.0 and rng_uniform(&self.r_net) < self.loss:
                 self.hb_lost += 1
                 continue
+            if self.gw_ns > 0:      # each peer's gateway takes it in its own time
+                self.push(self.gw_take(j, 1), EV_HB_GW, j, idx, seq)
+                continue
             self.events += 1        # each reception counts as one simulated event
-            (<Policy>self.pol[j]).observe_peer(self.now, hb)
-        self.events -= 1            # the loop counted this event already
+            drv_observe_peer(&self.sv[j].win, <Policy>self.pol[j], self.now, hb)
+        if self.gw_ns == 0:
+            self.events -= 1        # the loop counted this event already
+
+    cdef void on_hb_gw(self, int dst, int idx, double seq) noexcept nogil:
+        """A heartbeat that waited for dst's gateway; its ring slot may have been reused."""
+        if self.hbuf[idx].seq != <uint32_t>seq:
+            self.hb_overrun += 1
+            return
+        drv_observe_peer(&self.sv[dst].win, <Policy>self.pol[dst], self.now, &self.hbuf[idx])
 
     # ------------------------------------------------------------------ steals
-    cdef void on_steal_req(self, int victim, int thief) noexcept nogil:
+    cdef void on_steal_req(self, int victim, int thief, double seq) noexcept nogil:
         cdef Server* v = &self.sv[victim]
         cdef int32_t slot = -1
         if self.sched != SCHED_PS:      # under ideal PS no task is waiting
@@ -875,15 +963,20 @@ cdef class Engine:
             self.tasks[slot].moved = 1
         else:
             self.sv[thief].steal_empty += 1
-        self.push(self.now + self.net(), EV_STEAL_REP, thief, slot, 0.0)
+        self.push(self.now + self.net(), EV_STEAL_REP, thief, slot, seq)
 
-    cdef void on_steal_rep(self, int thief, int32_t slot) noexcept nogil:
-        cdef Server* v
+    cdef void on_steal_rep(self, int thief, int32_t slot, double seq) noexcept nogil:
+        cdef Server* v = &self.sv[thief]
+        if self.max_steals > 0:
+            steal_gate_reply(&v.steal, <uint32_t>seq, self.now)
         if slot < 0:
             return
-        v = &self.sv[thief]
+        # A task always counts, even if its request was given up (as in the runtime).
+        if self.cap > 0 and v.ntasks >= self.cap:
+            self.drop(thief, slot)
+            return
         v.steals += 1
-        (<Policy>self.pol[thief]).steals = v.steals
+        drv_stole(<Policy>self.pol[thief])
         self.accept(thief, slot)
 
     # ------------------------------------------------------------------ changes
@@ -931,11 +1024,22 @@ cdef class Engine:
             if kind == EV_DONE:
                 self.on_done(e.a, e.b)
             elif kind == EV_TASK:
+                if self.gw_ns > 0:
+                    self.push(self.gw_take(e.a, 1), EV_TASK_GW, e.a, e.b, e.x)
+                else:
+                    self.on_task(e.a, e.b)
+            elif kind == EV_TASK_GW:
                 self.on_task(e.a, e.b)
             elif kind == EV_HB:
-                (<Policy>self.pol[e.a]).observe_peer(self.now, &self.hbuf[e.b])
+                if self.gw_ns > 0:
+                    self.push(self.gw_take(e.a, 1), EV_HB_GW, e.a, e.b, e.x)
+                else:
+                    drv_observe_peer(&self.sv[e.a].win, <Policy>self.pol[e.a], self.now,
+                                     &self.hbuf[e.b])
             elif kind == EV_HBALL:
-                self.on_hb_all(e.a, e.b)
+                self.on_hb_all(e.a, e.b, e.x)
+            elif kind == EV_HB_GW:
+                self.on_hb_gw(e.a, e.b, e.x)
             elif kind == EV_WINDOW:
                 self.on_window(e.a)
             elif kind == EV_PSDONE:
@@ -944,9 +1048,19 @@ cdef class Engine:
                 (<ClientPolicy>self.cpol[e.a]).on_response(
                     self.now, e.b % 64, e.x, <double>(e.b // 64))
             elif kind == EV_STEAL_REQ:
-                self.on_steal_req(e.a, e.b)
+                if self.gw_ns > 0:
+                    self.push(self.gw_take(e.a, 1), EV_STEAL_REQ_GW, e.a, e.b, e.x)
+                else:
+                    self.on_steal_req(e.a, e.b, e.x)
+            elif kind == EV_STEAL_REQ_GW:
+                self.on_steal_req(e.a, e.b, e.x)
             elif kind == EV_STEAL_REP:
-                self.on_steal_rep(e.a, e.b)
+                if self.gw_ns > 0:
+                    self.push(self.gw_take(e.a, 1), EV_STEAL_REP_GW, e.a, e.b, e.x)
+                else:
+                    self.on_steal_rep(e.a, e.b, e.x)
+            elif kind == EV_STEAL_REP_GW:
+                self.on_steal_rep(e.a, e.b, e.x)
             elif kind == EV_CDISPATCH:
                 self.central_start(e.a, e.b)
             elif kind == EV_CNOTIFY:
@@ -964,6 +1078,9 @@ cdef class Engine:
         self.schedule_next_arrival()
         if self.rate <= 0.0 and self.n_changes == 0:
             raise ValueError("arrival rate must be > 0")
+        if self.has_policies:
+            for s in range(self.n):
+                drv_start(&self.sv[s].win, <Policy>self.pol[s], &self.sv[s].est, 0, 0.0)
         if self.has_policies or self.record:
             for s in range(self.n):
                 self.push(self.phase[s], EV_WINDOW, s, 0, 0.0)
@@ -974,6 +1091,9 @@ cdef class Engine:
         with nogil:
             self.loop()
         self.loop_s = time.thread_time() - t0
+        for s in range(self.n):
+            if self.sv[s].gw_free > self.now:
+                self.now = self.sv[s].gw_free   # the run ends when the last response leaves
         if self.err == ERR_NOMEM:
             raise MemoryError("simulator ran out of memory")
         return self._results()
@@ -987,15 +1107,17 @@ cdef class Engine:
             sent_ns=np.array(<int64_t[:n]>self.sent, copy=True),
             types=np.array(<int32_t[:n]>self.ttype, copy=True),
             service_ns=np.array(<double[:n]>self.svc, copy=True),
-            generated=self.generated, completed=self.completed,
+            dropped=np.array(<uint8_t[:n]>self.dropped, copy=True).astype(bool),
+            generated=self.generated, completed=self.completed - self.n_dropped,
+            n_dropped=self.n_dropped,
             events=self.events, end_ns=self.now, area=self.area, loop_s=self.loop_s,
-            hb_sent=self.hb_sent, hb_lost=self.hb_lost,
+            hb_sent=self.hb_sent, hb_lost=self.hb_lost, hb_overrun=self.hb_overrun,
         )
         fields = ("accepted", "completed", "migrations", "steals", "steal_requests",
-                  "steal_empty", "bad_decisions", "busy_ns", "load_sum", "q_sum", "windows")
+                  "steal_empty", "bad_decisions", "busy_ns", "load_sum", "q_sum", "windows",
+                  "dropped", "gateway_msgs", "steal_suppressed", "steal_timeouts",
+                  "steals_in_flight_max", "ntasks_end", "queue_end")
         per = {f: [] for f in fields}
-        per["ntasks_end"] = []
-        per["queue_end"] = []
         for s in range(self.n):
             v = &self.sv[s]
             per["accepted"].append(v.accepted)
@@ -1009,6 +1131,11 @@ cdef class Engine:
             per["load_sum"].append(v.load_sum)
             per["q_sum"].append(v.q_sum)
             per["windows"].append(v.windows)
+            per["dropped"].append(v.dropped)
+            per["gateway_msgs"].append(v.gw_msgs)
+            per["steal_suppressed"].append(v.steal.suppressed)
+            per["steal_timeouts"].append(v.steal.timeouts)
+            per["steals_in_flight_max"].append(v.steal.max_seen)
             per["ntasks_end"].append(v.ntasks)
             per["queue_end"].append(v.queue.count)
         out["server"] = {k: np.array(x) for k, x in per.items()}

@@ -9,6 +9,12 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from malcolm.policy import registry
+from malcolm.policy.defaults import (
+    EST_ALPHA,
+    MAX_STEALS_IN_FLIGHT,
+    STEAL_TIMEOUT_US,
+    STEALS_IN_FLIGHT,
+)
 from malcolm.sim.rack import Rack, parse_rack
 from malcolm.workloads import Workload, parse_workload
 
@@ -82,6 +88,11 @@ class SimResult:
     service_us: np.ndarray = field(repr=False)
     per_server: dict = field(repr=False)
     loads: dict | None = field(default=None, repr=False)
+    dropped: int = 0
+    heartbeats_overrun: int = 0
+    steal_suppressed: int = 0
+    steal_timeouts: int = 0
+    gateway_util: list | None = None
 
     @property
     def events_per_s(self) -> float:
@@ -95,7 +106,8 @@ class SimResult:
         keys = ("p50_us", "p99_us", "p999_us", "p9999_us", "mean_us", "max_us", "throughput",
                 "offered", "mean_load", "mean_queue", "utilization", "migrations", "steals",
                 "steal_requests", "steal_empty", "heartbeats_lost", "generated", "completed",
-                "measured", "sim_time_s", "events", "wall_s", "loop_s")
+                "measured", "sim_time_s", "events", "wall_s", "loop_s", "dropped",
+                "heartbeats_overrun", "steal_suppressed", "steal_timeouts", "gateway_util")
         out = {k: _json_safe(getattr(self, k)) for k in keys}
         out["events_per_s"] = _json_safe(self.events_per_s)
         out["config"] = self.config
@@ -132,11 +144,44 @@ def _shares(shares, n):
     return shares
 
 
+def _check_mechanics(info, gateway_ns, capacity, max_steals, steal_timeout_us, prior_us, ewma):
+    """Validate the runtime mechanics' parameters; return them normalised."""
+    gateway_ns = float(gateway_ns)
+    if not (math.isfinite(gateway_ns) and gateway_ns >= 0):
+        raise ValueError(f"gateway_ns must be >= 0, got {gateway_ns}")
+    if gateway_ns > 0 and info.kind == "central":
+        raise ValueError(f"gateway_ns: {info.name} is an ideal reference without gateways; "
+                         "a gateway cost applies to server and client policies")
+    if capacity is not None:
+        if isinstance(capacity, float) and not capacity.is_integer():
+            raise ValueError(f"capacity must be a whole number of tasks, got {capacity}")
+        capacity = int(capacity)
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1 task per server, got {capacity}")
+        if info.name == "cfcfs":
+            raise ValueError("capacity: cfcfs has one rack-wide queue, no per-server slots")
+    if isinstance(max_steals, float) and not max_steals.is_integer():
+        raise ValueError(f"max_steals_in_flight must be a whole number, got {max_steals}")
+    max_steals = int(max_steals)
+    if not 0 <= max_steals <= MAX_STEALS_IN_FLIGHT:
+        raise ValueError(f"max_steals_in_flight must be in 0..{MAX_STEALS_IN_FLIGHT} "
+                         f"(0: unlimited), got {max_steals}")
+    if not (math.isfinite(steal_timeout_us) and steal_timeout_us > 0):
+        raise ValueError(f"steal_timeout_us must be > 0, got {steal_timeout_us}")
+    if prior_us is not None and not (math.isfinite(prior_us) and prior_us > 0):
+        raise ValueError(f"prior_service_us must be > 0, got {prior_us}")
+    if not (math.isfinite(ewma) and 0 < ewma <= 1):
+        raise ValueError(f"ewma must be in (0, 1], got {ewma}")
+    return gateway_ns, capacity, max_steals
+
+
 def simulate(rack="8x8", policy="random", workload="exp:50", load=0.5, tasks=100_000,
              seed=1, delay_us=2.0, jitter_us=0.0, window_us=100.0, sched="fcfs",
-             quantum_us=0.0, shares=None, loss=0.0, clients=None, warmup=0.1, ewma=0.05,
+             quantum_us=0.0, shares=None, loss=0.0, clients=None, warmup=0.1, ewma=EST_ALPHA,
              phase="random", record_loads=False, changes=(), rate_tps=None,
-             policy_params=None) -> SimResult:
+             policy_params=None, gateway_ns=0.0, capacity=None,
+             max_steals_in_flight=STEALS_IN_FLIGHT, steal_timeout_us=STEAL_TIMEOUT_US,
+             prior_service_us=None) -> SimResult:
     """Simulate one rack configuration.
 
     Parameters
@@ -172,7 +217,8 @@ def simulate(rack="8x8", policy="random", workload="exp:50", load=0.5, tasks=100
     warmup : float
         Fraction of the first tasks excluded from the statistics.
     ewma : float
-        Weight of a new sample in the load estimator's moving averages.
+        Weight of a new sample in the load estimator's moving averages (default
+        ``malcolm.policy.defaults.EST_ALPHA``, the runtime's too).
     phase : str
         Window phases of the servers: ``random`` (default), ``staggered`` or ``aligned``.
     record_loads : bool
@@ -188,6 +234,27 @@ def simulate(rack="8x8", policy="random", workload="exp:50", load=0.5, tasks=100
         Total arrival rate in tasks per second, instead of ``load``.
     policy_params : dict, optional
         Extra policy parameters (merged over those in the policy spec).
+    gateway_ns : float
+        CPU time, ns, of a server's gateway per message: each message a server receives
+        (a task from a client, a forwarded task, a steal request or reply, a heartbeat) and
+        each it originates (a response, one heartbeat copy per peer) waits for the gateway,
+        a single FIFO server, and is handled when the gateway is done with it. 0 (default):
+        gateways are infinitely fast. Not for ``cfcfs``/``racksched``.
+    capacity : int, optional
+        Tasks a server holds at most (waiting + in service), as the runtime's task slots; a
+        task that finds its server full is dropped and answered at once (``dropped``; not
+        in the latency statistics). Default: unbounded.
+    max_steals_in_flight : int
+        Steal requests a server may have outstanding (default 1, as the runtime); while that
+        many are, ``decide_steal`` is still asked but its steal is not sent
+        (``steal_suppressed``). 0: unlimited, the simulator's model before the runtime's
+        mechanics were added.
+    steal_timeout_us : float
+        A steal request unanswered this long is given up (``steal_timeouts``); its reply,
+        if it comes, still brings its task.
+    prior_service_us : float, optional
+        Service time the estimator assumes before a worker's first completion of a type;
+        default: the workload's mean.
 
     Returns
     -------
@@ -219,6 +286,9 @@ def simulate(rack="8x8", policy="random", workload="exp:50", load=0.5, tasks=100
         raise ValueError(f"loss must be in [0, 1), got {loss}")
     if sched not in ("fcfs", "ps"):
         raise ValueError(f"sched must be fcfs or ps, got {sched!r}")
+    gateway_ns, slots, max_steals_in_flight = _check_mechanics(
+        info, gateway_ns, capacity, max_steals_in_flight, steal_timeout_us, prior_service_us,
+        ewma)
 
     mean_ns = wl.mean_us * 1e3
     capacity = rk.capacity / mean_ns                     # tasks per ns
@@ -301,19 +371,25 @@ def simulate(rack="8x8", policy="random", workload="exp:50", load=0.5, tasks=100
                  delay_ns=delay_us * 1e3, jitter_ns=jitter_us * 1e3, window_ns=window_ns,
                  loss=loss, phases_ns=_phases(phase, n, window_ns, seed), policies=policies,
                  clients=clients_pol, n_clients=n_clients, central_delay_ns=central_delay,
-                 pod_d=pod_d, ewma=ewma, record=record_loads, changes=ch)
+                 pod_d=pod_d, ewma=ewma, record=record_loads, changes=ch,
+                 prior_ns=(prior_service_us or 0.0) * 1e3, gateway_ns=gateway_ns,
+                 capacity=slots or 0, max_steals=max_steals_in_flight,
+                 steal_timeout_ns=steal_timeout_us * 1e3)
     t0 = time.perf_counter()
     raw = eng.run()
     wall = time.perf_counter() - t0
 
-    lat = raw["latency_ns"][n_warm:] / 1e3
+    # Dropped tasks were answered, not served: like the load generator, the latency
+    # statistics are over served tasks only, and the drops are counted.
+    served = ~raw["dropped"][n_warm:]
+    lat = raw["latency_ns"][n_warm:][served] / 1e3
     sent = raw["sent_ns"][n_warm:]
     per = raw["server"]
     end_s = raw["end_ns"] / 1e9
     # Throughput as clients see it: responses received while the measured tasks were being
     # sent, per second of that interval (tasks created later cannot answer before it ends).
     span = (sent[-1] - sent[0]) / 1e9 if len(sent) > 1 else 0.0
-    recv = raw["sent_ns"] + raw["latency_ns"]
+    recv = (raw["sent_ns"] + raw["latency_ns"])[~raw["dropped"]]
     thr = (float(np.count_nonzero((recv >= sent[0]) & (recv <= sent[-1])) / span)
            if span > 0 else float("nan"))
     windows = np.maximum(per["windows"], 1)
@@ -327,7 +403,9 @@ def simulate(rack="8x8", policy="random", workload="exp:50", load=0.5, tasks=100
                   shares=None if shares is None else _shares(shares, n),
                   changes=[asdict(c) if isinstance(c, Change) else dict(c) for c in changes],
                   policy_params=params, mean_service_us=wl.mean_us,
-                  capacity_tps=capacity * 1e9)
+                  capacity_tps=capacity * 1e9, gateway_ns=gateway_ns,
+                  capacity=slots, max_steals_in_flight=max_steals_in_flight,
+                  steal_timeout_us=steal_timeout_us, prior_service_us=prior_service_us)
     loads = None
     if record_loads:
         loads = dict(t_us=np.arange(raw["rec_load_ns"].shape[0]) * window_us,
@@ -351,7 +429,12 @@ def simulate(rack="8x8", policy="random", workload="exp:50", load=0.5, tasks=100
         measured=int(len(lat)), sim_time_s=end_s, events=int(raw["events"]), wall_s=wall,
         loop_s=float(raw["loop_s"]),
         little_L=raw["area"] / raw["end_ns"] if raw["end_ns"] else 0.0,
-        latencies_us=lat, types=raw["types"][n_warm:],
-        service_us=raw["service_ns"][n_warm:] / 1e3,
+        latencies_us=lat, types=raw["types"][n_warm:][served],
+        service_us=raw["service_ns"][n_warm:][served] / 1e3,
         per_server={k: v.tolist() for k, v in per.items()}, loads=loads,
+        dropped=int(raw["n_dropped"]), heartbeats_overrun=int(raw["hb_overrun"]),
+        steal_suppressed=int(per["steal_suppressed"].sum()),
+        steal_timeouts=int(per["steal_timeouts"].sum()),
+        gateway_util=[float(m * gateway_ns / raw["end_ns"]) if raw["end_ns"] else 0.0
+                      for m in per["gateway_msgs"]],
     )

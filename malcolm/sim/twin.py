@@ -13,7 +13,14 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from malcolm.policy.defaults import (
+    EST_ALPHA,
+    EST_PRIOR_SERVICE_US,
+    STEAL_TIMEOUT_US,
+    STEALS_IN_FLIGHT,
+)
 from malcolm.sim.rack import Rack
+from malcolm.workloads import Workload
 
 
 @dataclass
@@ -25,7 +32,11 @@ class RuntimeCosts:
     delay_us : float
         One-way delay of a message between two servers (or client and server), µs.
     gateway_ns : float
-        Gateway CPU time per message it handles (receive, decide, send), ns.
+        Gateway CPU time per message it handles (receive, decide, send), ns. The simulator
+        charges it for every message a gateway receives (client tasks, forwarded tasks,
+        steal requests and replies, heartbeats) and every one it originates (responses,
+        one heartbeat copy per peer), so from a real run it is
+        ``gateway_busy_ns / (rx_msgs + responses + hb_sent)``.
     hb_loss : float
         Fraction of heartbeats that did not reach a peer's policy.
     capacity : int or None
@@ -36,16 +47,23 @@ class RuntimeCosts:
         A steal request unanswered this long is given up.
     service_us : list of float or None
         Measured service times (µs), pooled over the servers' handlers; when given the
-        simulator samples from them instead of the nominal workload.
+        simulator samples from them (``Workload.empirical``) instead of the nominal
+        workload, as one task type.
+    est_alpha : float
+        The servers' estimator weight (rack file ``est_alpha``).
+    prior_service_us : float
+        The servers' estimator prior (rack file ``prior_service_us``).
     """
 
     delay_us: float = 2.0
     gateway_ns: float = 0.0
     hb_loss: float = 0.0
     capacity: int | None = None
-    max_steals_in_flight: int = 1
-    steal_timeout_us: float = 2000.0
+    max_steals_in_flight: int = STEALS_IN_FLIGHT
+    steal_timeout_us: float = STEAL_TIMEOUT_US
     service_us: list | None = field(default=None, repr=False)
+    est_alpha: float = EST_ALPHA
+    prior_service_us: float = EST_PRIOR_SERVICE_US
 
     def summary(self) -> dict:
         d = asdict(self)
@@ -74,27 +92,37 @@ def runtime_twin(*, workers, workload, load, policy, window_us, seed=1, tasks=20
     window_us : float
         The policy window of the real run.
     costs : RuntimeCosts, optional
-        Measured costs; defaults are the simulator's idealised ones.
+        Measured costs; by default free gateways, no heartbeat loss, unbounded task slots,
+        the nominal workload and the runtime's rule of one steal in flight.
 
     Returns
     -------
     dict
-        ``p50_us``, ``p99_us``, ``migrations_per_task``, ``steals_per_task``,
-        ``mean_load_us`` (per server), ``costs`` and ``config`` (the simulator's).
+        ``p50_us``, ``p99_us`` (served tasks), ``migrations_per_task``,
+        ``steals_per_task``, ``dropped`` (tasks refused at capacity), ``steal_suppressed``,
+        ``mean_load_us`` and ``gateway_util`` (per server), ``costs`` and ``config`` (the
+        simulator's).
     """
     from malcolm.sim.run import simulate
 
     costs = costs or RuntimeCosts()
     w = [max(1, int(x)) for x in workers]
     rack = Rack(tuple(w), tuple(1.0 for _ in w), ",".join(f"1x{x}" for x in w))
-    res = simulate(rack=rack, policy=policy, workload=workload, load=load, tasks=tasks,
+    wl = workload
+    if costs.service_us is not None:
+        wl = Workload.empirical(costs.service_us, name=f"empirical({workload})")
+    res = simulate(rack=rack, policy=policy, workload=wl, load=load, tasks=tasks,
                    seed=seed, delay_us=costs.delay_us, window_us=window_us,
                    loss=costs.hb_loss, warmup=warmup, policy_params=policy_params,
-                   shares=shares)
+                   shares=shares, gateway_ns=costs.gateway_ns, capacity=costs.capacity,
+                   max_steals_in_flight=costs.max_steals_in_flight,
+                   steal_timeout_us=costs.steal_timeout_us, ewma=costs.est_alpha,
+                   prior_service_us=costs.prior_service_us)
     done = max(1, res.completed)
     return dict(
         p50_us=res.p50_us, p99_us=res.p99_us,
         migrations_per_task=res.migrations / done, steals_per_task=res.steals / done,
+        dropped=res.dropped, steal_suppressed=res.steal_suppressed,
         mean_load_us=[x if math.isfinite(x) else None for x in res.mean_load],
-        costs=costs.summary(), config=res.config,
+        gateway_util=res.gateway_util, costs=costs.summary(), config=res.config,
     )

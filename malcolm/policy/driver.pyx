@@ -1,0 +1,137 @@
+# cython: language_level=3
+"""Python side of the window driver (``driver.pxd``): a policy that records the window
+protocol, for tests. The shared defaults are in ``malcolm/policy/defaults.py``.
+
+The protocol itself is inline in ``driver.pxd`` and compiled into each caller
+(``malcolm/sim/_engine.pyx``, ``malcolm/net/server.pyx``).
+"""
+from libc.stdint cimport int32_t, int64_t, uint32_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memset
+
+from malcolm.policy.base cimport Heartbeat, Policy
+
+#: The most steal requests in flight a StealGate tracks (defaults.MAX_STEALS_IN_FLIGHT).
+STEAL_GATE_CAPACITY = STEAL_MAX_IN_FLIGHT
+
+# What RecordingPolicy logs: the policy thread's calls (the gateway's are not logged, so
+# the log has a single writer).
+cdef enum:
+    CALL_OBSERVE_LOCAL = 1
+    CALL_OBSERVE_PEER = 2
+    CALL_END_WINDOW = 3
+    CALL_FILL_HEARTBEAT = 4
+CALL_NAMES = {CALL_OBSERVE_LOCAL: "observe_local", CALL_OBSERVE_PEER: "observe_peer",
+              CALL_END_WINDOW: "end_window", CALL_FILL_HEARTBEAT: "fill_heartbeat"}
+
+
+ctypedef struct CallRec:
+    int32_t kind
+    int32_t src
+    uint32_t seq
+    int32_t _pad
+    int64_t now
+    int64_t sent_ns
+    double load
+    double queue_len
+    double rate
+
+
+cdef class RecordingPolicy(Policy):
+    """Accepts every task, never steals, and logs each window-protocol call.
+
+    For tests: the same sequence of calls must come from the simulator and from the runtime,
+    because both run ``driver.pxd``. The log holds at most ``max_calls`` entries; later calls
+    are counted in ``overflow``.
+
+    Parameters
+    ----------
+    n, me, seed : int
+        As :class:`malcolm.policy.base.Policy`.
+    max_calls : int
+        Size of the log.
+    """
+
+    cdef CallRec* log
+    cdef Py_ssize_t cap
+    cdef Py_ssize_t count
+    cdef readonly Py_ssize_t overflow
+    cdef double last_load, last_queue, last_rate
+
+    def __cinit__(self):
+        self.log = NULL
+
+    def __init__(self, int n, int me, unsigned long long seed=0, Py_ssize_t max_calls=100_000):
+        Policy.__init__(self, n, me, seed)
+        if max_calls < 1:
+            raise ValueError("max_calls must be >= 1")
+        self.log = <CallRec*>malloc(sizeof(CallRec) * max_calls)
+        if self.log == NULL:
+            raise MemoryError()
+        self.cap = max_calls
+        self.count = 0
+        self.overflow = 0
+
+    def __dealloc__(self):
+        free(self.log)
+
+    cdef CallRec* _rec(self, int kind, int64_t now) noexcept nogil:
+        cdef CallRec* r
+        if self.count >= self.cap:
+            self.overflow += 1
+            return NULL
+        r = &self.log[self.count]
+        self.count += 1
+        memset(r, 0, sizeof(CallRec))
+        r.kind = kind
+        r.now = now
+        return r
+
+    cdef void observe_local(self, int64_t now, double load, double queue_len,
+                            double rate) noexcept nogil:
+        cdef CallRec* r = self._rec(CALL_OBSERVE_LOCAL, now)
+        self.last_load = load
+        self.last_queue = queue_len
+        self.last_rate = rate
+        if r != NULL:
+            r.src = self.me
+            r.load = load
+            r.queue_len = queue_len
+            r.rate = rate
+
+    cdef void observe_peer(self, int64_t now, const Heartbeat* hb) noexcept nogil:
+        cdef CallRec* r = self._rec(CALL_OBSERVE_PEER, now)
+        if r != NULL:
+            r.src = hb.src
+            r.seq = hb.seq
+            r.sent_ns = hb.sent_ns
+            r.load = hb.load
+            r.queue_len = hb.queue_len
+            r.rate = hb.rate
+
+    cdef void end_window(self, int64_t now) noexcept nogil:
+        self._rec(CALL_END_WINDOW, now)
+
+    cdef void fill_heartbeat(self, Heartbeat* hb) noexcept nogil:
+        Policy.fill_heartbeat(self, hb)
+        hb.load = self.last_load
+        hb.queue_len = self.last_queue
+        hb.rate = self.last_rate
+        self._rec(CALL_FILL_HEARTBEAT, 0)
+
+    def calls(self):
+        """The log: a list of dicts with ``call`` (name), ``now`` and, where they apply,
+        ``src``, ``seq``, ``sent_ns``, ``load``, ``queue_len`` and ``rate``."""
+        cdef Py_ssize_t i
+        cdef CallRec* r
+        out = []
+        for i in range(self.count):
+            r = &self.log[i]
+            d = {"call": CALL_NAMES[r.kind], "now": r.now}
+            if r.kind == CALL_OBSERVE_LOCAL:
+                d.update(load=r.load, queue_len=r.queue_len, rate=r.rate)
+            elif r.kind == CALL_OBSERVE_PEER:
+                d.update(src=r.src, seq=r.seq, sent_ns=r.sent_ns, load=r.load,
+                         queue_len=r.queue_len, rate=r.rate)
+            out.append(d)
+        return out

@@ -1,0 +1,184 @@
+"""One window driver for both clocks (malcolm/policy/driver.pxd).
+
+The simulator's engine and the runtime's policy thread both run the driver's window
+protocol. A ``RecordingPolicy`` logs the calls it receives; the same checks must pass on the
+log from a simulated rack and on the log from real servers on loopback UDP.
+"""
+
+import inspect
+import time
+
+import pytest
+from malcolm.net.server import Server
+from malcolm.net.transport import open_transport
+from malcolm.policy.driver import STEAL_GATE_CAPACITY, RecordingPolicy
+from malcolm.sim._engine import Engine
+
+from malcolm import config
+from malcolm.policy import defaults
+from malcolm.policy.defaults import EST_ALPHA, EST_PRIOR_SERVICE_US
+from malcolm.sim import run
+from malcolm.workloads import parse_workload
+
+WINDOW_PATTERN = ["observe_local", "end_window", "fill_heartbeat"]
+
+
+def check_protocol(logs, strict_seq, from_one=True, allow_skip=False):
+    """The window protocol, from the logs of every server of a rack.
+
+    Every server: one ``observe_local`` at the start, then whole windows of
+    ``observe_local(now) -> end_window(now) -> fill_heartbeat``, with ``load = queue / rate``
+    (``allow_skip``: a window may end without ``fill_heartbeat`` when the last heartbeat is
+    still unsent, as at runtime). Every heartbeat received: seq counts from 1 (``from_one``)
+    in order (``strict_seq``: with no gaps), and its ``sent_ns`` and load are those of one
+    of its sender's window ends.
+    """
+    n = len(logs)
+    ends = []
+    for me, calls in enumerate(logs):
+        own = [c for c in calls if c["call"] != "observe_peer"]
+        assert own[0]["call"] == "observe_local", own[:3]
+        mine = {}
+        k, skipped = 1, 0
+        while k < len(own):
+            loc, end = own[k], own[k + 1]
+            assert (loc["call"], end["call"]) == tuple(WINDOW_PATTERN[:2]), own[k:k + 3]
+            assert loc["now"] == end["now"]
+            assert loc["load"] == pytest.approx(loc["queue_len"] / loc["rate"], rel=1e-12)
+            if k + 2 < len(own) and own[k + 2]["call"] == "fill_heartbeat":
+                mine[loc["now"]] = loc
+                k += 3
+            else:
+                assert allow_skip, ("window without a heartbeat", me, own[k:k + 3])
+                skipped += 1
+                k += 2
+        windows = len(mine) + skipped
+        # (how many heartbeats a loaded machine's gateway skips is not this test's business)
+        assert windows >= 5 and len(mine) >= 3, (me, windows, skipped)
+        assert sorted(mine) == [c["now"] for c in own[1:] if c["now"] in mine
+                                and c["call"] == "observe_local"]   # time moves forward
+        ends.append(mine)
+    received = 0
+    for me, calls in enumerate(logs):
+        peers = [c for c in calls if c["call"] == "observe_peer"]
+        for src in range(n):
+            got = [c for c in peers if c["src"] == src]
+            assert src != me or not got
+            if src == me or not got:
+                continue
+            seqs = [c["seq"] for c in got]
+            assert seqs[0] == 1 or not from_one, (me, src, seqs[:5])
+            if strict_seq:
+                assert seqs == list(range(1, len(seqs) + 1)), (me, src)
+            else:
+                assert all(b > a for a, b in zip(seqs, seqs[1:], strict=False)), (me, src)
+            for c in got:
+                w = ends[src].get(c["sent_ns"])
+                assert w is not None, ("heartbeat not stamped at a window end", me, c)
+                assert c["now"] >= c["sent_ns"]
+                assert (c["load"], c["queue_len"], c["rate"]) == (
+                    w["load"], w["queue_len"], w["rate"])
+            received += len(got)
+    assert received > 0
+
+
+def _sim_logs(n=3, jitter_ns=0.0, gateway_ns=0.0, loss=0.0, tasks=20_000):
+    pols = [RecordingPolicy(n, i, 1) for i in range(n)]
+    wl = parse_workload("exp:50")
+    window_ns = 100_000.0
+    eng = Engine([2] * n, [1.0] * n, wl.native(), mode=0, sched=0, quantum_ns=0.0,
+                 rate_per_ns=0.6 * 2 * n / wl.native().mean_ns, shares=[1.0] * n,
+                 n_tasks=tasks, n_warm=0, seed=3, delay_ns=2000.0, jitter_ns=jitter_ns,
+                 window_ns=window_ns, loss=loss,
+                 phases_ns=[window_ns * (i + 1) / (n + 1) for i in range(n)],
+                 policies=pols, gateway_ns=gateway_ns)
+    raw = eng.run()
+    assert raw["generated"] == raw["completed"]
+    for p in pols:
+        assert p.overflow == 0
+    return [p.calls() for p in pols], raw
+
+
+@pytest.mark.parametrize("jitter_ns,gateway_ns", [(0.0, 0.0), (500.0, 0.0), (0.0, 300.0),
+                                                  (500.0, 300.0)])
+def test_simulator_runs_the_window_protocol(jitter_ns, gateway_ns):
+    # every delivery path: one event for all peers, one per peer, and through the gateways
+    logs, raw = _sim_logs(jitter_ns=jitter_ns, gateway_ns=gateway_ns)
+    check_protocol(logs, strict_seq=True)
+    assert raw["hb_overrun"] == 0
+
+
+def test_simulator_protocol_with_lost_heartbeats():
+    logs, raw = _sim_logs(loss=0.3)
+    assert raw["hb_lost"] > 0
+    check_protocol(logs, strict_seq=False, from_one=False)
+
+
+def test_runtime_runs_the_same_window_protocol():
+    """Three real servers on loopback UDP, 2 ms windows, for about 0.2 s."""
+    n = 3
+    trs = [open_transport("udp", "127.0.0.1:0") for _ in range(n)]
+    addrs = [t.address for t in trs]
+    pols = [RecordingPolicy(n, i, 1) for i in range(n)]
+    servers = [Server(trs[i], addrs, i, pols[i], handler="spin", workers=1, window_us=2000.0)
+               for i in range(n)]
+    try:
+        for s in servers:
+            s.start()
+        time.sleep(0.25)
+    finally:
+        reps = [s.stop(grace_s=1.0) for s in servers]
+    assert all(r["stuck_threads"] == [] for r in reps)
+    for p in pols:
+        assert p.overflow == 0
+    # A window's heartbeat is skipped at runtime when the gateway has not sent the last one
+    # yet (the driver then fills none); everything else is the simulator's check.
+    check_protocol([p.calls() for p in pols], strict_seq=False, allow_skip=True)
+
+
+def test_one_set_of_estimator_defaults():
+    assert 0 < EST_ALPHA <= 1 and EST_PRIOR_SERVICE_US > 0
+    assert inspect.signature(run.simulate).parameters["ewma"].default == EST_ALPHA
+    assert config.RACK_KEYS["est_alpha"][1] == EST_ALPHA
+    assert config.RACK_KEYS["prior_service_us"][1] == EST_PRIOR_SERVICE_US
+    # the pure-Python bound is the compiled StealGate's
+    assert defaults.MAX_STEALS_IN_FLIGHT == STEAL_GATE_CAPACITY
+    assert inspect.signature(run.simulate).parameters["max_steals_in_flight"].default == \
+        defaults.STEALS_IN_FLIGHT
+
+
+def test_recording_policy_log_is_bounded():
+    p = RecordingPolicy(2, 0, max_calls=3)
+    for t in range(5):
+        p.py_observe_local(t, 1.0, 1.0, 1.0)
+    assert len(p.calls()) == 3 and p.overflow == 2
+    with pytest.raises(ValueError):
+        RecordingPolicy(2, 0, max_calls=0)
+
+
+def test_the_protocol_check_can_fail():
+    logs, _ = _sim_logs(tasks=5_000)
+    check_protocol(logs, strict_seq=True)
+    # end_window before observe_local: the order the runtime once had
+    bad = [list(c) for c in logs]
+    i = next(k for k, c in enumerate(bad[0]) if k > 0 and c["call"] == "observe_local")
+    bad[0][i], bad[0][i + 1] = bad[0][i + 1], bad[0][i]
+    with pytest.raises(AssertionError):
+        check_protocol(bad, strict_seq=True)
+    # a heartbeat stamped with a seq its sender never gave
+    bad = [list(c) for c in logs]
+    j = next(k for k, c in enumerate(bad[1]) if c["call"] == "observe_peer")
+    bad[1][j] = dict(bad[1][j], seq=bad[1][j]["seq"] + 1)
+    with pytest.raises(AssertionError):
+        check_protocol(bad, strict_seq=True)
+    # a heartbeat whose load is not its sender's at that window end
+    bad = [list(c) for c in logs]
+    bad[1][j] = dict(bad[1][j], load=bad[1][j]["load"] + 1.0)
+    with pytest.raises(AssertionError):
+        check_protocol(bad, strict_seq=False)
+    # a skipped heartbeat where skipping is not allowed (the simulator never lags)
+    bad = [list(c) for c in logs]
+    k = next(k for k, c in enumerate(bad[2]) if c["call"] == "fill_heartbeat")
+    del bad[2][k]
+    with pytest.raises(AssertionError):
+        check_protocol(bad, strict_seq=False)
