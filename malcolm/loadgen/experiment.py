@@ -245,8 +245,8 @@ class PolicyRack:
 def _delta(a, b):
     if a is None or b is None:
         return None
-    keys = ("rx_msgs", "gateway_busy_ns", "hb_sent", "hb_recv", "hb_observed", "hb_dropped",
-            "completed", "migrated_out", "stolen_in", "dropped_full")
+    keys = ("rx_msgs", "responses", "gateway_busy_ns", "hb_sent", "hb_recv", "hb_observed",
+            "hb_dropped", "completed", "migrated_out", "stolen_in", "dropped_full")
     d = {k: b.get(k, 0) - a.get(k, 0) for k in keys}
     d["uptime_s"] = b.get("uptime_s", 0) - a.get("uptime_s", 0)
     sa, sb = a.get("service", {}), b.get("service", {})
@@ -588,7 +588,9 @@ class Experiment:
                 if d is None:
                     continue
                 busy += d["gateway_busy_ns"]
-                msgs += d["rx_msgs"]
+                # every message the gateway handles: received, responses, heartbeat copies
+                # (the simulator charges gateway_ns to each; docs/simulator.md)
+                msgs += d["rx_msgs"] + d["responses"] + d["hb_sent"]
                 sent += d["hb_sent"]
                 seen += d["hb_observed"]
                 for lo, hi, c in d["service_buckets"]:
