@@ -8,7 +8,8 @@ MALCOLM_ONLY=glob  build only the extensions whose module name matches (for fast
 MALCOLM_JOBS=N     parallel compile jobs (default: the number of CPUs).
 
 An extension that needs a system library which is missing (libibverbs for the RDMA
-transport) is skipped with a message; the rest of the package still installs.
+transport, librocksdb for the ``rocksdb`` handler) is skipped with a message; the rest of the
+package still installs.
 """
 
 import fnmatch
@@ -28,6 +29,7 @@ ONLY = os.environ.get("MALCOLM_ONLY")
 # Extensions that link a system library: module -> (library, header, Debian package).
 SYSTEM_LIBS = {
     "malcolm.net._verbs": ("ibverbs", "infiniband/verbs.h", "libibverbs-dev"),
+    "malcolm.workers.rocksdb": ("rocksdb", "rocksdb/c.h", "librocksdb-dev"),
 }
 
 

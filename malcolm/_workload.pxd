@@ -5,7 +5,8 @@ Times are nanoseconds. The struct is plain C memory with no pointers, so it can 
 or embedded by value (the simulator keeps one; the load generator may keep one per thread).
 An empirical component (measured service times) samples the inverse of its empirical CDF,
 kept as ``WL_EMP_N`` quantiles from the smallest to the largest sample in the struct itself
-(16 kB), so at most one component of a mixture can be empirical.
+(16 kB each), so at most ``WL_EMP_MAX`` components of a mixture can be empirical (two: the
+RocksDB GET(16)/GET(64) mixes measured on the real handler).
 """
 from malcolm._core cimport Rng
 
@@ -17,6 +18,7 @@ cdef enum:
     WL_LOGNORMAL = 3
     WL_EMPIRICAL = 4
     WL_EMP_N = 2048         # quantiles of an empirical component: min, ..., max
+    WL_EMP_MAX = 2          # empirical components per mixture
 
 
 ctypedef struct WorkloadC:
@@ -28,7 +30,8 @@ ctypedef struct WorkloadC:
     double a[WL_MAX]
     double b[WL_MAX]        # ns: uniform high; lognormal shape sigma (dimensionless)
     double mean_ns          # mixture mean
-    double emp[WL_EMP_N]    # ns: quantiles k / (WL_EMP_N - 1) of the empirical component
+    int emp_slot[WL_MAX]    # empirical component -> its row of emp
+    double emp[WL_EMP_MAX][WL_EMP_N]   # ns: quantiles k / (WL_EMP_N - 1)
 
 
 cdef double wl_sample(const WorkloadC* w, Rng* r, int* task_type) noexcept nogil

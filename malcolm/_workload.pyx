@@ -29,9 +29,10 @@ cdef double wl_sample(const WorkloadC* w, Rng* r, int* task_type) noexcept nogil
         # largest measured time
         z = rng_uniform(r) * (WL_EMP_N - 1)
         i = <int>z
+        k = w.emp_slot[t]
         if i >= WL_EMP_N - 1:
-            return w.emp[WL_EMP_N - 1]
-        return w.emp[i] + (z - i) * (w.emp[i + 1] - w.emp[i])
+            return w.emp[k][WL_EMP_N - 1]
+        return w.emp[k][i] + (z - i) * (w.emp[k][i + 1] - w.emp[k][i])
     # Lognormal: Box-Muller for the normal (one of the pair is dropped; cheap enough).
     z = sqrt(-2.0 * log(1.0 - rng_uniform(r))) * cos(2.0 * M_PI * rng_uniform(r))
     return exp(w.a[t] + w.b[t] * z)
@@ -49,11 +50,13 @@ cdef class NativeWorkload:
         Component parameters in µs (lognormal: mean in µs and shape sigma; empirical: its
         mean, unused).
     table : sequence of float, optional
-        The empirical component's ``WL_EMP_N`` quantiles in µs, non-decreasing (at most one
-        component may be empirical).
+        The empirical component's ``WL_EMP_N`` quantiles in µs, non-decreasing.
+    tables : sequence of sequences, optional
+        Instead of ``table`` when there are several: one table per empirical component, in
+        component order (at most ``WL_EMP_MAX``).
     """
 
-    def __init__(self, weights, kinds, a, b, table=None):
+    def __init__(self, weights, kinds, a, b, table=None, tables=None):
         cdef int n = len(weights), i, n_emp = 0
         if not 1 <= n <= WL_MAX:
             raise ValueError(f"a workload has 1..{WL_MAX} components, got {n}")
@@ -73,6 +76,9 @@ cdef class NativeWorkload:
                 raise ValueError(f"unknown component kind {k}")
             self.c.kind[i] = k
             if k == WL_EMPIRICAL:
+                if tables is not None:
+                    table = tables[n_emp] if n_emp < len(tables) else None
+                self.c.emp_slot[i] = n_emp
                 m = self._set_table(table, n_emp)
                 n_emp += 1
                 self.c.a[i] = m * 1e3
@@ -93,15 +99,15 @@ cdef class NativeWorkload:
     cdef double _set_table(self, table, int n_emp) except -1.0:
         """Store the empirical quantiles (µs) in ns; return their distribution's mean (µs)."""
         cdef int j
-        if n_emp:
-            raise ValueError("at most one component of a workload can be empirical")
+        if n_emp >= WL_EMP_MAX:
+            raise ValueError(f"at most {WL_EMP_MAX} components of a workload can be empirical")
         if table is None or len(table) != WL_EMP_N:
             raise ValueError(f"an empirical component needs {WL_EMP_N} quantiles")
         q = np.asarray(table, dtype=np.float64)
         if not np.all(np.isfinite(q)) or q[0] < 0 or np.any(np.diff(q) < 0):
             raise ValueError("empirical quantiles must be finite, >= 0 and non-decreasing")
         for j in range(WL_EMP_N):
-            self.c.emp[j] = q[j] * 1e3
+            self.c.emp[n_emp][j] = q[j] * 1e3
         # mean of the piecewise-linear inverse CDF that wl_sample draws from
         return float((q.sum() - 0.5 * (q[0] + q[WL_EMP_N - 1])) / (WL_EMP_N - 1))
 

@@ -15,6 +15,7 @@ COMMANDS = {
     "serve": ("malcolm.commands.serve", "serve", "Run one server of a rack (real runtime)."),
     "rack": ("malcolm.commands.rack", "rack", "Start a local rack, or check a rack file."),
     "loadgen": ("malcolm.commands.loadgen", "loadgen", "Open-loop load generator for a rack."),
+    "rocksdb": ("malcolm.commands.rocksdb", "rocksdb", "The RocksDB GET(n) service: build, time."),
     "demo": ("malcolm.commands.demo", "demo", "Main job: a small rack, Malcolm vs baselines."),
 }
 

@@ -16,6 +16,9 @@ Names
 ``hyperexp2``     75% Exp(50), 20% Exp(500), 5% Exp(5000).
 ``rocksdb1``      90% GET(16), 10% GET(64).
 ``rocksdb2``      50% GET(16), 50% GET(64).
+``rocksdb1-measured``, ``rocksdb2-measured``
+                  the same mixes with the GET(16) and GET(64) service times measured on the
+                  real ``rocksdb`` handler of this project's 2-vCPU development VM (empirical).
 ``fig2.1a``       Exp(20) (thesis Fig 2.1, low dispersion).
 ``fig2.1b``       95% Exp(20), 5% Exp(400) (thesis Fig 2.1, high dispersion).
 ``fig3.2a``       50% Exp(10), 50% Exp(1000) (thesis Fig 3.2 "HyperExp-1").
@@ -28,6 +31,12 @@ RocksDB service-time model: the thesis gives only the means of a GET(16) (about 
 GET(64) (about 100 µs) on its machines. A GET of n keys does a fixed amount of work, so we
 model each as *near-constant*: lognormal with that mean and shape sigma = 0.1 (coefficient of
 variation about 10%).
+
+The ``-measured`` variants are empirical instead: the CPU time per GET of the real handler,
+measured by ``malcolm rocksdb calibrate`` (20 000 GETs of each size, uniform keys over a
+1 000 000-key dictionary of 16-byte values; ``docs/figures/rocksdb-calibration.json`` and
+``docs/rocksdb.md`` have the run). The run kept 18 quantiles per size, dense in the tail; the
+inverse CDF is linear between them.
 
 Mixture syntax
 --------------
@@ -213,7 +222,7 @@ class Workload:
             [KINDS.index(c.kind) for c in self.components],
             [c.a for c in self.components],
             [c.b for c in self.components],
-            table=tables[0] if tables else None,
+            tables=tables or None,
         )
 
 
@@ -226,7 +235,27 @@ def _lognormal_get(mean):
 
 
 def _mixture(name, pairs):
-    return Workload(name, tuple(Component(w, c.kind, c.a, c.b) for w, c in pairs))
+    return Workload(name, tuple(Component(w, c.kind, c.a, c.b, c.table) for w, c in pairs))
+
+
+def _from_quantiles(points_p, points_us):
+    """An empirical component through the points (p, quantile µs), linear between them."""
+    q = np.interp(np.linspace(0.0, 1.0, EMP_QUANTILES), points_p, points_us)
+    mean = float((q.sum() - 0.5 * (q[0] + q[-1])) / (EMP_QUANTILES - 1))
+    return Component(1.0, "empirical", mean, 0.0, tuple(float(v) for v in q))
+
+
+# CPU time (µs) of one rocksdb-handler GET at these probabilities: `malcolm rocksdb calibrate
+# DB --samples 20000 --warmup 20000` on the 2-vCPU AMD EPYC development VM, 2026-11-23 00:55
+# UTC, load average 8.3 (five other engineers building); docs/figures/rocksdb-calibration.json.
+_P = (0.0, 0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995,
+      0.999, 1.0)
+_GET16_US = (30.53, 34.08, 35.83, 36.9, 38.16, 39.22, 40.24, 41.36, 42.67, 44.42, 47.2, 53.41,
+             62.13, 85.62, 134.42, 176.21, 226.57, 308.6)
+_GET64_US = (124.63, 134.88, 140.38, 143.81, 148.36, 152.18, 156.21, 161.02, 167.26, 177.39,
+             195.4, 227.29, 263.96, 329.89, 378.23, 405.89, 474.89, 695.09)
+_GET16 = _from_quantiles(_P, _GET16_US)
+_GET64 = _from_quantiles(_P, _GET64_US)
 
 
 NAMED = {
@@ -236,6 +265,8 @@ NAMED = {
     "hyperexp2": _mixture("hyperexp2", [(75, _exp(50)), (20, _exp(500)), (5, _exp(5000))]),
     "rocksdb1": _mixture("rocksdb1", [(90, _lognormal_get(30)), (10, _lognormal_get(100))]),
     "rocksdb2": _mixture("rocksdb2", [(50, _lognormal_get(30)), (50, _lognormal_get(100))]),
+    "rocksdb1-measured": _mixture("rocksdb1-measured", [(90, _GET16), (10, _GET64)]),
+    "rocksdb2-measured": _mixture("rocksdb2-measured", [(50, _GET16), (50, _GET64)]),
     "fig2.1a": _mixture("fig2.1a", [(1, _exp(20))]),
     "fig2.1b": _mixture("fig2.1b", [(95, _exp(20)), (5, _exp(400))]),
     "fig3.2a": _mixture("fig3.2a", [(50, _exp(10)), (50, _exp(1000))]),

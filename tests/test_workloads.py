@@ -7,7 +7,8 @@ from malcolm.workloads import NAMED, parse_workload
 
 MEANS = {"exp:50": 50.0, "bimodal": 95.0, "hyperexp1": 275.0, "hyperexp2": 387.5,
          "rocksdb1": 37.0, "rocksdb2": 65.0, "fig2.1a": 20.0, "fig2.1b": 39.0,
-         "fig3.2a": 505.0, "fig3.2b": 0.999 * 25 + 0.001 * 25025}
+         "fig3.2a": 505.0, "fig3.2b": 0.999 * 25 + 0.001 * 25025,
+         "rocksdb1-measured": 58.621781, "rocksdb2-measured": 111.359813}
 
 
 @pytest.mark.parametrize("name,mean", sorted(MEANS.items()))
@@ -41,6 +42,26 @@ def test_rocksdb_is_near_constant():
     get16 = svc[types == 0] / 1e3
     assert get16.mean() == pytest.approx(30.0, rel=0.01)
     assert get16.std() / get16.mean() == pytest.approx(0.1, rel=0.1)
+
+
+def test_measured_rocksdb_reproduces_its_quantiles():
+    """rocksdb*-measured: two empirical types in one mixture; both samplers follow the
+    recorded quantiles of each GET size."""
+    from malcolm._workload import NativeWorkload
+
+    from malcolm import workloads as W
+    w = parse_workload("rocksdb2-measured")
+    types, svc = w.native().sample(400_000, seed=4)
+    t2, s2 = w.sample(400_000, np.random.default_rng(4))
+    for t, pts in ((0, W._GET16_US), (1, W._GET64_US)):
+        for p, x in zip(W._P, pts, strict=True):
+            if 0.05 <= p <= 0.99:
+                assert np.quantile(svc[types == t], p) / 1e3 == pytest.approx(x, rel=0.02)
+                assert np.quantile(s2[t2 == t], p) == pytest.approx(x, rel=0.02)
+        assert svc[types == t].min() / 1e3 >= pts[0] and svc[types == t].max() / 1e3 <= pts[-1]
+    q = w.components[0].table
+    with pytest.raises(ValueError, match="at most 2"):
+        NativeWorkload([1, 1, 1], [4, 4, 4], [0, 0, 0], [0, 0, 0], tables=[q, q, q])
 
 
 def test_mixture_syntax():

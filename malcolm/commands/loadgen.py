@@ -75,9 +75,24 @@ def _clean(v):
               help="Print one JSON object: {'runs': [report, ...]} with the histograms.")
 @click.option("--raw-out", type=click.Path(dir_okay=False), default=None,
               help="With --raw: write the samples (ns, int64) of the last rate to this .npy.")
+@click.option("--app", default=None,
+              help="Send real requests instead of service times: rocksdb1, rocksdb2 or "
+                   "rocksdb:W:N,W:N,... (GET(N) mixes; servers run the rocksdb handler). "
+                   "Every value is checked. See docs/rocksdb.md.")
+@click.option("--keys", "app_keys", type=int, default=None,
+              help="--app: keys in the dictionary (default: read from the rack's database "
+                   "when it is on this host, else 1000000).")
+@click.option("--value-size", "app_value_size", type=int, default=None,
+              help="--app: bytes per value (default: as --keys, else 16).")
+@click.option("--key-dist", default="uniform", show_default=True,
+              help="--app: uniform, or zipf:S (e.g. zipf:0.99).")
+@click.option("--bad-fraction", default=0.0, show_default=True,
+              help="--app: share of requests made malformed on purpose; each must be "
+                   "answered 'bad input'.")
 def loadgen(rack_path, servers, transport, rate_text, workload, duration, warmup, threads,
             timeout, shares, changes, policy, poll, spin_us, raw, raw_max, lag_threshold,
-            seed, bind, as_json, raw_out):
+            seed, bind, as_json, raw_out, app, app_keys, app_value_size, key_dist,
+            bad_fraction):
     """Send open-loop Poisson load to a rack and report latency and accounting.
 
     Latency is measured from each task's intended send time, so a stalled server or a
@@ -117,6 +132,18 @@ def loadgen(rack_path, servers, transport, rate_text, workload, duration, warmup
             changes=[parse_change(c, n) for c in changes], policy=policy,
             busy=poll == "busy", spin_us=spin_us, raw=raw, raw_max=raw_max,
             lag_threshold_us=lag_threshold, seed=seed, bind=bind)
+        if app:
+            from malcolm.loadgen import apps
+            shape = None
+            if rack_path and (app_keys is None or app_value_size is None):
+                shape = apps.dictionary_shape(rack_path)
+            try:
+                spec.app = apps.parse_app(
+                    app, app_keys if app_keys is not None else shape and shape[0],
+                    app_value_size if app_value_size is not None else shape and shape[1],
+                    key_dist, bad_fraction)
+            except apps.AppError as e:
+                raise LoadgenError(str(e)) from None
         rates = parse_rates(rate_text)
         spec.validate()
         if raw_out and not raw:
@@ -127,8 +154,9 @@ def loadgen(rack_path, servers, transport, rate_text, workload, duration, warmup
     stop = threading.Event()
     old = signal.signal(signal.SIGINT, lambda *a: stop.set())
     if not as_json:
+        what = spec.app.describe() if spec.app else workload
         click.echo(f"loadgen: {n} server(s) over {target.transport} ({target.source}), "
-                   f"workload {workload}, {threads} thread(s), {spec.duration_s:g} s per rate "
+                   f"workload {what}, {threads} thread(s), {spec.duration_s:g} s per rate "
                    f"after {spec.warmup_s:g} s warm-up, poll {poll}")
         click.echo(HEADER)
 
@@ -152,6 +180,9 @@ def loadgen(rack_path, servers, transport, rate_text, workload, duration, warmup
         click.echo(json.dumps({"runs": [_clean(r) for r in reps]}))
     if any(not r["accounted"] for r in reps):
         sys.exit(2)
+    if any(r.get("app") and (r["app"]["wrong_values"] or r["app"]["bad_accepted"])
+           for r in reps):
+        sys.exit(3)
     if any(r.get("interrupted") for r in reps):
         sys.exit(130)
     return reps

@@ -25,6 +25,7 @@ from malcolm._core cimport Rng, mc_aligned_alloc, mc_cpu_relax, mc_load_acq, mc_
     mc_store_rel, rng_exponential, rng_seed, rng_uniform
 from malcolm._workload cimport NativeWorkload, WorkloadC, wl_sample
 from malcolm._hist cimport N_BUCKETS, Hist, hist_add
+from malcolm.loadgen._apps cimport KvApp
 from malcolm.net._wire cimport *
 from malcolm.net.transport cimport BATCH, MsgBuf, Transport, addr_parse
 from malcolm.policy.base cimport MAX_SERVERS, ClientPolicy
@@ -111,12 +112,17 @@ cdef class LoadClient:
         Keep up to this many exact latency samples (0: histogram only).
     lag_threshold_us : float
         A send later than this behind its schedule counts as late.
+    app : malcolm.loadgen._apps.KvApp or None
+        A real application (``--app rocksdb1``): it writes each request's payload and type,
+        and checks each response (``malcolm/loadgen/apps.py``).
     """
     cdef Transport tr
     cdef NetAddr servers[MAX_SERVERS]
     cdef int n_servers
     cdef ClientPolicy pol
     cdef bint use_pol
+    cdef KvApp app
+    cdef bint use_app
     cdef WorkloadC wl
     cdef Rng rng
     cdef uint32_t client_id
@@ -144,7 +150,7 @@ cdef class LoadClient:
                  long long client_id, unsigned long long seed, phases, double warmup_s,
                  double duration_s, double timeout_s, ClientPolicy policy=None,
                  bint busy=False, double spin_us=50.0, long long raw_capacity=0,
-                 double lag_threshold_us=50.0, long long window=0):
+                 double lag_threshold_us=50.0, long long window=0, KvApp app=None):
         cdef int i, j, n
         cdef double rate, tot, acc
         if not 1 <= len(servers) <= MAX_SERVERS:
@@ -163,6 +169,8 @@ cdef class LoadClient:
         self.client_id = <uint32_t>client_id
         rng_seed(&self.rng, seed, 7919 + client_id)
         self.use_pol = policy is not None
+        self.app = app
+        self.use_app = app is not None
         self.pol = policy
         if policy is not None and policy.n != self.n_servers:
             raise ValueError(f"client policy built for {policy.n} servers, not {self.n_servers}")
@@ -302,6 +310,11 @@ cdef class LoadClient:
         t.task_type = <uint16_t>tt
         t.payload_len = 0
         t.payload = NULL
+        if self.use_app:
+            t.payload_len = self.app.fill(self.next_id, &tt)
+            t.payload = self.app.pbuf
+            t.task_type = <uint16_t>tt
+            t.service_ns = 0            # the handler does real work: nothing to request
         t.request_id = self.next_id
         t.send_ns = intended
         slot = self.next_id & self.mask
@@ -356,6 +369,9 @@ cdef class LoadClient:
             self.c.duplicates += 1
             return
         self.req_state[slot] = R_DONE
+        if self.use_app:
+            self.app.on_response(rid, r.status, r.task_type, r.payload, r.payload_len,
+                                 now - self.req_t[slot], st == R_OUT)
         if r.server < MAX_SERVERS:
             self.c.answered_by[r.server] += 1
         if st == R_OUT_WARM:

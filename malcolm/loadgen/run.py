@@ -197,6 +197,7 @@ class LoadSpec:
     bind: str | None = None
     cpus: list | None = None             # pin client thread i to cpus[i % len(cpus)]
     nice: int | None = None              # the client threads' nice value (if permitted)
+    app: object = None                   # a malcolm.loadgen.apps.AppSpec (real requests)
 
     def validate(self):
         from malcolm.workloads import parse_workload
@@ -275,7 +276,7 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
     phases = spec.phases(rate)
     per = [(t, r / spec.threads, s) for t, r, s in phases]
     base_id = (os.getpid() * 64 + int(time.monotonic_ns() // 1000)) & 0x3FFFFFF
-    clients, trs = [], []
+    clients, trs, kv = [], [], []
     try:
         for i in range(spec.threads):
             tr = _open(spec.target.transport, spec.bind, i, spec.target.servers)
@@ -284,14 +285,16 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
                 servers = [tr.parse(s) for s in spec.target.servers]
             except ValueError as e:
                 raise LoadgenError(f"bad server address: {e}") from None
+            cid = ((base_id << 6) + i) & 0xFFFFFFFF
+            kv.append(spec.app.make(cid) if spec.app else None)
             clients.append(LoadClient(
-                tr, servers, wl.native(), client_id=((base_id << 6) + i) & 0xFFFFFFFF,
+                tr, servers, wl.native(), client_id=cid,
                 seed=spec.seed * 1_000_003 + int(rate), phases=per,
                 warmup_s=spec.warmup_s, duration_s=spec.duration_s,
                 timeout_s=spec.timeout_s, policy=spec.client_policy(i), busy=spec.busy,
                 spin_us=spec.spin_us,
                 raw_capacity=(spec.raw_max // spec.threads) if spec.raw else 0,
-                lag_threshold_us=spec.lag_threshold_us))
+                lag_threshold_us=spec.lag_threshold_us, app=kv[-1]))
         from malcolm._core import now_ns
         t0 = now_ns() + 20_000_000         # every thread starts on the same schedule
         threads = [threading.Thread(target=_pinned_run, args=(c, t0, spec.cpus, i, spec.nice),
@@ -321,6 +324,9 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
         for tr in trs:
             tr.close()
     rep = report(spec, rate, results, wl)
+    if spec.app:
+        rep["workload"] = spec.app.describe()
+        rep["app"] = spec.app.report([a.results() for a in kv])
     rep["interrupted"] = interrupted
     return rep
 
@@ -502,6 +508,8 @@ def notes(rep):
             out.append(f"  {rep[key]} {what}")
     if not rep["accounted"]:
         out.append(f"  WARNING: {rep['unaccounted']} task(s) unaccounted for")
+    from malcolm.loadgen import apps
+    out.extend(apps.lines(rep))
     if rep.get("interrupted"):
         out.append("  interrupted: the run was cut short")
     return out

@@ -44,7 +44,7 @@ from malcolm.policy.driver cimport (
     WindowState, drv_end_window, drv_observe_peer, drv_start,
 )
 from malcolm.policy.defaults import EST_ALPHA, EST_PRIOR_SERVICE_US
-from malcolm.workers.handlers cimport Handler, malcolm_task
+from malcolm.workers.handlers cimport MALCOLM_BAD_INPUT, Handler, malcolm_task
 
 log = logging.getLogger("malcolm.server")
 
@@ -617,6 +617,9 @@ cdef class Server:
                 s.status = ST_OK
                 s.out_len = t.out_len if t.out_len <= MAX_PAYLOAD else MAX_PAYLOAD
                 mc_add64_relaxed(&self.c.completed, 1)
+            elif rc == MALCOLM_BAD_INPUT:
+                s.status = ST_BAD_INPUT     # the handler found the request malformed
+                s.out_len = 0               # (counted in bad_input by the gateway)
             else:
                 s.status = ST_HANDLER_ERROR
                 s.out_len = 0
@@ -951,6 +954,8 @@ cdef class Server:
             b.len = wire_put_resp(b.data, b.cap, self.me, &r)
             self._free_slot(idx)
             self.c.responses += 1
+            if r.status == ST_BAD_INPUT:
+                self.c.bad_input += 1
             k += 1
             if self.draining:
                 continue

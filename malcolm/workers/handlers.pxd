@@ -17,6 +17,12 @@ cdef extern from "workers/malcolm_handler.h" nogil:
         uint32_t out_cap
         uint32_t out_len
     ctypedef int (*malcolm_handler_fn)(void* ctx, malcolm_task* task) noexcept
+    ctypedef void* (*malcolm_init_fn)(const char* arg) noexcept
+    ctypedef void (*malcolm_fini_fn)(void* ctx) noexcept
+    enum:
+        MALCOLM_OK               # the task ran: status ok
+        MALCOLM_ERROR            # (any other value too) status "handler error"
+        MALCOLM_BAD_INPUT        # the request is malformed: status "bad input"
 
 
 cdef class Handler:
@@ -26,4 +32,5 @@ cdef class Handler:
     cdef readonly bint python          # calls into Python (takes the GIL per task)
     cdef object _keep                  # objects that must outlive the function pointer
     cdef void* _dl                     # dlopen handle
+    cdef malcolm_fini_fn _fini         # a shared-library handler's SYMBOL_fini, if any
     cdef uint8_t* _state               # the built-in handlers' parameters

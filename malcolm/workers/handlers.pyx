@@ -14,10 +14,15 @@ Built-in (``spec`` in the rack file or ``--handler``):
                 that much short of the deadline (``bench:q=0.95`` for another quantile,
                 ``bench:max_spin_us=200`` caps the margin).
 ``echo``        answer with the task's payload.
+``rocksdb:path=PATH[,cache_mb=64]``
+                GET(n) on a RocksDB dictionary (:mod:`malcolm.workers.rocksdb`; needs
+                librocksdb, and a database built by ``malcolm rocksdb load``).
 
 User handlers (see ``malcolm/workers/malcolm_handler.h`` for the C ABI):
 
-``so:PATH:SYMBOL``          a C function in a shared library (dlopen + dlsym);
+``so:PATH:SYMBOL[@ARG]``    a C function in a shared library (dlopen + dlsym); if the library
+                            exports ``SYMBOL_init``, ``ctx = SYMBOL_init(ARG or "")`` once,
+                            and ``SYMBOL_fini(ctx)`` (if exported) at the end;
 ``cffi:MODULE:SYMBOL``      a C function of a cffi API-mode extension module;
 ``python:MODULE:FUNC``      a Python callable ``f(task_type, service_ns, payload) -> bytes | None``.
                             **Slow**: each task takes the GIL (microseconds, and the workers
@@ -25,6 +30,7 @@ User handlers (see ``malcolm/workers/malcolm_handler.h`` for the C ABI):
 """
 import importlib
 import os
+import re
 
 from cpython.ref cimport PyObject
 from libc.stdint cimport int64_t, uint8_t, uint64_t
@@ -174,7 +180,7 @@ cdef int h_python(void* ctx, malcolm_task* t) noexcept nogil:
                 return 0
             out = bytes(out)
             if len(out) > t.out_cap:
-                return 2
+                return 1
             memcpy(t.out, <const char*>out, len(out))
             t.out_len = len(out)
             return 0
@@ -243,10 +249,25 @@ cdef class Handler:
             self.fn = h_sleep
         elif kind == "bench":
             self._init_bench(spec, rest)
+        elif kind == "rocksdb":
+            try:
+                from malcolm.workers import rocksdb as rdb
+            except ImportError as e:
+                raise ValueError(f"handler {spec!r}: the rocksdb extension is not built ({e}); "
+                                 "install the Debian package librocksdb-dev and rebuild "
+                                 "(./dev does both, as root)") from None
+            try:
+                st = rdb.open_handler(rest)
+            except rdb.RocksDBError as e:
+                raise ValueError(f"handler {spec!r}: {e}") from None
+            self._keep = st                 # owns the database handle the ctx points into
+            self.fn = <malcolm_handler_fn><void*><size_t>st.fn_addr
+            self.ctx = <void*><size_t>st.ctx_addr
         elif kind == "so":
-            path, sep, sym = rest.rpartition(":")
-            if not sep or not path or not sym:
-                raise ValueError(f"handler {spec!r} must be so:PATH:SYMBOL")
+            m = re.fullmatch(r"(.+?):([A-Za-z_][A-Za-z0-9_]*)(?:@(.*))?", rest, re.S)
+            if not m:
+                raise ValueError(f"handler {spec!r} must be so:PATH:SYMBOL[@ARG]")
+            path, sym, arg = m.groups()
             if not os.path.exists(path):
                 raise ValueError(f"handler {spec!r}: no such file {path}")
             bpath = os.fsencode(path)
@@ -257,6 +278,7 @@ cdef class Handler:
             self.fn = <malcolm_handler_fn>dlsym(self._dl, bsym)
             if self.fn == NULL:
                 raise ValueError(f"handler {spec!r}: no symbol {sym} in {path}")
+            self._init_state(spec, path, sym, arg)
         elif kind == "cffi":
             modname, sep, sym = rest.rpartition(":")
             if not sep or not modname or not sym:
@@ -281,8 +303,26 @@ cdef class Handler:
                 raise ValueError(f"handler {spec!r}: {fname} is not callable")
             self._set_python(f, spec)
         else:
-            raise ValueError(f"unknown handler {spec!r}; use bench, spin, spin:tsc, sleep, echo, "
-                             "so:PATH:SYMBOL, cffi:MODULE:SYMBOL or python:MODULE:FUNCTION")
+            raise ValueError(f"unknown handler {spec!r}; use bench, spin, spin:tsc, sleep, "
+                             "echo, rocksdb:path=PATH, so:PATH:SYMBOL[@ARG], cffi:MODULE:SYMBOL or "
+                             "python:MODULE:FUNCTION")
+
+    def _init_state(self, spec, path, sym, arg):
+        """The optional per-handler state of a shared-library handler: ``SYMBOL_init(arg)``
+        makes the ``ctx`` every call gets, ``SYMBOL_fini(ctx)`` releases it."""
+        cdef malcolm_init_fn init = <malcolm_init_fn>dlsym(self._dl, (sym + "_init").encode())
+        cdef bytes barg = (arg or "").encode()
+        if init == NULL:
+            if arg is not None:
+                raise ValueError(f"handler {spec!r}: @{arg} needs {sym}_init in {path}, "
+                                 "which it does not export")
+            return
+        self._fini = <malcolm_fini_fn>dlsym(self._dl, (sym + "_fini").encode())
+        self.ctx = init(barg)
+        if self.ctx == NULL:
+            self._fini = NULL
+            raise ValueError(f"handler {spec!r}: {sym}_init({arg or ''!r}) failed "
+                             "(returned NULL)")
 
     def _init_bench(self, spec, rest):
         cdef BenchState* b
@@ -335,6 +375,10 @@ cdef class Handler:
         self.spec = spec
 
     def __dealloc__(self):
+        # A server holds its Handler as long as the server object lives, so no worker calls
+        # the handler after this (as for _state below).
+        if self._fini != NULL:
+            self._fini(self.ctx)
         free(self._state)
         # dlclose is deliberately skipped: a worker may still be returning from the code.
 

@@ -21,6 +21,23 @@ typedef struct malcolm_task {
   uint32_t out_len;          /* ... and say how many */
 } malcolm_task;
 
-/* Return 0 on success; anything else answers the task with status "handler error". */
+/* Optional per-handler state (a shared library, "so:PATH:SYMBOL[@ARG]"): export
+       void *SYMBOL_init(const char *arg);   called once, before any task, with ARG ("" if
+                                             none); its result is the ctx of every call;
+                                             NULL refuses to start the server
+       void SYMBOL_fini(void *ctx);          called once, after the last call
+   The workers of a server share ctx, so keep it read-only or thread-safe; per-worker parts can
+   be indexed by task->worker (0 .. workers-1; 0 when the gateway runs tasks, workers = 0).
+   The rocksdb handler keeps its open database, read options and dictionary shape this way. */
+
+/* Return MALCOLM_OK (0) on success; MALCOLM_BAD_INPUT (2, the wire status "bad input") when
+   the request itself is malformed (the client's fault); anything else answers the task with
+   status "handler error" (the server's fault). Before 2026-11-23 every nonzero value meant
+   "handler error"; only 2 changed meaning. */
+#define MALCOLM_OK 0
+#define MALCOLM_ERROR 1
+#define MALCOLM_BAD_INPUT 2
 typedef int (*malcolm_handler_fn)(void *ctx, malcolm_task *task);
+typedef void *(*malcolm_init_fn)(const char *arg);
+typedef void (*malcolm_fini_fn)(void *ctx);
 #endif

@@ -1,0 +1,61 @@
+"""Thesis Figs 7.3 and 7.4, simulator side: p99 against load for the RocksDB GET(n) service.
+
+Fig 7.3: homogeneous rack, 8 servers x 8 workers. Fig 7.4: heterogeneous rack, 2 x 14 + 9 x 4
+workers. Workloads: ``rocksdb1-measured`` (90% GET(16), 10% GET(64)) and ``rocksdb2-measured``
+(50/50), whose service times are the empirical distributions measured on this project's real
+``rocksdb`` handler (``malcolm rocksdb calibrate``; ``malcolm.workloads``, docs/rocksdb.md).
+Policies: Malcolm (learning online from a random initialisation, ``load_scale`` = the
+workload's mean service time), JSQ and JBT (heartbeats every window), client power-of-2, and
+the ideal cFCFS as the reference. Same simulator settings as Figs 7.1/7.2 (2 µs one-way
+delay, 100 µs window, first ``--warmup`` of the tasks not measured).
+
+Writes ``fig7_3.{csv,png}`` and ``fig7_4.{csv,png}``.
+
+    python3 bench/figures/fig7_3_4.py [--out out/figures] [--quick] [--rack homo|hetero|both]
+"""
+
+import csv
+import os
+
+from common import parser, plot_panels, run_grid
+
+from malcolm.workloads import parse_workload
+
+RACKS = {"homo": ("fig7_3", "8x8", "homogeneous 8x8"),
+         "hetero": ("fig7_4", "2x14,9x4", "heterogeneous 2x14 + 9x4")}
+WORKLOADS = ("rocksdb1-measured", "rocksdb2-measured")
+
+
+def policies(wl):
+    scale = int(parse_workload(wl).mean_us * 1000)
+    return [("Malcolm", f"malcolm:load_scale={scale}"), ("JSQ", "jsq"), ("JBT", "jbt"),
+            ("client po2", "po2"), ("cFCFS (ideal)", "cfcfs")]
+
+
+def main():
+    ap = parser(__doc__, tasks=400_000)
+    ap.add_argument("--rack", choices=("homo", "hetero", "both"), default="both")
+    ap.add_argument("--warmup", type=float, default=0.5)
+    a = ap.parse_args()
+    loads = [0.6, 0.8, 0.9] if a.quick else [0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95]
+    tasks = min(a.tasks, 100_000) if a.quick else a.tasks
+    os.makedirs(a.out, exist_ok=True)
+    for key in (("homo", "hetero") if a.rack == "both" else (a.rack,)):
+        name, rack, title = RACKS[key]
+        points = [(label, dict(rack=rack, policy=pol, workload=wl, load=ld, tasks=tasks,
+                               seed=a.seed, warmup=a.warmup))
+                  for wl in WORKLOADS for label, pol in policies(wl) for ld in loads]
+        rows = run_grid(points)
+        with open(os.path.join(a.out, f"{name}.csv"), "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["rack"] + list(rows[0]))
+            w.writeheader()
+            for r in rows:
+                w.writerow(dict(rack=rack, **r))
+        panels = [(wl, lambda r, wl=wl: r["workload"] == wl, None) for wl in WORKLOADS]
+        plot_panels(rows, os.path.join(a.out, f"{name}.png"), panels,
+                    title=f"{name.replace('fig', 'Fig ').replace('_', '.')} (simulator): p99 vs "
+                          f"load, {title}, measured RocksDB service times ({tasks} tasks/point)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""``malcolm rocksdb``: build the GET(n) benchmark's dictionary and measure its service times."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+
+def _rdb():
+    try:
+        from malcolm.workers import rocksdb
+    except ImportError as e:
+        raise click.ClickException(
+            f"the rocksdb extension is not built ({e}); install the Debian package "
+            "librocksdb-dev and rebuild (./dev does both, as root)") from None
+    return rocksdb
+
+
+@click.group()
+def rocksdb():
+    """The RocksDB GET(n) service (thesis §7.1): dictionary, handler, calibration.
+
+    \b
+    Servers run it with `handler = "rocksdb:path=PATH"` in the rack file; clients send it
+    `malcolm loadgen --app rocksdb1` (docs/rocksdb.md).
+    """
+
+
+@rocksdb.command()
+@click.option("--keys", default=1_000_000, show_default=True,
+              help="Number of keys (indices 0..keys-1).")
+@click.option("--value-size", default=16, show_default=True,
+              help="Bytes per value, 1..1024. With 16, the answer to a GET(64) is exactly "
+                   "the 1024 bytes a response payload holds.")
+@click.option("--force", is_flag=True, help="Replace an existing database at PATH.")
+@click.argument("path", type=click.Path())
+def load(keys, value_size, force, path):
+    """Build the dictionary at PATH: deterministic values, so clients check what they get."""
+    rdb = _rdb()
+
+    def progress(done, total):
+        if sys.stderr.isatty():
+            click.echo(f"\r{done}/{total} keys", nl=False, err=True)
+
+    try:
+        info = rdb.load(path, keys, value_size, overwrite=force, progress=progress)
+    except rdb.RocksDBError as e:
+        raise click.ClickException(str(e)) from None
+    if sys.stderr.isatty():
+        click.echo("", err=True)
+    click.echo(f"{info['path']}: {info['keys']} keys x {info['value_size']} B, "
+               f"{info['bytes'] / 1e6:.1f} MB on disk")
+
+
+@rocksdb.command()
+@click.argument("path", type=click.Path())
+@click.argument("keys", nargs=-1, type=int, required=True)
+def get(path, keys):
+    """Look up KEYS through the handler, as a server would, and check the values."""
+    rdb = _rdb()
+    from malcolm.workers.handlers import Handler
+    try:
+        h = Handler(f"rocksdb:path={path}")
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    payload = len(keys).to_bytes(4, "little") + b"".join(
+        (k & 0xFFFFFFFF).to_bytes(4, "little") for k in keys)
+    rc, out = h.run(0, 0, payload)
+    if rc != 0:
+        raise click.ClickException(f"handler answered {'bad input' if rc == 2 else 'error'} "
+                                   f"(rc {rc})")
+    vs = len(out) // len(keys)
+    for i, k in enumerate(keys):
+        v = out[i * vs:(i + 1) * vs]
+        ok = "ok" if v == rdb.value(k, vs) else "WRONG"
+        click.echo(f"{k}: {v.hex()} {ok}")
+
+
+@rocksdb.command()
+@click.option("--sizes", default="16,64", show_default=True, help="GET sizes to time.")
+@click.option("--samples", default=20000, show_default=True, help="Requests per size.")
+@click.option("--warmup", default=2000, show_default=True,
+              help="Untimed requests per size first (fills the block cache).")
+@click.option("--key-dist", default="uniform", show_default=True,
+              help="uniform or zipf:S.")
+@click.option("--seed", default=1, show_default=True)
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the measurement (quantiles per size, the machine) as JSON.")
+@click.argument("path", type=click.Path())
+def calibrate(sizes, samples, warmup, key_dist, seed, out_path, path):
+    """Time the handler's GET(n) on this machine (one thread, no network).
+
+    Each request goes through the handler's C function exactly as a worker calls it. Two
+    clocks time the same calls: wall (CLOCK_MONOTONIC, what a worker measures, preemption
+    included) and cpu (the thread's CPU time, the work alone).
+    """
+    rdb = _rdb()
+    from malcolm.loadgen import rocksdb_calibrate as cal
+    from malcolm.loadgen.apps import AppError, parse_key_dist
+    try:
+        s = parse_key_dist(key_dist)
+    except AppError as e:
+        raise click.UsageError(str(e)) from None
+    try:
+        ns = [int(x) for x in sizes.split(",") if x.strip()]
+    except ValueError:
+        raise click.UsageError(f"--sizes {sizes!r} must be GET sizes, e.g. 16,64") from None
+    try:
+        db = rdb.open_handler(f"path={path}")
+    except rdb.RocksDBError as e:
+        raise click.ClickException(str(e)) from None
+    try:
+        res = cal.calibrate(db, ns, samples, warmup, s, seed)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    click.echo(f"{res['sizes'][0]['samples']} GETs per size, {res['key_dist']} keys, load "
+               f"average {res['machine']['load_avg'][0]:.1f} on {res['machine']['cpus']} CPUs")
+    for r in res["sizes"]:
+        for clock in ("wall", "cpu"):
+            x = r[clock]
+            click.echo(f"GET({r['n']}) {clock:4s}: mean {x['mean_us']:.2f} µs, p50 "
+                       f"{x['p50_us']:.2f}, p99 {x['p99_us']:.2f}, p99.9 {x['p999_us']:.2f}, "
+                       f"max {x['max_us']:.1f}")
+    if out_path:
+        with open(out_path, "w") as f:
+            json.dump(res, f, indent=1)
+            f.write("\n")
+        click.echo(f"wrote {out_path}")
