@@ -501,10 +501,16 @@ class Experiment:
                     spec = self._spec(rk, self.dilate, self.layout.client_threads,
                                       self.layout.client_cpus, self.duration_s, self.warmup_s,
                                       seed=7 + 1000 * r + self.loads.index(load))
-                    rep = run_load(spec, rate, self.stop)
+                    try:
+                        rep = run_load(spec, rate, self.stop)
+                    except RuntimeError as e:       # a stuck run: say so, keep going
+                        rep = None
+                        self._record_failed(r, load, p, rate, str(e))
                     delta = rk.measure_delta()
                 finally:
                     rk.pause()
+                if rep is None:
+                    continue
                 dead = rk.dead()
                 if dead:
                     raise ExperimentError(f"{p}: server(s) {dead} died; output in "
@@ -519,6 +525,17 @@ class Experiment:
                 if bad:
                     self.echo(f"  note: {rk.policy} rack servers exited with {bad} "
                               f"(logs in {rk.logdir})")
+
+    def _record_failed(self, r, load, p, rate, why):
+        nan = float("nan")
+        run = {"repeat": r, "policy": p, "load": load, "rate_per_s": rate,
+               "rate_correction": rate / (load * self.capacity()), "p50_us": nan,
+               "p99_us": nan, "p999_us": nan, "late_fraction": 1.0, "effective_load": nan,
+               "service_mean_us": nan, "completed": 0, "rejected": 0, "timed_out": 0,
+               "accounted": True, "migrations_per_task": nan, "steals_per_task": nan,
+               "server_util": [None] * len(self.workers), "flags": [why], "_delta": []}
+        self.runs.append(run)
+        self.echo(f"  run {r + 1} {p:<16} load {load:4.2f}: FLAGGED: {why}")
 
     def _record(self, r, load, p, rate, rep, delta):
         k = self.dilate

@@ -304,7 +304,7 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
             t.start()
         limit = spec.warmup_s + spec.duration_s + spec.timeout_s + 10.0
         t_end = time.monotonic() + limit
-        interrupted = False
+        interrupted = late = False
         try:
             for t in threads:
                 while t.is_alive():
@@ -312,13 +312,21 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
                     if stop_event is not None and stop_event.is_set():
                         raise KeyboardInterrupt
                     if time.monotonic() > t_end:
-                        raise RuntimeError("loadgen: a client thread did not finish in time")
+                        late = True
+                        raise KeyboardInterrupt
         except KeyboardInterrupt:
             interrupted = True
             for c in clients:
                 c.stop()
             for t in threads:
                 t.join(spec.timeout_s + 5.0)
+        if late:
+            # stopped, not abandoned: a thread still running would use a closed transport
+            alive = [t.name for t in threads if t.is_alive()]
+            if alive:
+                trs = []        # leak them rather than pull the socket from under a thread
+            raise RuntimeError(f"loadgen: client thread(s) did not finish within {limit:.0f} s"
+                               + (f"; still running: {', '.join(alive)}" if alive else ""))
         results = [c.results() for c in clients]
     finally:
         for tr in trs:
