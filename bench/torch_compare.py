@@ -28,7 +28,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from malcolm.policy.actor_critic import MalcolmPolicy, bench_policy  # noqa: E402
+from malcolm.policy.actor_critic import THESIS, MalcolmPolicy, bench_policy  # noqa: E402
 
 SIZES = (4, 8, 16, 32)
 
@@ -96,7 +96,7 @@ def torch_step_fns(torch, n, p):
 def check_against_native(torch, n):
     """One window through both implementations; the gradients must agree."""
     S = 50_000.0
-    p = MalcolmPolicy(n, 0, seed=5, batch_windows=10_000, consensus_every=0)
+    p = MalcolmPolicy(n, 0, seed=5, batch_windows=10_000, consensus_every=0, **THESIS)
     rng = np.random.default_rng(2)
     la = rng.uniform(0, 4, n)
     lb = rng.uniform(0, 4, n)
@@ -120,7 +120,7 @@ def check_against_native(torch, n):
 
 
 def time_torch(torch, n, iters):
-    p = MalcolmPolicy(n, 0, seed=5)
+    p = MalcolmPolicy(n, 0, seed=5, **THESIS)
     dist, param, _ = torch_step_fns(torch, n, p)
     rng = np.random.default_rng(3)
     us = [torch.tensor(rng.uniform(0, 4, n), dtype=torch.float64) for _ in range(64)]

@@ -17,6 +17,8 @@ COMMANDS = {
     "loadgen": ("malcolm.commands.loadgen", "loadgen", "Open-loop load generator for a rack."),
     "rocksdb": ("malcolm.commands.rocksdb", "rocksdb", "The RocksDB GET(n) service: build, time."),
     "demo": ("malcolm.commands.demo", "demo", "Main job: a small rack, Malcolm vs baselines."),
+    "list": ("malcolm.commands.list", "list_", "List policies, workloads, handlers and their "
+             "parameters."),
 }
 
 
@@ -36,7 +38,16 @@ class LazyGroup(click.Group):
             formatter.write_dl(rows)
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]},
+             epilog="""
+\b
+Examples:
+  malcolm demo                          the main job: a local rack, Malcolm vs baselines
+  malcolm sim --policy malcolm          simulate a rack
+  malcolm list policies                 every policy and its parameters
+  malcolm rack gen --slurm -o rack.toml a rack file for this Slurm job's nodes
+  malcolm serve --rack rack.toml        one server (its rank from Slurm or MPI)
+""")
 @click.version_option(__version__, prog_name="malcolm")
 def main():
     """Malcolm balances load across the servers of a rack at microsecond scale."""

@@ -30,7 +30,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:     # Python 3.10: the same reader as a package (pyproject pins it)
+    import tomli as tomllib
 
 from malcolm.policy.defaults import EST_ALPHA, EST_PRIOR_SERVICE_US
 

@@ -13,7 +13,14 @@ import pytest
 ac = pytest.importorskip("malcolm.policy.actor_critic")
 MalcolmPolicy = ac.MalcolmPolicy
 
-S = 50_000.0          # the default load_scale, ns
+S = 50_000.0          # the thesis-mode load_scale, ns
+
+# Algorithm 1 as the thesis specifies it (the mechanics tests below check this arithmetic):
+# TD-error actors with dense W, a fixed load_scale, random init, uniform entropy bonus, none
+# of the guards. The defaults (difference advantage, sparse actors, guards) are tested in
+# tests/test_policy_guards.py.
+THESIS = ac.THESIS
+assert THESIS["load_scale"] == S
 
 
 # ---------------------------------------------------------------- numpy reference
@@ -50,7 +57,7 @@ def flat_params(theta, Wm, Bm, Ws, Bs):
 def make(n=4, me=1, **kw):
     kw.setdefault("batch_windows", 10_000)      # keep gradients in the cache
     kw.setdefault("consensus_every", 0)
-    return MalcolmPolicy(n, me, seed=kw.pop("seed", 3), **kw)
+    return MalcolmPolicy(n, me, seed=kw.pop("seed", 3), **{**THESIS, **kw})
 
 
 # ---------------------------------------------------------------- one window vs reference
@@ -357,7 +364,13 @@ def test_frozen_policy_does_not_change():
     (dict(critic_lr=float("nan")), ValueError, "critic_lr"),
     (dict(eps=0.0), ValueError, "eps"),
     (dict(beta2=1.0), ValueError, "beta2"),
-    (dict(load_scale=0.0), ValueError, "load_scale"),
+    (dict(load_scale=-1.0), ValueError, "load_scale"),
+    (dict(consensus="mode"), ValueError, "consensus"),
+    (dict(actor="deep"), ValueError, "actor"),
+    (dict(theta_bound=0.0), ValueError, "theta_bound"),
+    (dict(runaway_windows=-1), ValueError, "runaway_windows"),
+    (dict(trust=float("inf")), ValueError, "trust"),
+    (dict(capacity_prior="perhaps"), TypeError, "capacity_prior"),
     (dict(migration_cost="high"), TypeError, "migration_cost"),
     (dict(init="xavier"), ValueError, "init"),
     (dict(features="deep"), ValueError, "features"),
@@ -381,9 +394,9 @@ def test_init_zero_and_random_are_reproducible():
     z = MalcolmPolicy(4, 1, init="zero")
     assert np.all(z.params == 0)
     np.testing.assert_allclose(z.probs_migrate, 0.25)
-    a = MalcolmPolicy(4, 1, seed=9, init_scale=0.5)
-    b = MalcolmPolicy(4, 1, seed=9, init_scale=0.5)
-    c = MalcolmPolicy(4, 2, seed=9, init_scale=0.5)
+    a = MalcolmPolicy(4, 1, seed=9, init="random", init_scale=0.5)
+    b = MalcolmPolicy(4, 1, seed=9, init="random", init_scale=0.5)
+    c = MalcolmPolicy(4, 2, seed=9, init="random", init_scale=0.5)
     np.testing.assert_array_equal(a.params, b.params)
     assert not np.array_equal(a.params, c.params)
     assert np.all(np.abs(a.params) <= 0.5) and np.any(a.params != 0)
@@ -567,6 +580,8 @@ def test_bad_experimental_params_raise(kw, exc, match):
         MalcolmPolicy(4, 0, **kw)
 
 
-def test_experimental_defaults_unchanged():
-    p = MalcolmPolicy(4, 0)
-    assert p.config()["actor_input"] == "absolute" and p.config()["advantage"] == "td"
+def test_defaults_are_the_guarded_difference_policy():
+    cfg = MalcolmPolicy(4, 0).config()
+    assert cfg["actor_input"] == "absolute" and cfg["advantage"] == "difference"
+    assert cfg["actor"] == "sparse" and cfg["init"] == "safe" and cfg["consensus"] == "median"
+    assert cfg["load_scale"] == 0.0 and cfg["hop_ns"] == -1.0      # derived, measured

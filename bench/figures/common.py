@@ -8,16 +8,32 @@ from __future__ import annotations
 
 import argparse
 import csv
+import glob
 import os
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
-from malcolm.sim import simulate  # noqa: E402
+
+def _import_simulate():
+    """The installed malcolm's simulator. The repository root goes on ``sys.path`` only when
+    no malcolm is installed and the root holds a build made in place (``setup.py build_ext
+    --inplace``): with a regular install it would shadow the compiled package with the
+    uncompiled sources."""
+    try:
+        from malcolm.sim import simulate
+        return simulate
+    except ImportError:
+        if not glob.glob(os.path.join(ROOT, "malcolm", "sim", "_engine*.so")):
+            sys.exit("figures: malcolm is not installed (run ./dev --help, or pip install .)")
+    sys.path.insert(0, ROOT)
+    from malcolm.sim import simulate
+    return simulate
+
+
+simulate = _import_simulate()
 
 FIELDS = ("series", "workload", "load", "p50_us", "p99_us", "p999_us", "p9999_us", "mean_us",
           "throughput", "offered", "migrations", "generated", "sim_time_s", "wall_s")

@@ -34,9 +34,10 @@ MEAN_US = {"exp:50": 50.0, "bimodal": 95.0, "hyperexp1": 275.0, "hyperexp2": 387
 
 
 def policies(wl):
-    scale = int(MEAN_US[wl] * 1000)
-    return [("Malcolm", f"malcolm:load_scale={scale}"),
-            ("Malcolm frozen at init", f"malcolm:load_scale={scale},learn=0"),
+    # load_scale is derived by the policy from the reported service rates (no per-workload
+    # setting any more)
+    return [("Malcolm", "malcolm"),
+            ("Malcolm frozen at init", "malcolm:learn=0"),
             ("JSQ", "jsq"), ("JBT", "jbt"),
             ("client po2", "po2"), ("cFCFS (ideal)", "cfcfs"),
             ("RackSched (ideal)", "racksched")]

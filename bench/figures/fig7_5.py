@@ -3,7 +3,7 @@
 Rack 2 fast servers x 14 workers + 6 slow x 4, Exp(50) at 85% load, for about a second.
 The load of a server is its expected wait (tasks in it / its estimated service rate), as
 the simulator records it at every window; the figure shows the mean over the fast and over
-the slow servers, smoothed over 10 ms. Malcolm starts from a random initialisation, so its
+the slow servers, smoothed over 10 ms. Malcolm starts from its safe initial policy, so its
 curve includes its learning.
 
 Writes ``fig7_5.csv`` (t_ms, policy, fast_load_us, slow_load_us) and ``fig7_5.png``.
@@ -23,7 +23,8 @@ from malcolm.sim import simulate
 RACK = "2x14,6x4"
 FAST = [0, 1]
 SLOW = list(range(2, 8))
-POLICIES = [("Malcolm", "malcolm"), ("JSQ", "jsq"), ("JBT", "jbt"), ("client po2", "po2")]
+POLICIES = [("Malcolm", "malcolm"), ("Malcolm frozen at init", "malcolm:learn=0"), ("JSQ", "jsq"),
+            ("JBT", "jbt"), ("client po2", "po2")]
 
 
 def smooth(t_us, y, bin_ms):

@@ -18,7 +18,8 @@ from common import parser
 
 from malcolm.sim import simulate
 
-POLICIES = [("Malcolm", "malcolm"), ("JBT", "jbt"), ("JSQ", "jsq")]
+POLICIES = [("Malcolm", "malcolm"), ("Malcolm frozen at init", "malcolm:learn=0"), ("JBT", "jbt"),
+            ("JSQ", "jsq")]
 
 
 def main():

@@ -83,9 +83,9 @@ def main():
     ap.add_argument("--rate-mult", type=float, default=1.0,
                     help="scale the thesis rates (540/360 KTPS = 37.5%%/25%% of capacity)")
     ap.add_argument("--policy", action="append", default=None,
-                    help="policies (repeatable; default malcolm, jsq, jbt)")
+                    help="policies (repeatable; default malcolm, malcolm:learn=0, jsq, jbt)")
     a = ap.parse_args()
-    pols = a.policy or ["malcolm", "jsq", "jbt"]
+    pols = a.policy or ["malcolm", "malcolm:learn=0", "jsq", "jbt"]
     if a.quick:
         a.t_change, a.duration = 200.0, 400.0
     rows, recon, curves = [], [], {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import subprocess
@@ -15,6 +16,9 @@ import click
 @click.group()
 def rack():
     """Local racks: ``up`` runs every server of a rack file as a process on this host."""
+
+
+rack.add_command(importlib.import_module("malcolm.commands.rackgen").gen)
 
 
 @rack.command()
@@ -63,8 +67,8 @@ class LocalRack:
 
     def start(self, k, wait=True, timeout=30.0):
         out = open(self.out_path(k), "w")
-        cmd = [sys.executable, "-m", "malcolm", "serve", "--rack", self.path, "--id", str(k),
-               "--stats-json", self.stats_path(k)] + self.extra
+        cmd = server_command() + ["serve", "--rack", self.path, "--id", str(k),
+                                  "--stats-json", self.stats_path(k)] + self.extra
         self.procs[k] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL)
         out.close()
@@ -134,6 +138,23 @@ class LocalRack:
 
     def __exit__(self, *exc):
         self.down()
+
+
+def server_command():
+    """How to start ``malcolm`` in a child process: the argv prefix before ``serve ...``.
+
+    Never plain ``python -m malcolm``: run from inside a source tree with a non-editable
+    install, that imports the uncompiled ``malcolm/`` folder of the working directory.
+    ``python -P`` (3.11+) leaves the working directory off ``sys.path``; on 3.10 the
+    console script installed next to this interpreter does the same.
+    """
+    if sys.version_info >= (3, 11):
+        return [sys.executable, "-P", "-m", "malcolm"]
+    script = os.path.join(os.path.dirname(sys.executable), "malcolm")
+    if os.access(script, os.X_OK):
+        return [script]
+    return [sys.executable, "-c", "import sys; sys.path.pop(0); from malcolm.cli import main; "
+            "sys.argv[0] = 'malcolm'; main()"]
 
 
 def _unlink_shm(name):

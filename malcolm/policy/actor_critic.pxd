@@ -17,6 +17,7 @@ cdef class MalcolmPolicy(Policy):
     cdef readonly double gamma
     cdef readonly double critic_lr
     cdef readonly double actor_lr
+    cdef readonly double accept_lr
     cdef readonly double weight_decay
     cdef readonly double beta1
     cdef readonly double beta2
@@ -24,12 +25,24 @@ cdef class MalcolmPolicy(Policy):
     cdef readonly double migration_cost
     cdef readonly double steal_cost
     cdef readonly double entropy
-    cdef readonly double load_scale
+    cdef readonly double load_scale    # ns per unit of scaled load (derived when auto_scale)
+    cdef readonly bint auto_scale      # load_scale=0: derived from the reported service rates
     cdef readonly double load_clip
+    cdef readonly double hop_ns        # one-way hop cost in ns (measured when auto_hop)
+    cdef readonly bint auto_hop
+    cdef readonly double mask_factor   # never migrate to j with v_j > max(v_me, f * mean + s_j)
+    cdef readonly double trust         # actors stay within this (logit units) of the safe init
+    cdef readonly int runaway_windows  # own runaway queue this many windows -> reset actors
+    cdef readonly double theta_bound   # peers' critic norm bound for consensus
+    cdef readonly str consensus        # "median" (robust) or "mean" (the thesis)
+    cdef bint cons_median
+    cdef readonly bint capacity_prior  # migrate logits += log(rate_j / mean rate)
     cdef readonly double init_scale
     cdef readonly str init
     cdef readonly str actor_input  # "absolute" (u) or "relative" (u_j - u_me)
     cdef bint rel_input
+    cdef readonly str actor          # "sparse" (default, O(n)) or "full" (the thesis's W)
+    cdef bint sparse
     cdef readonly str advantage    # "td" (delta * (k/K - pi)) or "marginal" (see docstring)
     cdef bint marginal               # "marginal" or "difference"
     cdef bint adv_next               # "difference": advantages at the end-of-window state
@@ -49,6 +62,7 @@ cdef class MalcolmPolicy(Policy):
 
     # parameters and AdamW state, one contiguous block each: [theta | Wm | Bm | Ws | Bs]
     cdef double* P
+    cdef double* P0                      # the safe initial parameters (trust region centre)
     cdef double* G                       # cached descent gradients of the current batch
     cdef double* M
     cdef double* V
@@ -73,6 +87,19 @@ cdef class MalcolmPolicy(Policy):
     # (tasks/ns)
     cdef double* adv
     cdef bint has_prev
+    cdef double* srt                     # known loads v = x / load_scale, sorted ascending
+    cdef double* pre                     # prefix sums of srt (n + 1)
+    cdef int nsrt
+    cdef int* ord                        # server indices in the last sorted order
+    cdef int* pos                        # pos[j]: j's index in srt (known j)
+    cdef bint sorted_ok                  # srt reflects the current loads
+    cdef double* g_pub                   # 2n: the learned logit parts at publish (mig, stl)
+    cdef double* logit                   # publish scratch: f + capacity prior, masked
+    cdef double* med                     # consensus scratch (n values per coordinate)
+    cdef double hop_est                  # EWMA of measured one-way heartbeat delays (ns)
+    cdef bint hop_seen
+    cdef int runaway_run                 # consecutive windows with a runaway own queue
+    cdef double runaway_last
 
     # decisions taken by the gateway: cumulative counts per outcome (gateway writes only)
     cdef uint64_t* cnt_mig
@@ -99,15 +126,28 @@ cdef class MalcolmPolicy(Policy):
     cdef readonly double last_payoff
     cdef readonly double last_imbalance
     cdef readonly double last_cost
+    cdef readonly uint64_t resets              # runaway resets of the actors
+    cdef readonly uint64_t consensus_rejected  # peers' critics refused (non-finite, too large)
+    cdef readonly uint64_t hb_clamped          # heartbeat fields clamped to sane bounds
+    cdef readonly uint64_t masked              # migrate outcomes masked at publish (summed)
+    cdef readonly uint64_t trust_clips         # actor parameters clipped to the trust region
     cdef int win_in_batch
 
     cdef void _release(self) noexcept
     cdef void _set_load(self, int j, double load) noexcept nogil
     cdef void _actor_inputs(self, double* z) noexcept nogil
-    cdef void _marginal_advantages(self) noexcept nogil
+    cdef void _marginal_advantages(self, bint do_mig, bint do_stl) noexcept nogil
     cdef void _features(self, double* out) noexcept nogil
+    cdef void _sort_loads(self) noexcept nogil
+    cdef double _absdev(self, double a, int start) noexcept nogil
     cdef void _learn_window(self) noexcept nogil
     cdef void _apply_adamw(self) noexcept nogil
     cdef void _push_params(self) noexcept nogil
     cdef void _consensus(self) noexcept nogil
     cdef void _publish(self) noexcept nogil
+    cdef void _rescale(self) noexcept nogil
+    cdef void _guard_actors(self) noexcept nogil
+    cdef void _clip_param(self, int i, double r) noexcept nogil
+    cdef double _hop_units(self) noexcept nogil
+    cdef void _reset_actors(self) noexcept nogil
+    cdef void _check_runaway(self) noexcept nogil

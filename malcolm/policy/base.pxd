@@ -2,8 +2,8 @@
 """The policy interface: the one seam between a load-balancing policy and whatever drives it.
 
 The simulator (`malcolm.sim`) and the real server runtime (`malcolm.net`/`malcolm.workers`)
-call exactly these methods; only the clock and the transport differ (principle 1 of
-DEVELOPERS.md). Times are integer nanoseconds on the driver's clock.
+call exactly these methods; only the clock and the transport differ (docs/design.md, "One
+policy, two clocks"). Times are integer nanoseconds on the driver's clock.
 
 Who calls what
 --------------

@@ -72,8 +72,12 @@ POLICIES: dict[str, PolicyInfo] = {
     # Malcolm's actor-critic policy (malcolm/policy/actor_critic.pyx, another module).
     # Imported lazily, so this registry works whether or not that module is built yet;
     # its constructor, MalcolmPolicy(n, me, seed=0, **params), validates its parameters.
+    # The default is the guarded difference actor-critic (docs/policy.md, "The default
+    # policy"); `malcolm:learn=0` freezes it at its safe start, and the thesis's Algorithm 1 is
+    # malcolm.policy.actor_critic.THESIS (advantage=td,actor=full,...).
     "malcolm": PolicyInfo("malcolm", "server", "malcolm.policy.actor_critic", "MalcolmPolicy",
-                          "Malcolm: distributed multi-agent actor-critic", None),
+                          "Malcolm: distributed actor-critic (difference advantage, capacity-"
+                          "proportional safe start, overload mask; learn=0 freezes it)", None),
     # ---------------------------------------------------------------------------------
 }
 

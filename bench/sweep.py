@@ -1,0 +1,242 @@
+"""Robustness sweep of the learning policy (issue 12, item 6): random racks, workloads, loads.
+
+Draws ``--scenarios`` scenarios from a fixed ``--seed`` (2-64 servers, 1-16 workers each,
+capacity skew up to 16:1, every thesis workload, loads 0.3-0.95, one-way delays 2-10 µs) and
+simulates each with every policy of ``POLICIES``: default Malcolm, the same Malcolm frozen at
+its initial policy (``learn=0``), JSQ, JBT, client power-of-2, and the ideal centralized FCFS
+(a reference, not deployable). It reports, per policy,
+
+* ``best5``: the fraction of scenarios where its p99 is the best of the deployable policies
+  or within 5% of it;
+* ``cfcfs2``: the fraction (of the scenarios where *some* deployable policy has p99 within 2x
+  the ideal cFCFS) where its own p99 is within 2x cFCFS;
+* ``worst_vs_base``: its worst p99 ratio to the best of JSQ, JBT and po2;
+
+and, for the learnt policy against its frozen start on heterogeneous racks, the fraction of
+scenarios where learning wins and the worst loss.
+
+Not part of CI (the full sweep takes 7-14 minutes on 2 shared cores); ``--quick`` runs a
+handful of small scenarios as a smoke test (< 60 s). Writes ``OUT/sweep.csv``,
+``OUT/sweep.txt`` (the markdown table; not ``.md``, which the docs site would take for a page)
+and ``OUT/sweep.png``::
+
+    python3 bench/sweep.py --tasks-mult 2 --hetero-seeds 3 --out docs/figures   # committed
+    python3 bench/sweep.py --quick --out /tmp/sweep       # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import sys
+import time
+from multiprocessing import Pool
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import numpy as np  # noqa: E402
+
+WORKLOADS = ("exp:50", "bimodal", "hyperexp1", "hyperexp2", "rocksdb1", "rocksdb2")
+POLICIES = (("malcolm", "malcolm"), ("frozen", "malcolm:learn=0"), ("jsq", "jsq"),
+            ("jbt", "jbt"), ("po2", "po2"), ("cfcfs", "cfcfs"))
+DEPLOYABLE = ("malcolm", "frozen", "jsq", "jbt", "po2")
+BASELINES = ("jsq", "jbt", "po2")
+
+
+def draw_scenarios(count, seed, quick=False):
+    """``count`` scenarios drawn from ``seed``: a list of dicts (simulate() arguments + id)."""
+    rng = np.random.default_rng([seed, 0x5EE9])
+    out = []
+    for i in range(count):
+        hi_n = 8 if quick else 64
+        n = int(round(math.exp(rng.uniform(math.log(2), math.log(hi_n)))))
+        kind = rng.choice(["homogeneous", "two-class", "random"], p=[0.3, 0.4, 0.3])
+        if kind == "homogeneous":
+            workers = [int(rng.integers(1, 17))] * n
+        elif kind == "two-class":
+            skew = math.exp(rng.uniform(0, math.log(16)))
+            small = int(rng.integers(1, max(2, int(16 / skew)) + 1))
+            big = min(16, max(small + 1, int(round(small * skew))))
+            n_big = int(rng.integers(1, n)) if n > 1 else 1
+            workers = [big] * n_big + [small] * (n - n_big)
+        else:
+            workers = [int(w) for w in rng.integers(1, 17, n)]
+        if quick:
+            workers = [min(w, 4) for w in workers]
+        rack = ",".join(f"1x{w}" for w in workers)
+        wl = WORKLOADS[int(rng.integers(0, len(WORKLOADS)))] if not quick else \
+            WORKLOADS[i % len(WORKLOADS)]
+        load = float(round(rng.uniform(0.3, 0.95), 3))
+        delay = float(round(rng.uniform(2.0, 10.0), 2))
+        # enough tasks for a stable p99 and ~0.2 s or more of learning at the heavier workloads
+        cap_w = sum(workers)
+        tasks = int(min(400_000, max(80_000, 6_000 * cap_w))) if not quick else 20_000
+        out.append(dict(id=i, rack=rack, n=n, kind=str(kind), skew=max(workers) / min(workers),
+                        workers=sum(workers), workload=wl, load=load, delay_us=delay,
+                        tasks=tasks))
+    return out
+
+
+def _run(job):
+    from malcolm.sim import simulate
+
+    sc, label, spec, seed = job
+    t0 = time.time()
+    r = simulate(rack=sc["rack"], policy=spec, workload=sc["workload"], load=sc["load"],
+                 tasks=sc["tasks"], seed=seed, delay_us=sc["delay_us"], warmup=0.3)
+    return dict(id=sc["id"], policy=label, p50_us=r.p50_us, p99_us=r.p99_us,
+                mean_us=r.mean_us, migrations=r.migrations, generated=r.generated,
+                wall_s=time.time() - t0)
+
+
+def summarize(scen, res):
+    """Per-policy acceptance figures from ``res[(id, policy)] = row``."""
+    summ = {}
+    for label, _ in POLICIES:
+        if label == "cfcfs":
+            continue
+        best5 = c2 = c2_den = 0
+        worst = 0.0
+        for sc in scen:
+            p = {k: res[(sc["id"], k)]["p99_us"] for k, _ in POLICIES}
+            best = min(p[k] for k in DEPLOYABLE)
+            if p[label] <= 1.05 * best:
+                best5 += 1
+            if any(p[k] <= 2 * p["cfcfs"] for k in DEPLOYABLE):
+                c2_den += 1
+                c2 += p[label] <= 2 * p["cfcfs"]
+            worst = max(worst, p[label] / min(p[k] for k in BASELINES))
+        summ[label] = dict(best5=best5 / len(scen), cfcfs2=c2 / c2_den if c2_den else float("nan"),
+                           worst_vs_base=worst)
+    het = [sc for sc in scen if sc["skew"] > 1]
+
+    def med(sid, label):
+        vals = [v["p99_us"] for (i, lab), v in res.items()
+                if i == sid and (lab == label or lab.startswith(label + "@"))]
+        return float(np.median(vals))
+
+    wins = [med(sc["id"], "malcolm") / med(sc["id"], "frozen") for sc in het]
+    nseeds = 1 + sum(1 for (i, lab) in res if het and i == het[0]["id"] and
+                     lab.startswith("malcolm@"))
+    summ["learn_vs_frozen"] = dict(
+        het=len(het), wins=sum(w < 1 for w in wins) / len(het) if het else float("nan"),
+        ties=sum(abs(w - 1) <= 0.001 for w in wins), seeds=nseeds,
+        worst_ratio=max(wins) if wins else float("nan"),
+        best_ratio=min(wins) if wins else float("nan"))
+    return summ
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scenarios", type=int, default=60)
+    ap.add_argument("--seed", type=int, default=2026, help="draws the scenarios (fixed)")
+    ap.add_argument("--sim-seed", type=int, default=1, help="seed of every simulation")
+    ap.add_argument("--procs", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="6 small scenarios, 20 000 tasks")
+    ap.add_argument("--out", default=os.path.join("out", "sweep"))
+    ap.add_argument("--malcolm", default="",
+                    help="extra parameters for Malcolm (and its frozen copy), k=v,...")
+    ap.add_argument("--tasks-mult", type=float, default=1.0, help="scale every task count")
+    ap.add_argument("--hetero-seeds", type=int, default=1,
+                    help="simulation seeds for Malcolm and frozen on heterogeneous racks; the "
+                         "learnt-vs-frozen comparison uses the median p99 over them")
+    a = ap.parse_args(argv)
+    if a.scenarios < 1 or a.procs < 1:
+        ap.error("--scenarios and --procs must be >= 1")
+    scen = draw_scenarios(6 if a.quick else a.scenarios, a.seed, a.quick)
+    for sc in scen:
+        sc["tasks"] = int(sc["tasks"] * a.tasks_mult)
+    extra = a.malcolm.strip().strip(",")
+    pols = [(label, (spec + ("," if ":" in spec else ":") + extra)
+             if extra and spec.startswith("malcolm") else spec) for label, spec in POLICIES]
+    jobs = [(sc, label, spec, a.sim_seed) for sc in scen for label, spec in pols]
+    if a.hetero_seeds < 1:
+        ap.error("--hetero-seeds must be >= 1")
+    for k in range(1, a.hetero_seeds):
+        jobs += [(sc, label + f"@{k}", spec, a.sim_seed + k) for sc in scen if sc["skew"] > 1
+                 for label, spec in pols if label in ("malcolm", "frozen")]
+    # the slow ones first so that the pool ends together
+    jobs.sort(key=lambda j: -(j[0]["tasks"] * (j[0]["n"] if j[1].startswith(("malcolm",
+                                                                               "frozen")) else 1)))
+    t0 = time.time()
+    res = {}
+    with Pool(a.procs) as pool:
+        for k, row in enumerate(pool.imap_unordered(_run, jobs)):
+            res[(row["id"], row["policy"])] = row
+            print(f"[{k + 1}/{len(jobs)} {time.time() - t0:6.0f}s] scenario {row['id']:3d} "
+                  f"{row['policy']:>8} p99 {row['p99_us']:10.1f} µs", file=sys.stderr)
+    os.makedirs(a.out, exist_ok=True)
+    write_outputs(a, scen, res, time.time() - t0)
+
+
+def write_outputs(a, scen, res, wall):
+    summ = summarize(scen, res)
+    with open(os.path.join(a.out, "sweep.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "rack", "n", "kind", "skew", "workload", "load", "delay_us", "tasks",
+                    *[f"p99_{k}" for k, _ in POLICIES], *[f"p50_{k}" for k, _ in POLICIES],
+                    "mig_frac_malcolm"])
+        for sc in scen:
+            r = {k: res[(sc["id"], k)] for k, _ in POLICIES}
+            w.writerow([sc["id"], sc["rack"], sc["n"], sc["kind"], f"{sc['skew']:.2f}",
+                        sc["workload"], sc["load"], sc["delay_us"], sc["tasks"],
+                        *[f"{r[k]['p99_us']:.1f}" for k, _ in POLICIES],
+                        *[f"{r[k]['p50_us']:.1f}" for k, _ in POLICIES],
+                        f"{r['malcolm']['migrations'] / max(1, r['malcolm']['generated']):.3f}"])
+    lines = [f"Sweep: {len(scen)} scenarios from seed {a.seed}, simulation seed {a.sim_seed}"
+             f"{' (--quick)' if a.quick else ''}; {wall:.0f} s wall with {a.procs} processes.",
+             "",
+             "| policy | best or within 5% | p99 within 2x cFCFS | worst p99 / best of "
+             "JSQ, JBT, po2 |",
+             "|---|---|---|---|"]
+    for label, _ in POLICIES:
+        if label == "cfcfs":
+            continue
+        s = summ[label]
+        lines.append(f"| {label} | {100 * s['best5']:.0f}% | {100 * s['cfcfs2']:.0f}% | "
+                     f"{s['worst_vs_base']:.2f} |")
+    lf = summ["learn_vs_frozen"]
+    lines += ["", f"Learnt vs frozen initial policy on the {lf['het']} heterogeneous racks "
+              f"(median p99 over {lf['seeds']} simulation seed(s)): learnt lower in "
+              f"{100 * lf['wins']:.0f}%, equal within 0.1% in {lf['ties']}; learnt/frozen "
+              f"from {lf['best_ratio']:.3f} to {lf['worst_ratio']:.3f}."]
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(a.out, "sweep.txt"), "w") as f:
+        f.write(text)
+    print(text)
+    _plot(scen, res, os.path.join(a.out, "sweep.png"))
+
+
+def _plot(scen, res, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    x = np.arange(len(scen))
+    order = sorted(range(len(scen)), key=lambda i: scen[i]["load"])
+    marks = {"malcolm": "o", "frozen": "x", "jsq": "s", "jbt": "^", "po2": "v"}
+    for label, m in marks.items():
+        y = [res[(scen[i]["id"], label)]["p99_us"] / res[(scen[i]["id"], "cfcfs")]["p99_us"]
+             for i in order]
+        ax.scatter(x, y, marker=m, s=18 if label != "malcolm" else 26, label=label,
+                   alpha=0.85 if label == "malcolm" else 0.6)
+    ax.axhline(2.0, color="grey", lw=0.8, ls="--")
+    ax.set_yscale("log")
+    ax.set_xlabel("scenario (sorted by load)")
+    ax.set_ylabel("p99 / ideal cFCFS p99")
+    ax.set_title("Robustness sweep: p99 relative to the ideal centralized FCFS")
+    ax.legend(ncol=5, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

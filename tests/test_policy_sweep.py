@@ -1,0 +1,34 @@
+"""The robustness sweep's smoke mode (``bench/sweep.py --quick``): it runs, and writes a table,
+a CSV with one row per scenario and a plot. The full sweep is a benchmark, not a test."""
+
+import os
+import sys
+
+import pytest
+
+pytest.importorskip("malcolm.policy.actor_critic")
+pytest.importorskip("matplotlib")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+import sweep  # noqa: E402
+
+
+def test_quick_sweep_writes_table_csv_and_plot(tmp_path):
+    sweep.main(["--quick", "--procs", "1", "--out", str(tmp_path)])
+    md = (tmp_path / "sweep.txt").read_text()
+    for label in ("malcolm", "frozen", "jsq", "jbt", "po2"):
+        assert f"| {label} |" in md
+    rows = (tmp_path / "sweep.csv").read_text().splitlines()
+    assert len(rows) == 1 + 6 and rows[0].startswith("id,rack")
+    assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_scenarios_are_fixed_by_the_seed_and_cover_the_ranges():
+    a = sweep.draw_scenarios(60, 2026)
+    assert a == sweep.draw_scenarios(60, 2026)
+    assert a != sweep.draw_scenarios(60, 7)
+    assert min(s["n"] for s in a) >= 2 and max(s["n"] for s in a) <= 64
+    assert max(s["skew"] for s in a) <= 16 and any(s["skew"] > 1 for s in a)
+    assert {s["workload"] for s in a} == set(sweep.WORKLOADS)
+    assert all(0.3 <= s["load"] <= 0.95 and 2 <= s["delay_us"] <= 10 for s in a)
