@@ -25,7 +25,7 @@ def test_overload_is_rejected_with_a_reason_and_recovers_at_once():
     # One worker serving 1 ms tasks: about 1000 tasks/s. Offer twice that for 1.5 s.
     srv, addr = _server(handler="sleep", workers=1, window_us=1000, max_wait_ms=50.0,
                         prior_service_us=1000.0)
-    target = Target("udp", [addr], "--server", None)
+    target = Target("udp", [addr], "--server", key=None)
     try:
         over = run_load(LoadSpec(target=target, workload="exp:1000", duration_s=1.5,
                                  warmup_s=0.2, timeout_s=1.0), 2000)

@@ -251,7 +251,7 @@ def test_forged_responses_are_counted_not_completed():
     t = threading.Thread(target=relay, daemon=True)
     t.start()
     try:
-        spec = LoadSpec(target=Target("udp", [mitm.address], "--server", KEY),
+        spec = LoadSpec(target=Target("udp", [mitm.address], "--server", key=KEY),
                         workload="exp:20", duration_s=0.5, warmup_s=0.0, timeout_s=1.0)
         rep = run_load(spec, 300)
     finally:

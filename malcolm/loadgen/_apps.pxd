@@ -2,7 +2,7 @@
 """Real application requests for the load generator (see ``malcolm/loadgen/apps.py``)."""
 from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
-from malcolm.loadgen._hist cimport Hist
+from malcolm._hist cimport Hist
 
 cdef enum:
     APP_MAX_TYPES = 16

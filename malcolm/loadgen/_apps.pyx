@@ -14,7 +14,7 @@ from libc.string cimport memset
 import numpy as np
 
 from malcolm._core cimport mc_aligned_alloc
-from malcolm.loadgen._hist cimport N_BUCKETS, Hist, hist_add
+from malcolm._hist cimport N_BUCKETS, Hist, hist_add
 from malcolm.net._wire cimport ST_BAD_INPUT, ST_OK
 
 

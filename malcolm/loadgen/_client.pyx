@@ -24,8 +24,8 @@ import numpy as np
 from malcolm._core cimport Rng, mc_aligned_alloc, mc_cpu_relax, mc_load_acq, mc_now_ns, \
     mc_store_rel, rng_exponential, rng_seed, rng_uniform
 from malcolm._workload cimport NativeWorkload, WorkloadC, wl_sample
+from malcolm._hist cimport N_BUCKETS, Hist, hist_add
 from malcolm.loadgen._apps cimport KvApp
-from malcolm.loadgen._hist cimport N_BUCKETS, Hist, hist_add
 from malcolm.net._wire cimport *
 from malcolm.net.transport cimport BATCH, MsgBuf, Transport, addr_parse
 from malcolm.policy.base cimport MAX_SERVERS, ClientPolicy
@@ -70,6 +70,8 @@ ctypedef struct Counts:
     uint64_t window_full            # tasks given up early because the window was full
     uint64_t late_sends             # sends later than lag_threshold behind schedule
     uint64_t late_episodes          # runs of consecutive late sends
+    uint64_t svc_req_ns             # sum of the service times asked for, measured sends
+    uint64_t svc_ns                 # sum of the service times servers measured, completed
     uint64_t sent_to[MAX_SERVERS]
     uint64_t answered_by[MAX_SERVERS]
 
@@ -338,6 +340,7 @@ cdef class LoadClient:
             self.c.sent += 1
             lag = now - intended
             hist_add(self.lag, lag)
+            self.c.svc_req_ns += <uint64_t>t.service_ns
         self.c.sent_to[s] += 1
         self.next_id += 1
         b = self.tr.tx_next(&self.servers[s])
@@ -406,6 +409,8 @@ cdef class LoadClient:
             if self.n_raw < self.raw_cap:
                 self.raw[self.n_raw] = lat
                 self.n_raw += 1
+            if r.service_ns > 0:
+                self.c.svc_ns += <uint64_t>r.service_ns
             if r.flags & F_MIGRATED:
                 self.c.migrated += 1
             if r.flags & F_STOLEN:

@@ -173,7 +173,7 @@ peer_timeout_ms = 100
         each a ``(at_s, callable)`` started in its own thread ``at_s`` after the start.
         Returns the generator's report with ``faults``: what each injector returned."""
         from malcolm.loadgen.run import LoadSpec, Target, run_load
-        target = Target("udp", list(servers or self.addresses), "--server", self.key)
+        target = Target("udp", list(servers or self.addresses), "--server", key=self.key)
         spec = LoadSpec(target=target, workload=workload, duration_s=seconds,
                         warmup_s=warmup_s, timeout_s=timeout_s)
         results = {}

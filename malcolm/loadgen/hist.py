@@ -1,4 +1,5 @@
-"""Reading the native log-linear histogram (``_hist.pxd``): bucket bounds, merging, percentiles.
+"""Reading the native log-linear histogram (``malcolm/_hist.pxd``): bucket bounds, merging,
+percentiles.
 
 A histogram here is a dict ``{"n", "min", "max", "sum", "counts"}`` with ``counts`` a numpy
 array of ``N_BUCKETS`` bucket counts, as :meth:`LoadClient.results` returns it. Values are

@@ -142,7 +142,8 @@ class Target:
     transport: str
     servers: list
     source: str          # the rack file, or "--server"
-    key: bytes | None = None     # the rack's 16-byte MAC key (None: unauthenticated rack)
+    workers: int | None = None      # the rack's worker threads (from a rack file), for loads
+    key: bytes | None = None        # the rack's 16-byte MAC key (None: unauthenticated rack)
 
 
 def resolve_target(rack=None, servers=(), transport=None, key_file=None) -> Target:
@@ -160,7 +161,8 @@ def resolve_target(rack=None, servers=(), transport=None, key_file=None) -> Targ
         if transport and transport != cfg.transport:
             raise LoadgenError(f"--transport {transport} but the rack {rack} uses "
                                f"{cfg.transport}")
-        return Target(cfg.transport, list(cfg.addresses), rack, key)
+        return Target(cfg.transport, list(cfg.addresses), rack,
+                      sum(max(1, s.workers) for s in cfg.servers), key=key)
     if not servers:
         raise LoadgenError("no servers: give --rack RACK.toml or --server HOST:PORT "
                            "(repeatable, or comma-separated)")
@@ -170,7 +172,7 @@ def resolve_target(rack=None, servers=(), transport=None, key_file=None) -> Targ
     kind = transport or "udp"
     if len(flat) > 64:
         raise LoadgenError(f"at most 64 servers, got {len(flat)}")
-    return Target(kind, flat, "--server", key)
+    return Target(kind, flat, "--server", key=key)
 
 
 def _check_transport(kind):
@@ -212,6 +214,8 @@ class LoadSpec:
     lag_threshold_us: float = 50.0
     seed: int = 1
     bind: str | None = None
+    cpus: list | None = None             # pin client thread i to cpus[i % len(cpus)]
+    nice: int | None = None              # the client threads' nice value (if permitted)
     app: object = None                   # a malcolm.loadgen.apps.AppSpec (real requests)
 
     def validate(self):
@@ -322,13 +326,14 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
                 lag_threshold_us=spec.lag_threshold_us, app=kv[-1], key=spec.target.key))
         from malcolm._core import now_ns
         t0 = now_ns() + 20_000_000         # every thread starts on the same schedule
-        threads = [threading.Thread(target=c.run, args=(t0,), daemon=True,
-                                    name=f"loadgen-{i}") for i, c in enumerate(clients)]
+        threads = [threading.Thread(target=_pinned_run, args=(c, t0, spec.cpus, i, spec.nice),
+                                    daemon=True, name=f"loadgen-{i}")
+                   for i, c in enumerate(clients)]
         for t in threads:
             t.start()
         limit = spec.warmup_s + spec.duration_s + spec.timeout_s + 10.0
         t_end = time.monotonic() + limit
-        interrupted = False
+        interrupted = late = False
         try:
             for t in threads:
                 while t.is_alive():
@@ -336,13 +341,21 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
                     if stop_event is not None and stop_event.is_set():
                         raise KeyboardInterrupt
                     if time.monotonic() > t_end:
-                        raise RuntimeError("loadgen: a client thread did not finish in time")
+                        late = True
+                        raise KeyboardInterrupt
         except KeyboardInterrupt:
             interrupted = True
             for c in clients:
                 c.stop()
             for t in threads:
                 t.join(spec.timeout_s + 5.0)
+        if late:
+            # stopped, not abandoned: a thread still running would use a closed transport
+            alive = [t.name for t in threads if t.is_alive()]
+            if alive:
+                trs = []        # leak them rather than pull the socket from under a thread
+            raise RuntimeError(f"loadgen: client thread(s) did not finish within {limit:.0f} s"
+                               + (f"; still running: {', '.join(alive)}" if alive else ""))
         results = [c.results() for c in clients]
     finally:
         for tr in trs:
@@ -355,6 +368,17 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
     return rep
 
 
+def _pinned_run(client, t0, cpus, i, nice=None):
+    if cpus:
+        os.sched_setaffinity(0, {cpus[i % len(cpus)]})      # 0: this thread on Linux
+    if nice is not None:
+        try:        # on Linux a thread id names one thread: only this client thread
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        except OSError:
+            pass    # not permitted: the experiment runner says whether it could
+    client.run(t0)
+
+
 def report(spec: LoadSpec, rate, results, wl=None):
     """Merge the client threads' results into one report."""
     n = len(spec.target.servers)
@@ -362,7 +386,7 @@ def report(spec: LoadSpec, rate, results, wl=None):
     for k in ("sent", "sent_warm", "completed", "timed_out", "warm_answered",
               "warm_timed_out", "migrated", "stolen", "late", "duplicates", "unknown",
               "foreign", "malformed", "forged", "unexpected", "send_failed", "window_full",
-              "late_sends", "late_episodes", "outstanding"):
+              "late_sends", "late_episodes", "outstanding", "svc_req_ns", "svc_ns"):
         tot[k] = int(sum(r[k] for r in results))
     rejected = {STATUS_NAMES[s]: int(sum(r["rejected"][s] for r in results))
                 for s in range(1, len(STATUS_NAMES))}
@@ -421,6 +445,13 @@ def report(spec: LoadSpec, rate, results, wl=None):
         "warmup": {"sent": tot["sent_warm"], "answered": tot["warm_answered"],
                    "timed_out": tot["warm_timed_out"]},
         "latency_us": lat_us,
+        # What the servers measured (RESPONSE.service_ns) against what was asked: the
+        # effective load is offered_per_s * measured_mean_us / workers, not the nominal one.
+        "service_us": {
+            "requested_mean": tot["svc_req_ns"] / sent / 1e3 if sent else float("nan"),
+            "measured_mean": (tot["svc_ns"] / tot["completed"] / 1e3 if tot["completed"]
+                              else float("nan")),
+        },
         "schedule": {
             "late_sends": tot["late_sends"],
             "late_fraction": tot["late_sends"] / sent if sent else 0.0,
@@ -437,6 +468,13 @@ def report(spec: LoadSpec, rate, results, wl=None):
                    for t, r, s in spec.phases(rate)],
         "histogram": {"unit": "ns", "n": int(lat["n"]), "buckets": H.buckets(lat)},
     }
+    w = spec.target.workers
+    if w:
+        # nominal: what was asked of the rack; effective: what it carried (measured times)
+        svc = rep["service_us"]
+        rep["nominal_load"] = rep["offered_per_s"] * svc["requested_mean"] * 1e-6 / w
+        rep["effective_load"] = rep["offered_per_s"] * svc["measured_mean"] * 1e-6 / w
+        rep["target_workers"] = w
     if raw is not None:
         rep["raw_samples"] = int(raw.size)
         rep["raw_truncated"] = any(r["raw_truncated"] for r in results)
@@ -486,6 +524,12 @@ def notes(rep):
                    f"({100 * s['late_fraction']:.2f}%) later than {s['threshold_us']:g} µs, "
                    f"in {s['late_episodes']} episode(s); worst {s['lag_max_us']:.0f} µs "
                    "(latency is still measured from the intended send time)")
+    if rep.get("effective_load") is not None and math.isfinite(rep["effective_load"]):
+        svc = rep["service_us"]
+        out.append(f"  load: nominal {rep['nominal_load']:.3f} (offered rate x requested mean "
+                   f"{svc['requested_mean']:.1f} µs / {rep['target_workers']} workers), "
+                   f"effective {rep['effective_load']:.3f} (measured mean "
+                   f"{svc['measured_mean']:.1f} µs)")
     if rep["rejected"]:
         out.append("  rejected by servers: " + ", ".join(f"{v} {k}" for k, v in
                                                         rep["rejected"].items()))

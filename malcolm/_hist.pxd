@@ -1,6 +1,7 @@
 # cython: language_level=3
 """A compact log-linear latency histogram in C memory (HDR-style), shared by the load
-generator's client threads and its stub server.
+generator's client threads and the servers' workers (measured service times). It lives in
+the core layer so that the server runtime and the tools can both use it.
 
 Values are integer nanoseconds. Below 2**SUB_BITS every nanosecond has its own bucket; above,
 each power-of-two octave is cut into 2**(SUB_BITS-1) equal buckets, so a bucket is never wider
@@ -51,3 +52,23 @@ cdef inline void hist_add(Hist* h, int64_t v) noexcept nogil:
         h.max = v
     h.n += 1
     h.sum += <double>v
+
+
+cdef inline int64_t hist_lower(int i) noexcept nogil:
+    """The smallest value of bucket ``i``."""
+    cdef int k, h
+    if i < SUB_COUNT:
+        return i
+    k = i - SUB_COUNT
+    h = k // HALF_COUNT + SUB_BITS
+    return <int64_t>(k % HALF_COUNT + HALF_COUNT) << (h - SUB_BITS + 1)
+
+
+cdef inline int64_t hist_upper(int i) noexcept nogil:
+    """One past the largest value of bucket ``i``."""
+    cdef int k, h
+    if i < SUB_COUNT:
+        return i + 1
+    k = i - SUB_COUNT
+    h = k // HALF_COUNT + SUB_BITS
+    return <int64_t>(k % HALF_COUNT + HALF_COUNT + 1) << (h - SUB_BITS + 1)

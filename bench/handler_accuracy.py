@@ -1,0 +1,71 @@
+"""How close a handler's real service times are to the requested ones, measured the way a
+server measures them (around the handler call, per worker), under open-loop load.
+
+    python bench/handler_accuracy.py [--handlers bench,sleep,spin:tsc] [--us 50]
+        [--workers 2] [--load 0.5] [--duration 3] [--workload const:50]
+
+Prints, per handler: requested mean (the load generator's), measured mean/p50/p99 (the
+server's service-time histogram) and the mean's error in percent.
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def measure(handler, workload, workers, load, duration, poll="adaptive", cpus=None):
+    from malcolm.config import build_server, parse_rack
+    from malcolm.loadgen.run import LoadSpec, Target, run_load
+    from malcolm.loadgen.runtime_bench import _free_port
+    from malcolm.workloads import parse_workload
+    addr = f"127.0.0.1:{_free_port()}"
+    srv_cfg = {"address": addr}
+    if cpus:
+        srv_cfg["cpus"] = cpus
+    cfg = parse_rack({"rack": {"name": "hacc", "transport": "udp", "workers": workers,
+                               "handler": handler, "window_us": 1000.0, "grace_s": 0.5,
+                               "poll": poll},
+                      "policy": {"name": "random"}, "server": [srv_cfg]}, "<hacc>")
+    srv = build_server(cfg, 0).start()
+    mean = parse_workload(workload).mean_us
+    try:
+        rep = run_load(LoadSpec(Target("udp", [addr], "bench"), workload=workload,
+                                duration_s=duration, warmup_s=0.5),
+                       load * workers / (mean * 1e-6))
+        svc = srv.stats()["service"]
+        cal = srv.handler_obj.calibration()
+    finally:
+        srv.stop(0.5)
+    req = rep["service_us"]["requested_mean"]
+    return {"handler": handler, "requested_mean_us": req, "server_mean_us": svc["mean_us"],
+            "server_p50_us": svc["p50_us"], "server_p99_us": svc["p99_us"],
+            "count": svc["count"], "error_pct": 100 * (svc["mean_us"] / req - 1),
+            "client_measured_mean_us": rep["service_us"]["measured_mean"],
+            "margins_us": [round(m, 1) for m, _, _ in cal] if cal else None}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--handlers", default="bench,sleep,spin:tsc")
+    ap.add_argument("--workload", default="mix:1:const:50")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--load", type=float, default=0.5)
+    ap.add_argument("--duration", type=float, default=3.0)
+    ap.add_argument("--poll", default="adaptive")
+    ap.add_argument("--cpus", default=None, help="e.g. 2,3,4 (gateway, workers)")
+    a = ap.parse_args()
+    cpus = [int(x) for x in a.cpus.split(",")] if a.cpus else None
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()}; workload "
+          f"{a.workload}, {a.workers} workers at load {a.load}, {a.duration} s, poll {a.poll}")
+    for h in a.handlers.split(","):
+        r = measure(h, a.workload, a.workers, a.load, a.duration, a.poll, cpus)
+        print(f"{h:<10} requested {r['requested_mean_us']:8.2f} µs  server mean "
+              f"{r['server_mean_us']:8.2f} p50 {r['server_p50_us']:8.2f} p99 "
+              f"{r['server_p99_us']:8.2f}  error {r['error_pct']:+6.2f}%  n {r['count']}"
+              f"  margins {r['margins_us']}")
+
+
+if __name__ == "__main__":
+    main()

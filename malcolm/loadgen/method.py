@@ -1,0 +1,203 @@
+"""The measurement method of the experiment runner, as pure functions (unit-tested without a
+rack): run order, the median and its confidence interval, the flags that keep a bad run out
+of a result, the load correction, thread layout and time dilation.
+
+Nothing here measures; :mod:`malcolm.loadgen.experiment` feeds it real reports.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# A run is flagged, and kept out of the median, when its generator was late for more than
+# LATE_MAX of its sends or its effective load is more than LOAD_TOL off the target.
+LATE_MAX = 0.01
+LOAD_TOL = 0.03
+
+
+def run_order(policies, loads, repeat):
+    """The order of the runs: repeats outermost, then loads, then the policies interleaved.
+
+    ``[(repeat, load, policy), ...]``: at every load the policies take turns (ABCABC...), so
+    a slow drift of the machine (other jobs, thermal state) touches every policy alike
+    instead of whichever ran last.
+    """
+    return [(r, x, p) for r in range(repeat) for x in loads for p in policies]
+
+
+def _binom_cdf(k, n):
+    """P(X <= k) for X ~ Binomial(n, 1/2)."""
+    return sum(math.comb(n, i) for i in range(0, k + 1)) / 2.0 ** n
+
+
+def median_ci(values, level=0.95):
+    """Median of ``values`` and a distribution-free confidence interval for it.
+
+    The interval is the order-statistic one: ``[x_(k), x_(n+1-k)]`` with the largest ``k``
+    whose coverage ``1 - 2 P(Binomial(n, 1/2) <= k-1)`` is at least ``level``. With fewer
+    than 6 values no pair reaches 95% and the interval is ``[min, max]``, whose coverage is
+    returned (93.75% for 5 values), never silently claimed to be ``level``.
+
+    Returns
+    -------
+    (median, lo, hi, coverage) : tuple of float
+        ``nan`` everywhere for no values; ``coverage`` 0 for one value.
+    """
+    xs = sorted(float(v) for v in values if v is not None and math.isfinite(v))
+    n = len(xs)
+    nan = float("nan")
+    if n == 0:
+        return nan, nan, nan, nan
+    med = xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+    if n == 1:
+        return med, xs[0], xs[0], 0.0
+    best = 1
+    for k in range(1, n // 2 + 1):
+        if 1.0 - 2.0 * _binom_cdf(k - 1, n) >= level:
+            best = k
+    cov = 1.0 - 2.0 * _binom_cdf(best - 1, n)
+    return med, xs[best - 1], xs[n - best], cov
+
+
+def effective_load(offered_per_s, measured_mean_us, total_workers):
+    """Arrival rate x measured mean service time / workers (``nan`` if unknown)."""
+    if not (total_workers > 0 and math.isfinite(measured_mean_us)):
+        return float("nan")
+    return offered_per_s * measured_mean_us * 1e-6 / total_workers
+
+
+def flags(late_fraction, eff_load, target, accounted=True, timed_out=0):
+    """Why a run must not enter a result (empty list: it may)."""
+    out = []
+    if late_fraction > LATE_MAX:
+        out.append(f"generator late for {100 * late_fraction:.1f}% of sends "
+                   f"(> {100 * LATE_MAX:g}%)")
+    if not math.isfinite(eff_load):
+        out.append("effective load unknown (no completed task)")
+    elif abs(eff_load - target) > LOAD_TOL:
+        out.append(f"effective load {eff_load:.3f}, target {target:g} (off by more than "
+                   f"{LOAD_TOL:g})")
+    if not accounted:
+        out.append("not every task accounted for")
+    if timed_out:
+        out.append(f"{timed_out} task(s) timed out (the tail is a lower bound)")
+    return out
+
+
+def corrected_rate(load, nominal_capacity, service_factor):
+    """Arrival rate (tasks/s) that gives ``load`` when the handler's real mean service time
+    is ``service_factor`` times the nominal one (1: no correction)."""
+    f = service_factor if service_factor and math.isfinite(service_factor) else 1.0
+    return load * nominal_capacity / f
+
+
+def choose_dilation(trials):
+    """The smallest dilation whose calibration run kept time.
+
+    ``trials`` is ``[(K, ok), ...]`` in any order; returns the smallest ``K`` with ``ok`` or
+    ``None``. A trial is ok when the generator stayed on schedule and the handler's mean
+    service time stayed within tolerance (see :func:`calibration_ok`).
+    """
+    good = sorted(k for k, ok in trials if ok)
+    return good[0] if good else None
+
+
+def calibration_ok(late_fraction, measured_mean_us, requested_mean_us, accounted=True,
+                   timed_out=0):
+    """A calibration run keeps time: late sends <= 0.5% (half the limit a measured run is
+    flagged at: one short JSQ run is not every policy's run), the measured mean service time
+    within 3% of the requested one (the runner corrects the arrival rate for a slow handler,
+    but not for one that is erratic), every task answered."""
+    if not (accounted and timed_out == 0 and late_fraction <= LATE_MAX / 2):
+        return False
+    if not (math.isfinite(measured_mean_us) and requested_mean_us > 0):
+        return False
+    return abs(measured_mean_us / requested_mean_us - 1.0) <= LOAD_TOL
+
+
+DILATION_LADDER = (1, 2, 5, 10, 20, 50, 100, 200)
+
+
+def search_dilation(try_k, ladder=DILATION_LADDER, start=20):
+    """Binary search of ``ladder`` for the smallest K with ``try_k(K)`` true, assuming that a
+    larger K never keeps time worse (less work per second). Starts at ``start`` (a good
+    guess saves calibration runs). Returns ``(K or None, [(K, ok), ...])``.
+    """
+    lo, hi = 0, len(ladder) - 1          # the answer's index is in [lo, hi], or none
+    trials = []
+    found = None
+    mid = ladder.index(start) if start in ladder else (lo + hi) // 2
+    while lo <= hi:
+        ok = bool(try_k(ladder[mid]))
+        trials.append((ladder[mid], ok))
+        if ok:
+            found = mid
+            hi = mid - 1
+        else:
+            lo = mid + 1
+        mid = (lo + hi) // 2
+    return (ladder[found] if found is not None else None), trials
+
+
+def dilate_workload(wl, k):
+    """The workload spec with every service time multiplied by ``k`` (a ``mix:`` spec)."""
+    if k == 1:
+        return wl.name
+    parts = []
+    for c in wl.components:
+        if c.kind in ("const", "exp"):
+            parts.append(f"{c.weight!r}:{c.kind}:{c.a * k!r}")
+        elif c.kind == "uniform":
+            parts.append(f"{c.weight!r}:uniform:{c.a * k!r}:{c.b * k!r}")
+        else:                       # lognormal: the mean scales, sigma is dimensionless
+            parts.append(f"{c.weight!r}:lognormal:{c.a * k!r}:{c.b!r}")
+    return "mix:" + ",".join(parts)
+
+
+@dataclass
+class Layout:
+    """Where the threads go.
+
+    ``poll`` is ``busy`` when every gateway, worker and client thread gets a core of its
+    own (then ``server_cpus[k]`` lists server k's cores, gateway first, and ``client_cpus``
+    the load generator's), else ``adaptive`` with nothing pinned.
+    """
+
+    poll: str
+    server_cpus: list | None
+    client_cpus: list | None
+    client_threads: int
+    reason: str
+
+
+def layout(workers, cpus, rate_per_s, per_thread_rate=40_000.0):
+    """Lay a rack's threads out on ``cpus`` (the CPUs this process may use).
+
+    Every server needs one core for its gateway and one per worker (``workers = 0``: the
+    gateway only); the policy thread sleeps between heartbeats and shares a worker's core.
+    The load generator wants ``ceil(rate / per_thread_rate)`` threads and gets as many of
+    them as there are cores left (at least one). One CPU is left for the runner and the
+    kernel. Without a core for every server thread and one client thread nothing is pinned
+    and everything polls adaptively (spinners sharing a core are time-sliced, which turns
+    microseconds into milliseconds).
+    """
+    cpus = sorted(cpus)
+    want = max(1, math.ceil(rate_per_s / per_thread_rate))
+    need = sum(1 + max(0, w) for w in workers) + 1 + 1
+    if len(cpus) < need:
+        return Layout("adaptive", None, None, want,
+                      f"{len(cpus)} CPUs < {need} needed for disjoint cores (gateways + "
+                      "workers + a client thread + 1 spare): adaptive polling, nothing "
+                      "pinned")
+    free = cpus[1:]                 # the first is the spare
+    server_cpus = []
+    for w in workers:
+        n = 1 + max(0, w)
+        server_cpus.append(free[:n])
+        free = free[n:]
+    threads = max(1, min(want, len(free)))
+    return Layout("busy", server_cpus, free[:threads], threads,
+                  f"{len(cpus)} CPUs >= {need}: busy polling, every gateway, worker and "
+                  f"client thread on a core of its own ({threads} client thread(s) of the "
+                  f"{want} wanted)")

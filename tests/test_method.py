@@ -1,0 +1,174 @@
+"""The experiment runner's method without a rack: run order, median and its CI, flags, load
+correction, thread layout, time dilation and the choice of K."""
+
+import math
+
+import pytest
+
+from malcolm.loadgen import method as M
+from malcolm.loadgen.experiment import Experiment, ExperimentError, rack_toml, split_policy
+from malcolm.workloads import parse_workload
+
+
+def test_run_order_interleaves_policies_at_every_load():
+    order = M.run_order(["a", "b", "c"], [0.5, 0.8], 2)
+    assert [p for _, _, p in order] == list("abc") * 4
+    assert [x for _, x, _ in order] == [0.5] * 3 + [0.8] * 3 + [0.5] * 3 + [0.8] * 3
+    assert [r for r, _, _ in order] == [0] * 6 + [1] * 6
+
+
+def test_median_ci_order_statistics():
+    med, lo, hi, cov = M.median_ci([5, 1, 4, 2, 3])
+    assert (med, lo, hi) == (3, 1, 5)
+    assert cov == pytest.approx(1 - 2 / 32)      # 93.75%: 5 values cannot reach 95%
+    med, lo, hi, cov = M.median_ci(range(1, 11))
+    assert med == 5.5
+    # n = 10: [x(2), x(9)] covers 1 - 2 P(B(10,1/2) <= 1) = 97.9%; [x(3), x(8)] only 89%
+    assert (lo, hi) == (2, 9) and cov == pytest.approx(1 - 2 * 11 / 1024)
+    med, lo, hi, cov = M.median_ci([7.0])
+    assert (med, lo, hi, cov) == (7.0, 7.0, 7.0, 0.0)
+    assert all(math.isnan(v) for v in M.median_ci([]))
+    assert M.median_ci([1, float("nan"), 3])[0] == 2
+
+
+def test_median_ci_coverage_is_what_it_claims():
+    # The interval for 11 normal samples contains the true median in >= 95% of trials.
+    import numpy as np
+    rng = np.random.default_rng(3)
+    hits = 0
+    for _ in range(2000):
+        _, lo, hi, cov = M.median_ci(rng.normal(size=11))
+        hits += lo <= 0.0 <= hi
+    assert cov >= 0.95 and hits / 2000 >= 0.94
+
+
+def test_effective_load_and_flags():
+    # 3400 tasks/s x 1 ms (a dilated 50 µs) / 8 workers
+    assert M.effective_load(3400, 1000.0, 8) == pytest.approx(0.425)
+    assert math.isnan(M.effective_load(3400, float("nan"), 8))
+    assert M.flags(0.01, 0.85, 0.85) == []                 # exactly at the limits: clean
+    assert M.flags(0.0, 0.879, 0.85) == []
+    f = M.flags(0.0101, 0.85, 0.85)
+    assert len(f) == 1 and "late" in f[0]
+    f = M.flags(0.0, 0.8805, 0.85)
+    assert len(f) == 1 and "effective load" in f[0]
+    assert len(M.flags(0.5, float("nan"), 0.85, accounted=False, timed_out=3)) == 4
+
+
+def test_corrected_rate():
+    assert M.corrected_rate(0.85, 4000, 1.0) == pytest.approx(3400)
+    # a handler 10% slow gets 10% fewer tasks, so the effective load is on target
+    assert M.corrected_rate(0.85, 4000, 1.1) == pytest.approx(3400 / 1.1)
+    assert M.corrected_rate(0.85, 4000, float("nan")) == pytest.approx(3400)
+
+
+def test_calibration_and_choice_of_k():
+    assert M.calibration_ok(0.005, 1029.0, 1000.0)
+    assert not M.calibration_ok(0.006, 1000.0, 1000.0)           # late (half of 1%)
+    assert not M.calibration_ok(0.0, 1031.0, 1000.0)             # erratic handler
+    assert not M.calibration_ok(0.0, 1000.0, 1000.0, timed_out=1)
+    assert M.choose_dilation([(50, True), (10, False), (20, True)]) == 20
+    assert M.choose_dilation([(10, False)]) is None
+
+
+@pytest.mark.parametrize("threshold", [1, 2, 5, 10, 20, 50, 100, 200, 500])
+def test_search_dilation_finds_the_smallest_k(threshold):
+    seen = []
+    k, trials = M.search_dilation(lambda k: seen.append(k) or k >= threshold)
+    assert k == (threshold if threshold <= 200 else None)
+    assert len(trials) <= 4 and [t[0] for t in trials] == seen
+    assert M.choose_dilation(trials) == k
+
+
+def test_layout_from_core_count():
+    lay = M.layout([3, 3, 1, 1], range(2), 3000)
+    assert lay.poll == "adaptive" and lay.server_cpus is None and lay.client_threads == 1
+    lay = M.layout([3, 3, 1, 1], range(16), 100_000)
+    assert lay.poll == "busy" and lay.client_threads == 3
+    used = [c for cs in lay.server_cpus for c in cs] + lay.client_cpus
+    assert len(used) == len(set(used)) == 12 + 3 and 0 not in used    # disjoint, one spare
+    assert [len(c) for c in lay.server_cpus] == [4, 4, 2, 2]
+    assert M.layout([3, 3, 1, 1], range(16), 1e6).client_threads == 3     # what is left
+    assert M.layout([3, 3, 1, 1], range(14), 1000).poll == "busy"
+    assert M.layout([3, 3, 1, 1], range(13), 1000).poll == "adaptive"
+
+
+def test_dilate_workload():
+    wl = parse_workload("mix:90:const:50,10:exp:500")
+    d = parse_workload(M.dilate_workload(wl, 20))
+    assert d.mean_us == pytest.approx(20 * wl.mean_us)
+    assert d.scv == pytest.approx(wl.scv)
+    ln = parse_workload(M.dilate_workload(parse_workload("mix:1:lognormal:50:1.5,1:uniform:"
+                                                         "10:30"), 4))
+    assert [c.kind for c in ln.components] == ["lognormal", "uniform"]
+    assert ln.components[0].b == 1.5 and ln.components[1].a == 40
+    assert M.dilate_workload(parse_workload("exp:50"), 1) == "exp:50"
+
+
+def test_policies_and_rack_file(tmp_path):
+    assert split_policy("malcolm:learn=0") == ("malcolm", {"learn": 0})
+    assert split_policy("po2") == ("po2", {})
+    with pytest.raises(ExperimentError, match="unknown policy"):
+        split_policy("nope")
+    with pytest.raises(ExperimentError):
+        Experiment([1], policies=["jsq", "bad:x"])
+    text = rack_toml({"name": "malcolm", "learn": False, "load_scale": 5e4},
+                     [("127.0.0.1:1", 3), ("127.0.0.1:2", 1)], window_us=2000.0,
+                     cpus=[[1, 2, 3, 4], [5, 6]])
+    p = tmp_path / "r.toml"
+    p.write_text(text)
+    from malcolm.config import load_rack
+    cfg = load_rack(str(p))
+    assert cfg.window_us == 2000.0 and cfg.policy_params["learn"] is False
+    assert cfg.servers[1].cpus == [5, 6] and cfg.servers[0].handler == "bench"
+
+
+def _run(policy, load, p99, late=0.0, eff=None, repeat=0):
+    eff = load if eff is None else eff
+    return {"repeat": repeat, "policy": policy, "load": load, "p99_us": p99, "p50_us": 1.0,
+            "late_fraction": late, "effective_load": eff, "migrations_per_task": 0.5,
+            "steals_per_task": 0.1, "server_util": [0.5, 0.5],
+            "flags": M.flags(late, eff, load), "_delta": [None, None]}
+
+
+def test_rows_leave_flagged_runs_out_and_say_so():
+    exp = Experiment([1, 1], policies=["jsq", "po2"], loads=[0.8], repeat=3)
+    exp.runs = [_run("jsq", 0.8, 100, repeat=0), _run("jsq", 0.8, 999, late=0.05, repeat=1),
+                _run("jsq", 0.8, 120, repeat=2), _run("po2", 0.8, 300, eff=0.9)]
+    rows = {r["policy"]: r for r in exp.rows()}
+    j = rows["jsq"]
+    assert j["p99_us"] == 110 and j["used"] == 2 and j["valid"]      # 999 is not averaged
+    assert j["late_fraction"] == 0.05                                 # the worst repeat
+    assert j["flagged"][0]["repeat"] == 1 and "late" in j["flagged"][0]["why"][0]
+    assert not rows["po2"]["valid"] and rows["po2"]["p99_us"] == 300
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--dilate", "foo"], "must be 'auto' or a number"),
+    (["--dilate", "0.5"], "must be in [1, 10000]"),
+    (["--loads", "x"], "must be numbers"),
+    (["--loads", "2"], "each load must be in (0, 1.5)"),
+    (["--workers", "a"], "must be integers"),
+    (["--policies", "bogus"], "unknown policy 'bogus'"),
+    (["--repeat", "0"], "--repeat must be >= 1"),
+    (["--workload", "nope:1"], "unknown workload"),
+])
+def test_demo_cli_rejects_bad_input_in_one_line(args, msg):
+    from click.testing import CliRunner
+
+    from malcolm.cli import main
+    r = CliRunner().invoke(main, ["demo"] + args)
+    assert r.exit_code == 2 and msg in r.output and "Traceback" not in r.output
+
+
+def test_lowest_at_top_ignores_flagged_rows_and_the_control():
+    from malcolm.commands.demo import lowest_at_top
+
+    def row(p, load, p99, valid=True):
+        return {"policy": p, "load": load, "p99_us": p99, "valid": valid}
+    res = {"rows": [row("malcolm", 0.85, 100, valid=False), row("jsq", 0.85, 300),
+                    row("po2", 0.85, 200), row("malcolm:learn=0", 0.85, 50),
+                    row("jsq", 0.5, 10)]}
+    assert lowest_at_top(res) == "po2"
+    res["rows"] = [row("jsq", 0.85, 300, valid=False)]
+    assert lowest_at_top(res) is None
