@@ -165,18 +165,19 @@ class LocalRack:
 def server_command():
     """How to start ``malcolm`` in a child process: the argv prefix before ``serve ...``.
 
-    Never plain ``python -m malcolm``: run from inside a source tree with a non-editable
-    install, that imports the uncompiled ``malcolm/`` folder of the working directory.
-    ``python -P`` (3.11+) leaves the working directory off ``sys.path``; on 3.10 the
-    console script installed next to this interpreter does the same.
+    The child imports the very ``malcolm`` package this process imported (installed, editable
+    or built in place in a source checkout), never whatever ``malcolm/`` folder happens to be
+    in the working directory: run from inside a source tree with a non-editable install,
+    plain ``python -m malcolm`` would import the uncompiled sources there. ``-P`` (3.11+)
+    keeps the working directory off ``sys.path``; the package's own root goes first.
     """
-    if sys.version_info >= (3, 11):
-        return [sys.executable, "-P", "-m", "malcolm"]
-    script = os.path.join(os.path.dirname(sys.executable), "malcolm")
-    if os.access(script, os.X_OK):
-        return [script]
-    return [sys.executable, "-c", "import sys; sys.path.pop(0); from malcolm.cli import main; "
-            "sys.argv[0] = 'malcolm'; main()"]
+    import malcolm
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(malcolm.__file__)))
+    boot = (f"import sys; sys.path.insert(0, {root!r}); sys.argv[0] = 'malcolm'; "
+            "from malcolm.cli import main; main()")
+    flags = ["-P"] if sys.version_info >= (3, 11) else []
+    return [sys.executable, *flags, "-c", boot]
 
 
 def _unlink_shm(name):
