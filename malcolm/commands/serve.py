@@ -81,6 +81,10 @@ def serve(rack_path, server_id, stats, interval, stats_json, duration, handler):
         if k is None:
             raise ConfigError("no --id given and no rank in SLURM_PROCID, "
                               "OMPI_COMM_WORLD_RANK or PMI_RANK")
+        if 0 <= k < len(cfg.servers):
+            # A rank started on the wrong node must not join the rack as a peer it is not.
+            from malcolm.commands.rackgen import check_local_address
+            check_local_address(cfg, k)
         srv = build_server(cfg, k, handler=handler)
     except (ConfigError, TransportUnavailable, ValueError, OSError) as e:
         raise click.ClickException(str(e)) from None
