@@ -172,3 +172,11 @@ def test_lowest_at_top_ignores_flagged_rows_and_the_control():
     assert lowest_at_top(res) == "po2"
     res["rows"] = [row("jsq", 0.85, 300, valid=False)]
     assert lowest_at_top(res) is None
+
+
+def test_headroom_runs_one_rung_above_the_calibrated_k():
+    ladder = M.DILATION_LADDER
+    assert M.with_headroom(1) == 2
+    assert M.with_headroom(20) == 50
+    assert M.with_headroom(ladder[-1]) == ladder[-1]
+    assert M.with_headroom(7) == 7              # not on the ladder: as given

@@ -386,6 +386,14 @@ class Experiment:
                       f"calibration lines); running at K={k}, expect FLAGGED runs")
             self.dilate = k
             return k
+        run_k = M.with_headroom(k)
+        if run_k != k:
+            # The calibration's service-time correction was measured at another K (a larger K
+            # runs the handler more accurately): the runs measure their own from the start.
+            self.echo(f"dilation: K={k:g} kept time in calibration; running one rung up, at "
+                      f"K={run_k:g}, for headroom")
+            self.dilate = run_k
+            return run_k
         self._note_service(self._calib[k], top)
         return k
 
