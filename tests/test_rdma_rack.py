@@ -8,10 +8,11 @@ really happen between the servers over RDMA.
 import contextlib
 import json
 import os
-import socket
 import uuid
 
 import pytest
+
+from malcolm.net.ports import free_udp_ports
 
 pytestmark = pytest.mark.rdma
 
@@ -19,13 +20,7 @@ HOST = os.environ.get("MALCOLM_RDMA_HOST", "10.77.0.1")
 
 
 def _free_ports(n):
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(n)]
-    for s in socks:
-        s.bind((HOST, 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+    return free_udp_ports(n, HOST)
 
 
 def _rack_file(tmp_path, policy, n=2, workers=2):

@@ -3,7 +3,6 @@ requests and value checks, and a 3-server rack serving them (docs/rocksdb.md).""
 
 import json
 import os
-import socket
 import struct
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from malcolm.loadgen._apps import KvApp  # noqa: E402
 from malcolm.workers.handlers import Handler  # noqa: E402
 
 from malcolm.loadgen import apps  # noqa: E402
+from malcolm.net.ports import free_udp_ports  # noqa: E402
 
 OK, ERROR, BAD = 0, 1, 2
 
@@ -174,13 +174,7 @@ def test_app_parsing():
 
 
 def _free_ports(n):
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+    return free_udp_ports(n)
 
 
 def _rack(tmp_path, db, policy="random", n=3, workers=1):

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -22,6 +21,7 @@ from malcolm.commands.rack import LocalRack
 from malcolm.config import ConfigError, load_rack, parse_rack
 from malcolm.net import wire
 from malcolm.net.client import Client
+from malcolm.net.ports import free_udp_ports
 from malcolm.policy.registry import make_policy
 
 LOCAL = [k for k in available_transports()[0] if k in ("udp", "shm")]
@@ -33,13 +33,7 @@ def _addr(kind):
 
 
 def _free_ports(n):
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+    return free_udp_ports(n)
 
 
 class InProcRack:

@@ -4,7 +4,6 @@ file or flag gets one line naming the problem, never a traceback; ``loadgen`` fa
 nothing completes or too many tasks time out; ``rack up --keep-going``."""
 
 import os
-import socket
 import subprocess
 import sys
 
@@ -12,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from malcolm.cli import main
+from malcolm.net.ports import free_udp_ports
 
 GOOD = """
 [rack]
@@ -71,13 +71,7 @@ BAD_POLICY = [
 
 
 def _ports(n):
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+    return free_udp_ports(n)
 
 
 def _rack(tmp_path, rack_extra="", server0=None, policy=None):

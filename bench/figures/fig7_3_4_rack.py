@@ -19,7 +19,6 @@ import argparse
 import csv
 import json
 import os
-import socket
 import sys
 import tempfile
 
@@ -28,6 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from malcolm.net.ports import free_udp_ports  # noqa: E402
 from malcolm.workloads import parse_workload  # noqa: E402
 
 RACKS = {"homo": ("fig7_3_rack", [1, 1, 1], "homogeneous 3 x 1 worker"),
@@ -39,13 +39,7 @@ POLICIES = {"Malcolm": ({"name": "malcolm", "seed": 1}, None), "JSQ": ({"name": 
 
 
 def _ports(n):
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+    return free_udp_ports(n)
 
 
 def rack_toml(policy, workers, db, window_us):

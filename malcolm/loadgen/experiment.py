@@ -31,12 +31,12 @@ import json
 import math
 import os
 import signal
-import socket
 import tempfile
 import threading
 import time
 
 from malcolm.loadgen import method as M
+from malcolm.net.ports import free_udp_ports
 
 BASE_POLICIES = {
     # name: (server [policy] section, client policy)
@@ -90,19 +90,6 @@ def split_policy(spec):
     return base, params
 
 
-def free_udp_ports(n):
-    """Ports that were free a moment ago (bind to port 0, read, release)."""
-    socks, ports = [], []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in socks:
-            s.close()
-    return ports
 
 
 def rack_toml(policy, servers, *, window_us, poll="adaptive", handler="bench",

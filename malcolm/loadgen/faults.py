@@ -21,16 +21,11 @@ import threading
 import time
 
 from malcolm.net import wire
+from malcolm.net.ports import free_udp_ports
 
 
 def free_ports(n):
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+    return free_udp_ports(n)
 
 
 class _Servers:
