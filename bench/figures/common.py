@@ -68,6 +68,16 @@ def run_grid(points, quiet=False):
     return rows
 
 
+def write_rows_csv(path, rows, **const):
+    """Every key of the rows (the first row's order), after the ``const`` columns that are the
+    same on every row (``rack=...``)."""
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(const) + list(rows[0]))
+        w.writeheader()
+        for r in rows:
+            w.writerow(dict(const, **r))
+
+
 def write_csv(rows, path):
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w", newline="") as f:

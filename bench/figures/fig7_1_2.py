@@ -25,7 +25,7 @@ import csv
 import os
 import sys
 
-from common import parser, run_grid
+from common import parser, run_grid, write_rows_csv
 
 RACKS = {"homo": ("fig7_1", "8x8", "homogeneous 8x8"),
          "hetero": ("fig7_2", "2x14,9x4", "heterogeneous 2x14 + 9x4")}
@@ -101,11 +101,7 @@ def main():
                                seed=a.seed, warmup=a.warmup))
                   for wl in wls for label, pol in policies(wl) for ld in loads]
         rows = run_grid(points)
-        with open(os.path.join(a.out, f"{name}.csv"), "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=["rack"] + list(rows[0]))
-            w.writeheader()
-            for r in rows:
-                w.writerow(dict(rack=rack, **r))
+        write_rows_csv(os.path.join(a.out, f"{name}.csv"), rows, rack=rack)
         plot(rows, os.path.join(a.out, f"{name}.png"),
              f"{name.replace('fig', 'Fig ').replace('_', '.')}: p99 vs load, {title} "
              f"({tasks} tasks/point, first {a.warmup:.0%} not measured)")

@@ -14,10 +14,9 @@ Writes ``fig7_3.{csv,png}`` and ``fig7_4.{csv,png}``.
     python3 bench/figures/fig7_3_4.py [--out out/figures] [--quick] [--rack homo|hetero|both]
 """
 
-import csv
 import os
 
-from common import parser, plot_panels, run_grid
+from common import parser, plot_panels, run_grid, write_rows_csv
 
 from malcolm.workloads import parse_workload
 
@@ -46,11 +45,7 @@ def main():
                                seed=a.seed, warmup=a.warmup))
                   for wl in WORKLOADS for label, pol in policies(wl) for ld in loads]
         rows = run_grid(points)
-        with open(os.path.join(a.out, f"{name}.csv"), "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=["rack"] + list(rows[0]))
-            w.writeheader()
-            for r in rows:
-                w.writerow(dict(rack=rack, **r))
+        write_rows_csv(os.path.join(a.out, f"{name}.csv"), rows, rack=rack)
         panels = [(wl, lambda r, wl=wl: r["workload"] == wl, None) for wl in WORKLOADS]
         plot_panels(rows, os.path.join(a.out, f"{name}.png"), panels,
                     title=f"{name.replace('fig', 'Fig ').replace('_', '.')} (simulator): p99 vs "
