@@ -31,11 +31,7 @@ from malcolm.net.transport cimport BATCH, MsgBuf, Transport, addr_parse
 from malcolm.policy.base cimport MAX_SERVERS, ClientPolicy
 
 
-cdef extern from "<sys/prctl.h>" nogil:
-    int prctl(int option, unsigned long arg2, unsigned long arg3, unsigned long arg4,
-              unsigned long arg5)
-    enum:
-        PR_SET_TIMERSLACK
+from malcolm._system cimport prctl, PR_SET_TIMERSLACK
 
 
 cdef enum:
