@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 ac = pytest.importorskip("malcolm.policy.actor_critic")
+hooks = pytest.importorskip("malcolm.policy._testing")
 MalcolmPolicy = ac.MalcolmPolicy
 
 T = 50_000.0        # one task's service time in these tests, ns
@@ -25,7 +26,7 @@ def feed(p, now, loads, rates, thetas=None, skip=()):
     for j in range(p.n):
         if j == p.me or j in skip:
             continue
-        p.py_heartbeat_in(now, j, float(loads[j]), rate=float(rates[j]),
+        p.py_observe_peer(now, j, float(loads[j]), rate=float(rates[j]),
                           theta=None if thetas is None else thetas[j])
     p.py_end_window(now)
 
@@ -66,9 +67,9 @@ def test_median_consensus_keeps_a_bad_peer_within_the_honest_range():
     own = p.theta
     honest = [own + 0.1, own - 0.2, own + 0.05]
     for j, t in zip((1, 2, 3), honest, strict=True):
-        p.py_heartbeat_in(0, j, 0.0, theta=t)
-    p.py_heartbeat_in(0, 4, 0.0, theta=np.full(d, 900.0 / np.sqrt(d)))     # norm 900 < 1000
-    p.py_consensus()
+        p.py_observe_peer(0, j, 0.0, theta=t)
+    p.py_observe_peer(0, 4, 0.0, theta=np.full(d, 900.0 / np.sqrt(d)))     # norm 900 < 1000
+    hooks.consensus(p)
     allv = np.array([own, *honest])
     th = p.theta
     assert np.all(th <= allv.max(0) + 1e-12) and np.all(th >= allv.min(0) - 1e-12)
@@ -76,9 +77,9 @@ def test_median_consensus_keeps_a_bad_peer_within_the_honest_range():
     # the thesis's mean would have been moved by about 900 / sqrt(d) / 5
     m = MalcolmPolicy(n, me, seed=2, consensus_every=0, consensus="mean")
     for j, t in zip((1, 2, 3), honest, strict=True):
-        m.py_heartbeat_in(0, j, 0.0, theta=t)
-    m.py_heartbeat_in(0, 4, 0.0, theta=np.full(d, 900.0 / np.sqrt(d)))
-    m.py_consensus()
+        m.py_observe_peer(0, j, 0.0, theta=t)
+    m.py_observe_peer(0, 4, 0.0, theta=np.full(d, 900.0 / np.sqrt(d)))
+    hooks.consensus(m)
     assert np.all(m.theta > allv.max(0) + 10.0)
 
 
@@ -93,9 +94,9 @@ def test_own_critic_stays_within_the_norm_bound():
 def test_absurd_heartbeat_fields_are_clamped():
     p = MalcolmPolicy(3, 0, seed=1)
     p.py_observe_local(0, 0.0, 0.0, 1.0 / T)
-    p.py_heartbeat_in(0, 1, float("inf"), migrations=0, rate=float("nan"))
-    p.py_heartbeat_in(0, 2, -5.0, rate=1e30)
-    p.py_heartbeat_in(1, 1, float("nan"), migrations=2**63, steals=2**62, rate=-1.0)
+    p.py_observe_peer(0, 1, float("inf"), migrations=0, rate=float("nan"))
+    p.py_observe_peer(0, 2, -5.0, rate=1e30)
+    p.py_observe_peer(1, 1, float("nan"), migrations=2**63, steals=2**62, rate=-1.0)
     p.py_end_window(1)
     assert p.hb_clamped >= 4
     assert np.all(np.isfinite(p.loads)) and np.all(p.loads >= 0) and p.loads.max() <= 1e12
@@ -140,7 +141,7 @@ def test_overloaded_servers_are_masked_and_steals_only_from_busier_peers():
     assert p.masked >= 1
     # steal only from peers more loaded than us (3 and 4); never from 1, 2
     assert ps[1] == 0.0 and ps[2] == 0.0 and ps[3] > 0 and ps[4] > 0
-    counts = p.py_sample_many("arrival", 20_000)
+    counts = hooks.sample_many(p, "arrival", 20_000)
     assert counts[3] == 0
     # without the mask server 3 gets its share
     q = MalcolmPolicy(n, me, seed=1, learn=False, mask_factor=0.0)
@@ -159,9 +160,9 @@ def test_trust_region_bounds_every_actor_parameter():
         loads = rng.uniform(0, 20, n) * T / 2
         p.py_observe_local(w, loads[me], 0.0, rates[me])
         for j in (1, 2):
-            p.py_heartbeat_in(w, j, loads[j], rate=rates[j])
-        p.py_sample_many("arrival", 20)
-        p.py_sample_many("steal", 20)
+            p.py_observe_peer(w, j, loads[j], rate=rates[j])
+        hooks.sample_many(p, "arrival", 20)
+        hooks.sample_many(p, "steal", 20)
         p.py_end_window(w)
     d = p.n_theta
     dp = np.abs(p.params - p0)[d:]
@@ -185,8 +186,8 @@ def test_runaway_own_queue_resets_the_actors():
         loads = np.array([0.0, 3.0, 1.0, 2.0]) * T
         p.py_observe_local(w, loads[me], 0.0, rates[me])
         for j in range(1, n):
-            p.py_heartbeat_in(w, j, loads[j], rate=rates[j])
-        p.py_sample_many("arrival", 10)
+            p.py_observe_peer(w, j, loads[j], rate=rates[j])
+        hooks.sample_many(p, "arrival", 10)
         p.py_end_window(w)
     assert not np.array_equal(p.params[p.n_theta:], p0[p.n_theta:])
     assert p.resets == 0
@@ -206,8 +207,8 @@ def test_hop_cost_is_measured_from_heartbeats():
     assert p.hop_estimate_ns == 0.0
     for w in range(200):
         p.py_observe_local(w * 100_000, 0.0, 0.0, 1.0 / T)
-        p.py_heartbeat_in(w * 100_000, 1, 0.0, rate=1.0 / T, sent_ns=w * 100_000 - 7_000)
-        p.py_heartbeat_in(w * 100_000, 2, 0.0, rate=1.0 / T,
+        p.py_observe_peer(w * 100_000, 1, 0.0, rate=1.0 / T, sent_ns=w * 100_000 - 7_000)
+        p.py_observe_peer(w * 100_000, 2, 0.0, rate=1.0 / T,
                           sent_ns=w * 100_000 - 10**12)         # clock offset: ignored
         p.py_end_window(w * 100_000)
     assert p.hop_estimate_ns == pytest.approx(7_000.0, rel=1e-6)
@@ -238,7 +239,7 @@ def test_sparse_actor_gradient_matches_numpy_reference():
     prior = np.log(rates / rates.mean())
     pim = p.probs_migrate
     np.testing.assert_allclose(pim, softmax(g_m + prior), rtol=1e-9)
-    p.py_sample_many("arrival", 30)
+    hooks.sample_many(p, "arrival", 30)
     loads_b = np.array([2.0, 2.0, 3.0, 1.0]) * ls
     feed(p, 1, loads_b, rates)
     v = loads_b / ls
