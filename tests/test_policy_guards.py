@@ -20,6 +20,18 @@ def rates_of(workers):
     return np.asarray(workers, float) / T          # tasks per ns
 
 
+def capacity_prior(rates, me):
+    """The migrate logits' capacity prior (actor_critic._publish): accepting log(r_me / mean),
+    peer j log(c r_j^2 / (R + (n-1) r_j)), c making the peers' weights sum to (R - r_me) / mean."""
+    r = np.asarray(rates, float)
+    n, R, rbar = len(r), r.sum(), r.mean()
+    spare = r ** 2 / (R + (n - 1) * r)
+    c = (R - r[me]) / ((spare.sum() - spare[me]) * rbar)
+    out = np.log(c * spare)
+    out[me] = np.log(r[me] / rbar)
+    return out
+
+
 def feed(p, now, loads, rates, thetas=None, skip=()):
     """One window for agent ``p``: own load, a heartbeat from every peer, end of window."""
     p.py_observe_local(now, float(loads[p.me]), 0.0, float(rates[p.me]))
@@ -109,19 +121,38 @@ def test_absurd_heartbeat_fields_are_clamped():
 def test_safe_start_follows_reported_capacities():
     n, me = 4, 1
     w = np.array([8.0, 2.0, 2.0, 4.0])
+    R = w.sum()
     p = MalcolmPolicy(n, me, seed=1, learn=False)
     feed(p, 0, np.zeros(n), rates_of(w))
     pm = p.probs_migrate
-    # peers in proportion to their service rates; accepting at weight r_me * n
-    expect = w.copy()
-    expect[me] = w[me] * n
-    np.testing.assert_allclose(pm, expect / expect.sum(), rtol=1e-9)
-    # the share of the rack's traffic a server keeps never exceeds its capacity share
-    # (arrivals spread evenly over the servers)
-    for k in range(n):
-        q = MalcolmPolicy(n, k, seed=1, learn=False)
-        feed(q, 0, np.zeros(n), rates_of(w))
-        assert q.probs_migrate[k] / n <= w[k] / w.sum() + 1e-12
+    # accepting: r_me n / (R + (n-1) r_me), at most the server's capacity share n r_me / R of
+    # its own arrivals; the rest to the peers in proportion to the capacity each has left
+    # after its own accepted arrivals, s_j ~ r_j^2 / (R + (n-1) r_j)
+    acc = w[me] * n / (R + (n - 1) * w[me])
+    spare = w ** 2 / (R + (n - 1) * w)
+    spare[me] = 0.0
+    expect = (1 - acc) * spare / spare.sum()
+    expect[me] = acc
+    np.testing.assert_allclose(pm, expect, rtol=1e-9)
+    # With arrivals spread evenly, what every server receives (kept + migrated to it) is its
+    # capacity share, to within 1.5% above and 3% below (the spare capacities approximate the
+    # exact flow). The old prior, peers in proportion to r_j, sent 1.15-1.36x the share to
+    # the small servers of these racks.
+    for rack in ([8, 2, 2, 4], [16, 1, 1, 1, 1, 1, 1, 1], [1, 8, 12, 15], [7, 7, 1]):
+        wr = np.asarray(rack, float)
+        m = len(wr)
+        inflow = np.zeros(m)
+        for k in range(m):
+            q = MalcolmPolicy(m, k, seed=1, learn=False)
+            feed(q, 0, np.zeros(m), rates_of(wr))
+            inflow += q.probs_migrate / m
+            assert q.probs_migrate[k] / m <= wr[k] / wr.sum() + 1e-12
+        ratio = inflow / (wr / wr.sum())
+        assert ratio.max() <= 1.015 and ratio.min() >= 0.97, ratio
+    # a homogeneous rack: the peers share the migrations evenly, as before
+    q = MalcolmPolicy(n, me, seed=1, learn=False)
+    feed(q, 0, np.zeros(n), rates_of([3, 3, 3, 3]))
+    np.testing.assert_allclose(q.probs_migrate, [1 / 7, 4 / 7, 1 / 7, 1 / 7], rtol=1e-12)
     # load_scale is derived from the rates: the rack's mean task interval
     assert p.load_scale == pytest.approx(1.0 / rates_of(w).mean(), rel=1e-9)
     assert p.config()["load_scale"] == 0.0
@@ -218,7 +249,7 @@ def test_hop_cost_is_measured_from_heartbeats():
 
 # ---------------------------------------------------------------- sparse actor arithmetic
 def test_sparse_actor_gradient_matches_numpy_reference():
-    """Default actors: logit_i = B_i + W_ii z_i + W_i,me z_me (+ log capacity share, masked),
+    """Default actors: logit_i = B_i + W_ii z_i + W_i,me z_me (+ the capacity prior, masked),
     z = clip(u - mean u, +-4); the difference advantage and the KL-to-safe-start term."""
     n, me, beta, mc = 4, 2, 0.3, 0.01
     p = MalcolmPolicy(n, me, seed=1, batch_windows=10_000, consensus_every=0, hop_ns=0.0,
@@ -236,7 +267,7 @@ def test_sparse_actor_gradient_matches_numpy_reference():
     u = loads_a / ls
     z = np.clip(u - u.mean(), -4, 4)
     g_m = B + np.diag(W) * z + np.where(np.arange(n) != me, W[:, me] * z[me], 0.0)
-    prior = np.log(rates / rates.mean())
+    prior = capacity_prior(rates, me)
     pim = p.probs_migrate
     np.testing.assert_allclose(pim, softmax(g_m + prior), rtol=1e-9)
     hooks.sample_many(p, "arrival", 30)

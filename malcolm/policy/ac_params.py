@@ -36,7 +36,7 @@ DEFAULTS = dict(
     # actor, kept for fidelity (see docs/policy.md, "Deviations").
     advantage="difference",
     hop_ns=-1.0,                # < 0: one-way delay measured from heartbeats
-    capacity_prior=True,        # migrate logits += log(rate_j / mean rate)
+    capacity_prior=True,        # migrate logits += the capacity prior (capacity shares)
     mask_factor=2.0,            # 0 disables the overload mask
     trust=8.0,                  # 0 disables the trust region around the initial actors
     runaway_windows=20,         # 0 disables the runaway reset
