@@ -22,7 +22,11 @@ gateway's ``Rng`` and the gateway-owned per-outcome decision counters; all other
 on the policy thread. The driver (simulator or runtime) owns ``Policy.migrations`` and
 ``Policy.steals``: the tasks that actually moved, which the heartbeats report and the payoff
 charges for.
-The design and the reasons for the feature vector are in ``docs/policy.md``.
+
+This module holds how the agent learns, agrees, guards itself and publishes; its memory and
+what it observes (loads, heartbeats, sorted loads, features, advantages) are ``AgentState``
+in ``agent_state.pyx``; its parameters and their validation are in ``ac_params.py``. The
+design and the reasons for the feature vector are in ``docs/policy.md``.
 """
 import numpy as np
 
