@@ -18,7 +18,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = os.path.join(ROOT, "malcolm")
 
 LAYERS = [
-    ("core", ("malcolm", "malcolm._core", "malcolm._native", "malcolm._workload",
+    ("core", ("malcolm", "malcolm._core", "malcolm._native", "malcolm._workload", "malcolm._metadata",
+              "malcolm._units",
               "malcolm.workloads", "malcolm._selftest", "malcolm._microbench", "malcolm.data",
               "malcolm._version")),
     ("policy", ("malcolm.policy",)),
