@@ -8,8 +8,7 @@ import threading
 
 import click
 
-from malcolm.commands.types import Duration, Rate, json_option, jsonable, write_json, \
-    write_text
+from malcolm.commands.types import Duration, Rate, json_option, jsonable, write_json, write_text
 
 
 def _clean(v):

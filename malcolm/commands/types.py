@@ -20,6 +20,7 @@ import click
 
 from malcolm._units import _DURATION_UNITS, parse_duration, parse_rate
 
+
 class Duration(click.ParamType):
     """A duration option; the value is a float in ``unit`` (``"s"``, ``"ms"``, ``"us"``).
 

@@ -185,6 +185,7 @@ cdef class LoadClient:
     cdef int ps_kind, ps_a, ps_b, pcontent
     cdef bint check_echo
     cdef uint8_t* pbuf                    # 2 * MAX_PAYLOAD: random content is a window of it
+    cdef uint16_t* req_len                # with check_echo: each request's payload length
 
     def __init__(self, Transport transport not None, servers, NativeWorkload workload not None,
                  long long client_id, unsigned long long seed, phases, double warmup_s,
@@ -268,6 +269,10 @@ cdef class LoadClient:
             raise ValueError(f"request window of {self.cap} is too large; lower the rate "
                              "or the timeout, or use more client threads")
         self.mask = self.cap - 1
+        if self.check_echo:
+            self.req_len = <uint16_t*>mc_aligned_alloc(64, self.cap * sizeof(uint16_t))
+            if self.req_len == NULL:
+                raise MemoryError()
         self.req_t = <int64_t*>mc_aligned_alloc(64, self.cap * sizeof(int64_t))
         self.req_state = <uint8_t*>mc_aligned_alloc(64, self.cap)
         self.lat = <Hist*>mc_aligned_alloc(64, sizeof(Hist))
@@ -337,6 +342,7 @@ cdef class LoadClient:
     def __dealloc__(self):
         free(self.trace)
         free(self.pbuf)
+        free(self.req_len)
         free(self.req_t)
         free(self.req_state)
         free(self.lat)
@@ -465,6 +471,8 @@ cdef class LoadClient:
         t.send_ns = intended
         slot = self.next_id & self.mask
         self.req_t[slot] = intended
+        if self.check_echo:
+            self.req_len[slot] = t.payload_len
         if intended < self.t0_ns + self.warm_ns:
             self.req_state[slot] = R_OUT_WARM
             self.c.sent_warm += 1
@@ -547,7 +555,8 @@ cdef class LoadClient:
                 self.c.svc_ns += <uint64_t>r.service_ns
             if self.check_echo:
                 self.c.echo_checked += 1
-                if not _is_pattern(r.payload, r.payload_len, rid):
+                if (r.payload_len != self.req_len[slot]
+                        or not _is_pattern(r.payload, r.payload_len, rid)):
                     self.c.echo_bad += 1
             if r.flags & F_MIGRATED:
                 self.c.migrated += 1

@@ -11,6 +11,7 @@ own (0.1%).
 from __future__ import annotations
 
 import csv
+import datetime
 import io
 import math
 import time
@@ -75,16 +76,19 @@ def to_hdr(h):
 
 def write_hdr(path: str, reports, start_s: float | None = None) -> None:
     """Write the latency histogram of every report (one interval each, in order) as an
-    HdrHistogram log (``.hlog``, values in ns; the tools' default unit ratio reads them as
-    ns -> ms with ``--units 1e6``)."""
+    HdrHistogram log (``.hlog``, format 1.2): values in ns, interval start times absolute
+    (seconds since the epoch), Interval_Max in ms."""
     _, HistogramLogWriter = _hdr_module()
-    t0 = time.time() if start_s is None else start_s
+    # whole milliseconds: a reader skips an interval that starts before StartTime by a hair
+    t0 = math.floor((time.time() if start_s is None else start_s) * 1000) / 1000
     with open(path, "w") as f:
         w = HistogramLogWriter(f)
         w.output_comment("malcolm loadgen: latency from the intended send time, ns; one "
                          "interval per target rate")
         w.output_log_format_version()
-        w.output_start_time(int(t0 * 1000))
+        # written here: hdrh's output_start_time() reads its milliseconds as seconds
+        utc = datetime.datetime.fromtimestamp(t0, datetime.timezone.utc)
+        f.write(f"#[StartTime: {t0:.3f} (seconds since epoch), {utc.isoformat(' ')}]\n")
         w.output_legend()
         t = 0.0
         for r in reports:
