@@ -20,7 +20,8 @@ PKG = os.path.join(ROOT, "malcolm")
 
 LAYERS = [
     ("core", ("malcolm", "malcolm._core", "malcolm._native", "malcolm._workload",
-              "malcolm._metadata", "malcolm._units", "malcolm.workloads", "malcolm._selftest", "malcolm._microbench", "malcolm.data",
+              "malcolm._metadata", "malcolm._units", "malcolm.workloads", "malcolm._selftest",
+              "malcolm._microbench", "malcolm.data",
               "malcolm._version")),
     ("policy", ("malcolm.policy",)),
     ("engines", ("malcolm.sim", "malcolm.net", "malcolm.workers")),
