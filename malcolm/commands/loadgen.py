@@ -135,8 +135,8 @@ def loadgen(rack_path, servers, transport, rates, arrivals, payload_size, payloa
       malcolm loadgen --rack rack.toml --rate 20k --workload bimodal
       malcolm loadgen --server 127.0.0.1:7001,127.0.0.1:7002 --rate 5k,10k,20k --json -
       malcolm loadgen --rack rack.toml --rate 20k --arrivals trace:gaps.txt --csv out.csv
-      malcolm loadgen --rack echo.toml --payload-size uniform:64:1024 --payload pattern \
-        --check-echo --hdr lat.hlog --json out.json
+      malcolm loadgen --rack echo.toml --payload-size exp:200 --payload pattern --check-echo
+      malcolm loadgen --rack rack.toml --rate 5k,10k --json out.json --hdr lat.hlog
       malcolm loadgen --rack rack.toml --rate 10k --change 2s:rate=2x --change 4s:rate=1x
       malcolm loadgen --rack rack.toml --rate 10k --policy po2
     """
