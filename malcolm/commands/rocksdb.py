@@ -103,15 +103,16 @@ Examples:
 @click.option("--sizes", default="16,64", show_default=True,
               help="GET sizes to time (keys per request).")
 @click.option("--samples", default=20000, show_default=True, help="Requests per size.")
-@click.option("--warmup", default=2000, show_default=True,
+@click.option("--warmup-requests", "warmup", default=2000, show_default=True,
               help="Untimed requests per size first (fills the block cache).")
+@click.option("--warmup", "warmup_old", type=int, default=None, hidden=True)
 @click.option("--key-dist", default="uniform", show_default=True,
               help="uniform or zipf:S.")
 @click.option("--seed", default=1, show_default=True, help="Seed of the key choice.")
 @json_option("the measurement (quantiles per size, the machine, the run metadata)")
 @click.option("--out", "out_old", type=click.Path(dir_okay=False), default=None, hidden=True)
 @click.argument("path", type=click.Path())
-def calibrate(sizes, samples, warmup, key_dist, seed, json_out, out_old, path):
+def calibrate(sizes, samples, warmup, warmup_old, key_dist, seed, json_out, out_old, path):
     """Time the handler's GET(n) on this machine (one thread, no network).
 
     Each request goes through the handler's C function exactly as a worker calls it. Two
@@ -119,6 +120,7 @@ def calibrate(sizes, samples, warmup, key_dist, seed, json_out, out_old, path):
     included) and cpu (the thread's CPU time, the work alone).
     """
     rdb = _rdb()
+    warmup = warmup if warmup_old is None else warmup_old     # the old spelling, hidden
     from malcolm.loadgen import rocksdb_calibrate as cal
     from malcolm.loadgen.apps import AppError, parse_key_dist
     try:

@@ -119,7 +119,7 @@ Examples:
               help="Load(s), fractions of the rack's capacity: 0.5,0.7 or 0.5:0.95:0.05 "
                    "(START:STOP:STEP, STOP included).")
 @click.option("--tasks", default=100_000, show_default=True, type=click.IntRange(1),
-              help="Tasks per run (the first --warmup fraction is not measured).")
+              help="Tasks per run (the first --warmup-fraction is not measured).")
 @click.option("--seed", default=1, show_default=True, type=click.IntRange(0),
               help="Seed of every random stream of a run (same seed, same result).")
 @click.option("--delay", default=2.0, show_default=True, type=Duration("us"),
@@ -139,9 +139,12 @@ Examples:
               help="Heartbeat loss probability (0..1).")
 @click.option("--clients", default=None, type=click.IntRange(1),
               help="Clients (default: one per server).")
-@click.option("--warmup", default=0.1, show_default=True, type=click.FloatRange(0, 1,
-                                                                               max_open=True),
-              help="Fraction (0..1) of the first tasks not measured.")
+@click.option("--warmup-fraction", "warmup", default=0.1, show_default=True,
+              type=click.FloatRange(0, 1, max_open=True),
+              help="Fraction (0..1) of the first tasks not measured (--warmup elsewhere is "
+                   "a time).")
+@click.option("--warmup", "warmup_old", default=None, hidden=True,
+              type=click.FloatRange(0, 1, max_open=True))
 @click.option("--phase", type=click.Choice(["random", "staggered", "aligned"]),
               default="random", show_default=True, help="Window phases of the servers.")
 @click.option("--ewma", default=None, type=float,
@@ -161,14 +164,16 @@ Examples:
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Write a p99-versus-load plot (PNG) to FILE.")
 def sim(rack, policies, workloads, loads, tasks, seed, delay, jitter, window, sched, quantum,
-        shares, loss, clients, warmup, phase, ewma, gateway_ns, capacity, steals_in_flight,
-        steal_timeout, json_out, plot):
+        shares, loss, clients, warmup, warmup_old, phase, ewma, gateway_ns, capacity,
+        steals_in_flight, steal_timeout, json_out, plot):
     """Simulate a rack: p50/p99/p99.9 latency, throughput, migrations and steals.
 
     Sweeps run every combination of --policy, --workload and --load. With --json the result
     is one object, {"metadata": {...}, "runs": [summary, ...]}.
     """
     from malcolm.policy.registry import parse_policy
+    if warmup_old is not None:          # the first release's spelling, kept hidden
+        warmup = warmup_old
     from malcolm.sim.rack import parse_rack
     from malcolm.sim.run import simulate
     from malcolm.workloads import parse_workload
