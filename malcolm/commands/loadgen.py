@@ -1,4 +1,5 @@
-"""``malcolm loadgen``: open-loop Poisson load against a rack, latency from intended send times."""
+"""``malcolm loadgen``: open-loop load (Poisson, fixed or trace-driven arrivals) against a rack;
+latency from intended send times."""
 
 from __future__ import annotations
 
@@ -8,12 +9,7 @@ import threading
 
 import click
 
-from malcolm.commands.types import Duration, Rate, json_option, jsonable, write_json, write_text
-
-
-def _clean(v):
-    """JSON-safe: NaN and infinities become null, numpy scalars plain numbers."""
-    return jsonable(v)
+from malcolm.commands.types import Duration, Rate, json_option, write_json, write_text
 
 
 @click.command()

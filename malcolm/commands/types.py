@@ -102,6 +102,8 @@ def jsonable(v):
         return {k: jsonable(x) for k, x in v.items() if not str(k).startswith("_")}
     if isinstance(v, (list, tuple)):
         return [jsonable(x) for x in v]
+    if getattr(v, "ndim", 0) and hasattr(v, "tolist"):        # a numpy array
+        return jsonable(v.tolist())
     if hasattr(v, "item") and not isinstance(v, (str, bytes)):
         v = v.item()
     if isinstance(v, float) and not math.isfinite(v):
