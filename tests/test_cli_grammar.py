@@ -159,3 +159,18 @@ def test_metadata_fields():
     assert md["config"]["a"] == [1, 2] and isinstance(md["config"]["b"], str)
     assert md["argv"] == ["malcolm", "x"] and md["cpus"] >= 1
     json.dumps(md)
+
+
+def test_rack_file_option_and_its_deprecated_positional(tmp_path):
+    path = str(tmp_path / "rack.toml")
+    r = CliRunner().invoke(main, ["rack", "gen", "--hosts", "127.0.0.1", "--per-host", "2",
+                                  "-o", path])
+    assert r.exit_code == 0, r.output
+    new = CliRunner().invoke(main, ["rack", "check", "--rack", path])
+    old = CliRunner().invoke(main, ["rack", "check", path])
+    assert new.exit_code == old.exit_code == 0, new.output + old.output
+    assert "2 servers" in new.output and new.output == old.output
+    r = CliRunner().invoke(main, ["rack", "check"])
+    assert r.exit_code == 2 and "--rack FILE" in r.output
+    r = CliRunner().invoke(main, ["rack", "up", "--rack", path, "--duration", "nan"])
+    assert r.exit_code == 2 and "--duration" in r.output
