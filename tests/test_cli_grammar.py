@@ -141,9 +141,22 @@ def test_sim_json_file_stdout_and_metadata(tmp_path):
     assert json.loads(path.read_text())["runs"][0]["p99_us"] == d["runs"][0]["p99_us"]
 
 
-def test_sim_rack_is_a_file_elsewhere():
+def test_sim_rack_is_a_rack_file_too(tmp_path):
     r = CliRunner().invoke(main, ["sim", "--rack", "2x2"])
-    assert r.exit_code == 2 and "--servers" in r.output
+    assert r.exit_code == 2 and "--rack" in r.output and "Traceback" not in r.output
+    path = tmp_path / "rack.toml"
+    path.write_text('[rack]\nname = "t"\ntransport = "udp"\nworkers = 3\nwindow_us = 50\n'
+                    '[policy]\nname = "jbt"\nthreshold = 2\n'
+                    '[[server]]\naddress = "127.0.0.1:7001"\n'
+                    '[[server]]\naddress = "127.0.0.1:7002"\n'
+                    '[[server]]\naddress = "127.0.0.1:7003"\nworkers = 1\n')
+    r = CliRunner().invoke(main, ["sim", "--rack", str(path), "--tasks", "2000", "--json"])
+    assert r.exit_code == 0, r.output
+    c = json.loads(r.output)["runs"][0]["config"]
+    assert c["rack"] == "2x3,1x1" and c["policy"].startswith("jbt")
+    assert c["window_us"] == 50
+    r = CliRunner().invoke(main, ["sim", "--rack", str(path), "--servers", "2x2"])
+    assert r.exit_code == 2 and "not both" in r.output
 
 
 def test_unwritable_json_is_one_line(tmp_path):

@@ -89,11 +89,25 @@ def plot_p99(results, path, title=None):
     plt.close(fig)
 
 
-def _no_rack(ctx, param, value):
-    if value is not None:
-        raise click.BadParameter("sim takes the servers as --servers SPEC (e.g. 2x14,9x4); "
-                                 "--rack names a rack file in the other commands")
-    return value
+def from_rack_file(path):
+    """What a rack file says about the rack to simulate: ``(servers spec, policy spec,
+    window_us)``. A server with 0 workers (its gateway runs the tasks) is one worker here."""
+    from malcolm.config import ConfigError, load_rack
+    try:
+        cfg = load_rack(path)
+    except ConfigError as e:
+        raise click.BadParameter(str(e), param_hint="--rack") from None
+    groups = []
+    for s in cfg.servers:
+        w = max(1, s.workers)
+        if groups and groups[-1][1] == w:
+            groups[-1][0] += 1
+        else:
+            groups.append([1, w])
+    spec = ",".join(f"{n}x{w}" for n, w in groups)
+    params = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+                      for k, v in cfg.policy_params.items())
+    return spec, cfg.policy + (f":{params}" if params else ""), cfg.window_us
 
 
 @click.command("sim", epilog="""
@@ -103,12 +117,16 @@ Examples:
   malcolm sim --servers 2x14,9x4 --policy jsq --workload hyperexp1 --load 0.85 --tasks 1000000
   malcolm sim --policy po2 --policy jsq --load 0.5:0.95:0.05 --plot sweep.png
   malcolm sim --servers 4x2 --policy malcolm:learn=0 --delay 5us --json out.json
+  malcolm sim --rack rack.toml --load 0.5:0.9:0.1      the rack a rack file describes
 """)
 @click.option("--servers", "rack", default="8x8", show_default=True, metavar="SPEC",
               help="Servers x workers[@speed], comma-separated groups: 8x8, 2x16,14x2, "
                    "2x14@2.0,9x4.")
-@click.option("--rack", "rack_old", hidden=True, default=None, expose_value=False,
-              callback=_no_rack, is_eager=True)
+@click.option("--rack", "rack_file", type=click.Path(dir_okay=False), default=None,
+              metavar="FILE",
+              help="Simulate the rack of a rack file (TOML): its servers' workers, and its "
+                   "policy and window unless --policy or --window is given. Instead of "
+                   "--servers.")
 @click.option("--policy", "policies", multiple=True, default=("random",), show_default=True,
               help="Policy NAME[:key=val,...]; repeat to sweep. See `malcolm list policies`.")
 @click.option("--workload", "workloads", multiple=True, default=("exp:50",),
@@ -163,8 +181,8 @@ Examples:
 @json_option("every run's summary and the run metadata")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Write a p99-versus-load plot (PNG) to FILE.")
-def sim(rack, policies, workloads, loads, tasks, seed, delay, jitter, window, sched, quantum,
-        shares, loss, clients, warmup, warmup_old, phase, ewma, gateway_ns, capacity,
+def sim(rack, rack_file, policies, workloads, loads, tasks, seed, delay, jitter, window, sched,
+        quantum, shares, loss, clients, warmup, warmup_old, phase, ewma, gateway_ns, capacity,
         steals_in_flight, steal_timeout, json_out, plot):
     """Simulate a rack: p50/p99/p99.9 latency, throughput, migrations and steals.
 
@@ -174,6 +192,16 @@ def sim(rack, policies, workloads, loads, tasks, seed, delay, jitter, window, sc
     from malcolm.policy.registry import parse_policy
     if warmup_old is not None:          # the first release's spelling, kept hidden
         warmup = warmup_old
+    if rack_file:
+        ctx = click.get_current_context()
+        default = click.core.ParameterSource.DEFAULT
+        if ctx.get_parameter_source("rack") != default:
+            raise click.UsageError("give either --servers SPEC or --rack FILE, not both")
+        rack, pol, win = from_rack_file(rack_file)
+        if ctx.get_parameter_source("policies") == default:
+            policies = (pol,)
+        if ctx.get_parameter_source("window") == default:
+            window = win
     from malcolm.sim.rack import parse_rack
     from malcolm.sim.run import simulate
     from malcolm.workloads import parse_workload
