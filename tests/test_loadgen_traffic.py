@@ -21,6 +21,7 @@ from malcolm.workloads import parse_workload
 
 
 def _client(rate, arrival=0, trace=None, trace_start=0, offset=0.0, **kw):
+    # one client's schedule, from its own view (rate: this client's share)
     tr = open_transport("udp", "127.0.0.1:0")
     c = LoadClient(tr, ["127.0.0.1:9"], parse_workload("exp:50").native(), client_id=1,
                    seed=5, phases=[(0.0, rate, None)], warmup_s=0.0, duration_s=1.0,
@@ -57,6 +58,35 @@ def test_trace_arrivals_keep_the_shape_and_follow_the_rate():
     want = np.tile(np.roll(shape, -1) / shape.mean() * mean_gap, 101)[1:401]
     assert np.allclose(g, want.astype(np.int64) + 1, atol=1)
     assert abs(g.mean() / mean_gap - 1) < 0.01
+
+
+@pytest.mark.parametrize("kind", ["fixed", "trace"])
+def test_threads_together_replay_the_schedule(kind, tmp_path):
+    """T threads' schedules merge into the one asked for: the trace itself (cut to a
+    multiple of T gaps), or evenly spaced fixed arrivals."""
+    threads, rate, n = 3, 10_000.0, 40
+    gaps = np.random.default_rng(2).pareto(1.5, 10) + 0.1
+    f = tmp_path / "g.txt"
+    f.write_text("\n".join(repr(float(x)) for x in gaps))
+    arr = traffic.parse_arrivals(f"trace:{f}" if kind == "trace" else "fixed")
+    times = []
+    for i in range(threads):
+        sch = arr.for_thread(i, threads, rate)
+        c, tr = _client(rate / threads, arrival=sch["arrival"], trace=sch["trace"],
+                        offset=sch["first_offset_s"])
+        try:
+            times.append(c.preview(n))
+        finally:
+            tr.close()
+    got = np.sort(np.concatenate(times))
+    if kind == "trace":
+        g = gaps[:9] / gaps[:9].mean() * 1e9 / rate       # ns at the target rate
+    else:
+        g = np.full(9, 1e9 / rate)
+    want = np.cumsum(np.tile(g, n))[threads - 1:threads - 1 + threads * n]
+    assert np.allclose(got, want, rtol=0, atol=2 * n + 2), np.abs(got - want).max()
+    with pytest.raises(traffic.TrafficError, match="per thread"):
+        traffic.parse_arrivals(f"trace:{f}").for_thread(0, 11, rate)
 
 
 def test_trace_files_and_their_errors(tmp_path):

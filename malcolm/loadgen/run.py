@@ -307,9 +307,9 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
     clients, trs, kv = [], [], []
     try:
         arr = spec.arrivals
-        gaps = arr.gaps_unit_mean() if arr is not None else None
         pl = spec.payload
         for i in range(spec.threads):
+            sched = (arr or traffic.Arrivals()).for_thread(i, spec.threads, rate)
             tr = _open(spec.target.transport, spec.bind, i, spec.target.servers)
             trs.append(tr)
             try:
@@ -326,10 +326,8 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
                 spin_us=spec.spin_us,
                 raw_capacity=(spec.raw_max // spec.threads) if spec.raw else 0,
                 lag_threshold_us=spec.lag_threshold_us, app=kv[-1], key=spec.target.key,
-                arrival=arr.code if arr is not None else 0, trace=gaps,
-                trace_start=(i * gaps.size) // spec.threads if gaps is not None else 0,
-                # fixed gaps: thread i starts i/rate later, so the threads' sends interleave
-                first_offset_s=i / rate if arr is not None and arr.kind == "fixed" else 0.0,
+                arrival=sched["arrival"], trace=sched["trace"],
+                first_offset_s=sched["first_offset_s"],
                 payload_size=pl.native if pl is not None else (0, 0, 0),
                 payload_content=traffic.CONTENTS[pl.content] if pl is not None else 0,
                 check_echo=pl is not None and pl.check_echo))

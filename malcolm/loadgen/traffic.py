@@ -66,9 +66,34 @@ class Arrivals:
         m = float(self.gaps_us.mean())
         return 1e6 / m if m > 0 else None
 
-    def gaps_unit_mean(self):
-        """The trace's gaps scaled to mean 1 (what the native client replays)."""
-        return None if self.gaps_us is None else self.gaps_us / self.gaps_us.mean()
+    def for_thread(self, i: int, threads: int, rate: float) -> dict:
+        """The schedule of client thread ``i`` of ``threads`` at total ``rate`` (per s):
+        ``arrival`` (the native code), ``trace`` (its gaps, mean 1) and ``first_offset_s``.
+
+        The threads' streams merge into the process asked for. Poisson streams add up to a
+        Poisson stream. Fixed: thread ``i`` starts ``i / rate`` later, so the sends
+        interleave evenly. A trace: thread ``i`` sends arrivals ``i, i + T, i + 2T, ...`` of
+        it (its gaps are sums of ``T`` consecutive gaps, its start the first ``i`` gaps), so
+        the threads together replay the trace itself; the trace is cut to a multiple of
+        ``T`` gaps for that.
+        """
+        out = {"arrival": self.code, "trace": None, "first_offset_s": 0.0}
+        if self.kind == "fixed":
+            out["first_offset_s"] = i / rate
+        elif self.kind == "trace":
+            g = self.gaps_us
+            m = g.size - g.size % threads
+            if m == 0:
+                raise TrafficError(f"trace {self.source}: {g.size} gap(s) for {threads} "
+                                   "threads; give at least one per thread")
+            mean = float(g[:m].mean())
+            if not mean > 0:
+                raise TrafficError(f"trace {self.source}: its first {m} gaps are all zero")
+            blocks = np.roll(g[:m], -i).reshape(-1, threads).sum(axis=1)
+            out["trace"] = blocks / blocks.mean()
+            # the thread's gaps are in units of its own mean gap (threads / rate)
+            out["first_offset_s"] = float(g[:i].sum()) / mean / rate
+        return out
 
 
 def parse_arrivals(text: str) -> Arrivals:
