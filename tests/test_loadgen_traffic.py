@@ -208,3 +208,17 @@ def test_cli_csv_hdr_json_with_metadata(tmp_path):
     reader = HistogramLogReader(str(hl), output.to_hdr(hist_from_values([1])))
     counts = [reader.get_next_interval_histogram().get_total_count() for _ in range(2)]
     assert counts == [run["completed"] for run in d["runs"]]
+
+
+def test_a_trace_without_rate_is_replayed_as_recorded(tmp_path):
+    f = tmp_path / "ts.txt"
+    f.write_text("\n".join(str(2000 * k) for k in range(50)))     # every 2 ms: 500/s
+    with StubServer("udp", delay_us=100) as s:
+        r = CliRunner().invoke(main, ["loadgen", "--server", s.address, "--arrivals",
+                                      f"trace-ts:{f}", "--duration", "400ms", "--warmup", "0",
+                                      "--csv", "-"])
+    assert r.exit_code == 0, r.output
+    (row,) = csv.DictReader(io.StringIO(r.output))
+    assert float(row["rate"]) == pytest.approx(500)
+    # arrivals at 2, 4, ... ms (each gap 1 ns longer: the 200th lands just past 400 ms)
+    assert int(row["sent"]) == int(row["completed"]) == 199

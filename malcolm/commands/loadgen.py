@@ -20,13 +20,15 @@ from malcolm.commands.types import Duration, Rate, json_option, write_json, writ
                    "comma-separate. Instead of --rack.")
 @click.option("--transport", type=click.Choice(["udp", "shm"]), default=None,
               help="With --server: the transport (default udp). With --rack it must match.")
-@click.option("--rate", "rates", type=Rate(many=True), default="10k", show_default=True,
+@click.option("--rate", "rates", type=Rate(many=True), default=None,
+              show_default="10k; with a trace, its recorded rate",
               help="Target rate, tasks/s (20000, 20k, 1.5M); a comma-separated list "
                    "sweeps the rates one after the other.")
 @click.option("--arrivals", default="poisson", show_default=True,
               help="Arrival process: poisson, fixed (every gap 1/rate), trace:FILE "
-                   "(inter-arrival gaps) or trace-ts:FILE (timestamps); a trace keeps its "
-                   "shape and is scaled to --rate.")
+                   "(inter-arrival gaps) or trace-ts:FILE (timestamps), in µs; a trace "
+                   "keeps its shape and is scaled to --rate (without --rate: replayed as "
+                   "recorded).")
 @click.option("--payload-size", default="0", show_default=True, metavar="SIZE",
               help="Task payload, bytes: N, uniform:MIN:MAX or exp:MEAN[:MAX]; at most "
                    "1024 (the wire's limit).")
@@ -178,6 +180,9 @@ def loadgen(rack_path, servers, transport, rates, arrivals, payload_size, payloa
             spec.payload = traffic.parse_payload(payload_size, payload_content, check_echo)
         except traffic.TrafficError as e:
             raise LoadgenError(str(e)) from None
+        if rates is None:
+            recorded = spec.arrivals.trace_rate()
+            rates = [recorded if recorded is not None else 10_000.0]
         spec.validate()
         if raw_out and not raw:
             raise LoadgenError("--raw-out needs --raw")

@@ -11,7 +11,7 @@ Arrivals (``--arrivals``):
 A trace file holds numbers separated by white space, commas or new lines; ``#`` starts a
 comment. Its values are read as µs, but only their *shape* is kept: the gaps are scaled so
 their mean is the target rate's (``--rate``, and ``--change rate=...``), so one trace serves a
-sweep. The report gives the trace's own rate, to replay it as recorded pass that as ``--rate``.
+sweep. Without ``--rate`` the trace is replayed at its own rate (its values read as µs).
 
 Payloads (``--payload-size``, ``--payload``): a size of ``N`` bytes, ``uniform:MIN:MAX`` or
 ``exp:MEAN[:MAX]`` (an exponential size, capped at MAX, default the wire limit), each at most
