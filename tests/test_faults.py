@@ -46,6 +46,27 @@ def test_overload_is_rejected_with_a_reason_and_recovers_at_once():
     assert after["latency_us"]["p99"] < 50_000, after["latency_us"]
 
 
+def test_the_clients_deadline_turns_overload_into_rejections():
+    """No rack admission limit (max_wait_ms = 0) and no task_timeout_ms: only the deadline
+    each task carries (the generator's 0.1 s timeout, wire v3) keeps the queue short. At 2x
+    capacity the tasks that cannot be served in time are refused at once, not timed out.
+    Without the deadline on the wire the queue grows without bound and they time out."""
+    srv, addr = _server(handler="sleep", workers=1, window_us=1000, max_wait_ms=0.0,
+                        prior_service_us=1000.0)
+    target = Target("udp", [addr], "--server", key=None)
+    try:
+        over = run_load(LoadSpec(target=target, workload="exp:1000", duration_s=1.5,
+                                 warmup_s=0.2, timeout_s=0.1), 2000)
+    finally:
+        rep = srv.stop()
+    assert over["accounted"], over
+    not_served = over["sent"] - over["completed"]
+    assert not_served > 0.25 * over["sent"], over
+    assert over["rejected"].get("overloaded", 0) >= 0.97 * not_served, over
+    assert over["timed_out"] <= 0.03 * not_served, over
+    assert rep["overloaded"] > 0
+
+
 # ------------------------------------------------------------------ real server processes
 
 def test_impostor_on_a_dead_members_port_gets_nothing(tmp_path):

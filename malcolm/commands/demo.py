@@ -130,12 +130,15 @@ def _workers(text):
 @click.option("--dilate", "dilate_text", default=None,
               help="Time dilation K (service times, windows, timeouts x K), or 'auto': the "
                    "smallest K at which this machine keeps time. Default auto (--quick: 50).")
+@click.option("--hop-delay-us", type=float, default=None,
+              help="Per-hop network delay added by the transports, µs at rack scale (x K in "
+                   "real time). Default 2, the thesis's measured one-way delay; 0: none.")
 @click.option("--compare-sim", is_flag=True,
               help="Run the simulator's twin of every point with the measured costs.")
 @click.option("--logdir", default=None, type=click.Path(file_okay=False),
               help="Keep the servers' output here (default: a temporary directory).")
 def demo(quick, png, json_path, policies, loads, repeat, duration, warmup, workload,
-         window_us, workers_text, dilate_text, compare_sim, logdir):
+         window_us, workers_text, dilate_text, hop_delay_us, compare_sim, logdir):
     """Run a small heterogeneous rack here and compare Malcolm with JSQ, client po2 and
     frozen Malcolm, at microsecond scale (dilated to what this machine can time).
 
@@ -161,7 +164,8 @@ def demo(quick, png, json_path, policies, loads, repeat, duration, warmup, workl
                          warmup_s=cfg["warmup"] if warmup is None else warmup,
                          window_us=window_us, dilate=_dilate(dilate_text or cfg["dilate"]),
                          compare_sim=compare_sim, echo=echo, logdir=logdir, stop=stop,
-                         sim_tasks=40_000 if quick else 100_000, rack_class=LocalRack)
+                         sim_tasks=40_000 if quick else 100_000, rack_class=LocalRack,
+                         **({} if hop_delay_us is None else {"hop_delay_us": hop_delay_us}))
     except ExperimentError as e:
         raise click.UsageError(str(e)) from None
     old_int = signal.signal(signal.SIGINT, lambda *a: stop.set())

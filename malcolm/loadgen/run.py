@@ -144,6 +144,8 @@ class Target:
     source: str          # the rack file, or "--server"
     workers: int | None = None      # the rack's worker threads (from a rack file), for loads
     key: bytes | None = None        # the rack's 16-byte MAC key (None: unauthenticated rack)
+    hop: dict | None = None         # the rack's emulated network (RackConfig.hop): the client
+    #                                 is an endpoint of the rack, its hops are delayed too
 
 
 def resolve_target(rack=None, servers=(), transport=None, key_file=None) -> Target:
@@ -162,7 +164,7 @@ def resolve_target(rack=None, servers=(), transport=None, key_file=None) -> Targ
             raise LoadgenError(f"--transport {transport} but the rack {rack} uses "
                                f"{cfg.transport}")
         return Target(cfg.transport, list(cfg.addresses), rack,
-                      sum(max(1, s.workers) for s in cfg.servers), key=key)
+                      sum(max(1, s.workers) for s in cfg.servers), key=key, hop=cfg.hop)
     if not servers:
         raise LoadgenError("no servers: give --rack RACK.toml or --server HOST:PORT "
                            "(repeatable, or comma-separated)")
@@ -309,6 +311,9 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
     try:
         for i in range(spec.threads):
             tr = _open(spec.target.transport, spec.bind, i, spec.target.servers)
+            if spec.target.hop:
+                from malcolm.net.delay import wrap
+                tr = wrap(tr, seed=spec.seed * 64 + 63 - i, **spec.target.hop)
             trs.append(tr)
             try:
                 servers = [tr.parse(s) for s in spec.target.servers]

@@ -27,7 +27,7 @@ the client's accounting reports them lost.
 import logging
 import threading
 
-from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport UINT32_MAX, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free
 from libc.string cimport memcpy, memset
 
@@ -86,6 +86,7 @@ ctypedef struct TaskSlot:
     int64_t service_ns
     int64_t send_ns
     int64_t arrive_ns
+    int64_t deadline_ns         # answer TIMED_OUT if not started by then (0: no deadline)
     int64_t measured_ns
     uint16_t origin
     uint8_t status
@@ -656,7 +657,7 @@ cdef class Server:
         cdef malcolm_task t
         cdef int64_t t1 = t0
         cdef int rc
-        if self.timeout_ns > 0 and t0 - s.arrive_ns > self.timeout_ns:
+        if s.deadline_ns > 0 and t0 > s.deadline_ns:
             s.status = ST_TIMED_OUT
             s.out_len = 0
             s.measured_ns = 0
@@ -818,13 +819,26 @@ cdef class Server:
     cdef bint _enqueue(self, const WireTask* t, const NetAddr* reply, uint16_t flags,
                        uint16_t origin, int64_t now) noexcept nogil:
         """Keep a task: copy it into a slot and queue it. False when no slot is free or the
-        queued work is over ``max_wait_ns`` (a stolen task is always kept: it was asked for)."""
+        queued work is over ``max_wait_ns`` or the client's own deadline (a stolen task is always
+        kept: it was asked for)."""
         cdef uint64_t idx
         cdef TaskSlot* s
         cdef double waiting
-        if self.max_wait_ns > 0 and not (flags & F_STOLEN):
+        # The task's deadline: the client's own (budget_us, relative, on the wire) or the
+        # rack's task_timeout_ms, whichever comes first. Admission allows a wait of at most
+        # max_wait_ms and half the client's budget: the other half is for the service, the
+        # way back and the error of the rate estimate, so an admitted task is answered in time.
+        cdef int64_t deadline = 0, allowed = self.max_wait_ns
+        cdef int64_t budget = <int64_t>t.budget_us * 1000
+        if budget > 0:
+            deadline = now + budget
+            if allowed == 0 or budget // 2 < allowed:
+                allowed = budget // 2
+        if self.timeout_ns > 0 and (deadline == 0 or now + self.timeout_ns < deadline):
+            deadline = now + self.timeout_ns
+        if allowed > 0 and not (flags & F_STOLEN):
             waiting = <double>mpmc_size(self.runq)
-            if waiting > 0 and waiting > self.adm_rate * <double>self.max_wait_ns:
+            if waiting > 0 and waiting > self.adm_rate * <double>allowed:
                 self._respond_now(t, reply, ST_OVERLOADED, flags)
                 return False
         # A slot is 2 kB; reusing the one freed last keeps it in cache (a FIFO free list
@@ -843,6 +857,7 @@ cdef class Server:
         s.service_ns = t.service_ns
         s.send_ns = t.send_ns
         s.arrive_ns = now
+        s.deadline_ns = deadline
         s.origin = origin
         s.payload_len = t.payload_len
         if t.payload_len:
@@ -856,6 +871,7 @@ cdef class Server:
                          uint32_t seq) noexcept nogil:
         cdef WireTask t
         cdef MsgBuf* b
+        cdef int64_t left
         t.client_id = s.client_id
         t.task_type = s.task_type
         t.payload_len = s.payload_len
@@ -866,6 +882,11 @@ cdef class Server:
         t.origin = s.origin
         t.flags = flags
         t.seq = seq
+        t.budget_us = 0
+        if s.deadline_ns > 0:       # what is left of the deadline travels with the task
+            left = (s.deadline_ns - mc_now_ns()) // 1000
+            t.budget_us = <uint32_t>(1 if left < 1 else (left if left < UINT32_MAX
+                                                         else UINT32_MAX))
         t.payload = s.payload
         b = self.tr.tx_next(&self.peers[dst])
         b.len = self._seal(b, wire_put_move(b.data, b.cap, self.me, kind, &t), dst)
@@ -1184,7 +1205,7 @@ cdef class Server:
             if not self.draining and mc_load_acq(&self.stop_gateway):
                 self.draining = True
             n = self.tr.rx_poll(BATCH)
-            if n and self.max_wait_ns > 0:
+            if n:       # admission (max_wait_ms, or a client's deadline) needs the rate
                 self.adm_rate = est_rate(&self.est)     # once per batch: a division per
             tasks = 0                                   # worker and task type
             hb_tail = self.hb_tail
