@@ -14,6 +14,11 @@ generator in a network namespace of their own whose loopback carries the netem q
 root and iproute2; skipped with the reason otherwise). On a kernel without netem, loss falls
 back to an nftables rule in the namespace (``apt-get install nftables``); delay and reorder
 are then skipped. Nothing outside the namespace is touched.
+
+The delay-stage scenarios inject the same faults without netem or root: every endpoint's
+transport (servers and generator) delays, reorders or drops its own datagrams
+(``[rack] hop_delay_us, hop_jitter_us, hop_reorder, hop_loss``; ``malcolm/net/delay.pyx``),
+and the table gives the datagrams each stage delayed, sent ahead or dropped.
 """
 
 from __future__ import annotations
@@ -33,6 +38,13 @@ NETEM = {
     "netem delay 1ms ±0.5ms": "delay 1ms 500us",
     "netem reorder 25% (delay 1ms)": "delay 1ms reorder 75% 50%",
 }
+# The same faults through the transports' delay stage (no netem needed): [rack] hop_* keys.
+DELAY_STAGE = {
+    "delay 1 ms + U[0, 0.5 ms) (delay stage)": {"delay_us": 1000.0, "jitter_us": 500.0},
+    "delay 1ms, reorder 25% (delay stage)": {"delay_us": 1000.0, "reorder": 0.25},
+    "loss 1% (delay stage)": {"loss": 0.01},
+    "loss 5% (delay stage)": {"loss": 0.05},
+}
 
 
 def scenario(name, seconds, rate):
@@ -40,7 +52,8 @@ def scenario(name, seconds, rate):
     from malcolm.loadgen.faults import FaultRack, summary
     work = tempfile.mkdtemp(prefix="malcolm-faults-")
     extra = 'max_wait_ms = 200'
-    fr = FaultRack(work, policy='name = "jsq"', extra=extra).up()
+    hop = DELAY_STAGE.get(name)
+    fr = FaultRack(work, policy='name = "jsq"', extra=extra, hop=hop).up()
     try:
         injected = "-"
         faults = []
@@ -81,6 +94,15 @@ def scenario(name, seconds, rate):
         imp = rep["faults"][0]
         injected = f"{sum(imp['sent'].values())} forged datagrams " \
                    f"({imp['sent']['heartbeats']} heartbeats with θ=1e308/NaN and seq jumps)"
+    if hop:
+        # what every endpoint's stage did: the servers' (their statistics) and the client's
+        emu = [st.get("net_emulation", {}) for st in stats] + [rep.get("net_emulation", {})]
+        tot = {k: sum(e.get(k, 0) for e in emu) for k in ("delayed", "reordered", "net_lost")}
+        injected = ", ".join(f"{v} datagrams {what}" for k, what in (
+            ("delayed", "delayed"), ("reordered", "sent ahead of delayed ones"),
+            ("net_lost", "dropped")) if (v := tot[k]))
+        expected = ("tasks whose task, forward or response was dropped (reported timed out)"
+                    if "loss" in hop else "none")
     row = summary(name, injected, rep)
     row["expected_loss"] = expected
     row["rejected_by_reason"] = rep["rejected"]
@@ -142,7 +164,7 @@ def main(argv=None):
         # it (as scripts/rdma-vm installs what the RDMA guest needs).
         print("faults: installing nftables (apt-get) for the loss scenarios", file=sys.stderr)
         subprocess.run(["apt-get", "install", "-y", "-q", "nftables"], capture_output=True)
-    for name in SCENARIOS + list(NETEM):
+    for name in SCENARIOS + list(DELAY_STAGE) + list(NETEM):
         if a.only and a.only not in name:
             continue
         if name in NETEM:

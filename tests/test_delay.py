@@ -136,3 +136,37 @@ def test_close_sends_what_is_held(pair):
     while len(got) < 5 and time.monotonic() < t_end:
         got += b.recv(0.05)
     assert len(got) == 5
+
+
+def test_a_racks_hop_delay_applies_to_servers_and_clients(tmp_path):
+    """``[rack] hop_delay_us`` delays every hop: the server's transport (from the rack file)
+    and the load generator's (which reads the same file). A task's round trip crosses two
+    hops, so no response can come back in less than twice the delay."""
+    from malcolm.config import build_server, load_rack
+    from malcolm.loadgen.run import LoadSpec, resolve_target, run_load
+    from malcolm.net.ports import free_udp_ports
+    port, = free_udp_ports(1)
+    path = tmp_path / "rack.toml"
+    path.write_text(f"""[rack]
+handler = "sleep"
+workers = 1
+hop_delay_us = 4000.0
+[policy]
+name = "random"
+[[server]]
+address = "127.0.0.1:{port}"
+""")
+    cfg = load_rack(str(path))
+    assert cfg.hop == {"delay_us": 4000.0, "jitter_us": 0.0, "reorder": 0.0, "loss": 0.0}
+    srv = build_server(cfg, 0).start()
+    try:
+        target = resolve_target(rack=str(path))
+        assert target.hop == cfg.hop
+        rep = run_load(LoadSpec(target=target, workload="exp:10", duration_s=0.6,
+                                warmup_s=0.1, timeout_s=1.0), 200)
+    finally:
+        srv.stop()
+    assert rep["accounted"] and rep["timed_out"] == 0 and rep["completed"] > 50, rep
+    lat = rep["latency_us"]
+    assert lat["min"] >= 2 * 4000.0, lat
+    assert lat["p50"] < 200_000, lat

@@ -103,12 +103,17 @@ class FaultRack:
         Where the rack file, key, server output and statistics go.
     policy : str
         The rack's ``[policy]`` section body, e.g. ``'name = "jsq"'``.
-    service : str
-        Handler; tasks of the load are ``exp:MEAN`` µs.
+    extra : str
+        More ``[rack]`` lines.
+    hop : dict, optional
+        The network to emulate in every endpoint's transport (``malcolm.net.delay``):
+        ``{"delay_us": 1000, "jitter_us": 500, "reorder": 0.25, "loss": 0.05}`` (any
+        subset). Where the kernel has no netem this is how delay, reordering and loss are
+        injected; the load generator's sends go through it too.
     """
 
     def __init__(self, workdir, n=3, policy='name = "jsq"', keyed=True, workers=1,
-                 extra=""):
+                 extra="", hop=None):
         from malcolm.config import load_rack, read_key, write_key
         os.makedirs(workdir, exist_ok=True)
         self.dir = workdir
@@ -122,6 +127,7 @@ class FaultRack:
             key_line = f'key_file = "{kp}"'
         self.ports = free_ports(n)
         servers = "".join(f'[[server]]\naddress = "127.0.0.1:{p}"\n' for p in self.ports)
+        hop_lines = "\n".join(f"hop_{k} = {float(v)!r}" for k, v in (hop or {}).items())
         self.path = os.path.join(workdir, "rack.toml")
         with open(self.path, "w") as f:
             f.write(f"""[rack]
@@ -132,12 +138,14 @@ workers = {workers}
 grace_s = 1.0
 peer_timeout_ms = 100
 {key_line}
+{hop_lines}
 {extra}
 [policy]
 {policy}
 {servers}""")
         self.addresses = [("127.0.0.1", p) for p in self.ports]
         cfg = load_rack(self.path)          # a bad file fails here, with its reason
+        self.hop = cfg.hop
         self.lr = _Servers(self.path, n, workdir, cfg.grace_s)
 
     def up(self):
@@ -168,7 +176,8 @@ peer_timeout_ms = 100
         each a ``(at_s, callable)`` started in its own thread ``at_s`` after the start.
         Returns the generator's report with ``faults``: what each injector returned."""
         from malcolm.loadgen.run import LoadSpec, Target, run_load
-        target = Target("udp", list(servers or self.addresses), "--server", key=self.key)
+        target = Target("udp", list(servers or self.addresses), "--server", key=self.key,
+                        hop=self.hop)
         spec = LoadSpec(target=target, workload=workload, duration_s=seconds,
                         warmup_s=warmup_s, timeout_s=timeout_s)
         results = {}

@@ -363,9 +363,14 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
                                + (f"; still running: {', '.join(alive)}" if alive else ""))
         results = [c.results() for c in clients]
     finally:
+        emu = [tr.stats() for tr in trs if hasattr(tr, "stats")]
         for tr in trs:
             tr.close()
     rep = report(spec, rate, results, wl)
+    if emu:         # the client side of the emulated network (malcolm.net.delay)
+        rep["net_emulation"] = dict(emu[0], **{k: sum(e[k] for e in emu) for k in (
+            "delayed", "net_lost", "reordered", "early")},
+            max_late_us=max(e["max_late_us"] for e in emu))
     if spec.app:
         rep["workload"] = spec.app.describe()
         rep["app"] = spec.app.report([a.results() for a in kv])

@@ -540,6 +540,9 @@ cdef class Server:
         d["rate_per_us"] = est_rate(&self.est) * 1000.0
         d["load_us"] = est_load(&self.est, <double>self.in_server) / 1000.0
         d["send_failed"] = self.tr.n_send_failed
+        emu = getattr(<object>self.tr, "stats", None)      # malcolm.net.delay, if emulated
+        if emu is not None:
+            d["net_emulation"] = emu()
         d["uptime_s"] = (mc_now_ns() - self.started_ns) / 1e9 if self.started_ns else 0.0
         d["last_bad"] = (wire_error_name(self.last_bad_code).decode(),
                          addr_py(&self.last_bad_addr)) if self.last_bad_code else None
