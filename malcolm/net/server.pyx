@@ -75,6 +75,7 @@ cdef enum:
     IDLE_WAIT_NS = 5_000_000     # longest block in adaptive mode: bounds the reaction to stop
     INLINE_BUDGET_NS = 5_000     # workers=0: the longest run of tasks between two polls
     CLIENT_SLOTS = 4096          # clients whose replay windows are kept (direct-mapped)
+    SUSPECT_WINDOWS = 5          # windows without a message before a peer gets no more tasks
 
 
 ctypedef struct TaskSlot:
@@ -221,6 +222,9 @@ cdef class Server:
     cdef uint32_t capacity
     cdef int64_t window_ns, spin_ns, timeout_ns, steal_timeout_ns, max_service_ns
     cdef int64_t peer_timeout_ns
+    cdef int64_t suspect_ns         # silent this long: no migrations to it, no steals from it
+    cdef uint64_t mig_to[MAX_SERVERS]       # tasks migrated to each peer
+    cdef int64_t mig_last_ns[MAX_SERVERS]   # when the last one went (0: never)
     cdef int64_t max_wait_ns        # admission control: 0 off
     cdef double adm_rate            # service rate (tasks/ns) for admission, once per batch
     cdef int64_t peer_seen[MAX_SERVERS]    # last message from each peer (gateway clock)
@@ -326,6 +330,12 @@ cdef class Server:
         if peer_timeout_ms < 0:
             peer_timeout_ms = max(100.0, 20 * window_us / 1000.0)
         self.peer_timeout_ns = <int64_t>(peer_timeout_ms * 1e6)
+        # Tasks and steal requests stop going to a peer after SUSPECT_WINDOWS windows
+        # without a message from it (it sends a heartbeat every window), so the policy's
+        # effective choices re-form within a few windows of a failure (issue 13: within 10);
+        # leaving the membership (a counted event) still takes peer_timeout_ms, which keeps
+        # a peer that is only slow for a moment from flapping in and out of the rack.
+        self.suspect_ns = min(self.peer_timeout_ns, SUSPECT_WINDOWS * self.window_ns)
         for i, p in enumerate(peers):
             addr_parse(transport.kind, p, &self.peers[i])
         self._set_clients(clients)
@@ -540,6 +550,15 @@ cdef class Server:
         d["rate_per_us"] = est_rate(&self.est) * 1000.0
         d["load_us"] = est_load(&self.est, <double>self.in_server) / 1000.0
         d["send_failed"] = self.tr.n_send_failed
+        # per peer: migrations to it and the last one's time (CLOCK_MONOTONIC ns, as
+        # time.monotonic_ns()): how fast the survivors stop sending to a failed server
+        d["migrated_to"] = [int(self.mig_to[j]) for j in range(self.n)]
+        d["last_migrated_to_ns"] = [int(self.mig_last_ns[j]) for j in range(self.n)]
+        d["suspect_ms"] = self.suspect_ns / 1e6
+        d["mono_ns"] = mc_now_ns()                  # when this snapshot was taken
+        d["started_ns"] = self.started_ns
+        if hasattr(self.policy_obj, "probs_migrate"):
+            d["probs_migrate"] = [float(x) for x in self.policy_obj.probs_migrate]
         emu = getattr(<object>self.tr, "stats", None)      # malcolm.net.delay, if emulated
         if emu is not None:
             d["net_emulation"] = emu()
@@ -955,7 +974,7 @@ cdef class Server:
                 return 0
             dst = self.policy.decide_arrival(now, t.task_type)
             if 0 <= dst < self.n and dst != self.me and now - self.peer_seen[dst] > \
-                    self.peer_timeout_ns:
+                    self.suspect_ns:
                 self.c.kept_for_silent += 1
                 dst = self.me
             if 0 <= dst < self.n and dst != self.me:
@@ -966,6 +985,8 @@ cdef class Server:
                 b = self.tr.tx_next(&self.peers[dst])
                 b.len = self._seal(b, wire_put_move(b.data, b.cap, self.me, K_FORWARD, &t), dst)
                 self.c.migrated_out += 1
+                self.mig_to[dst] += 1
+                self.mig_last_ns[dst] = now
                 self.policy.migrations += 1
                 return 1
             if self._enqueue(&t, &m.peer, 0, self.me, now):
@@ -1143,7 +1164,7 @@ cdef class Server:
                 continue
             v = self.policy.decide_steal(now)
             if 0 <= v < self.n and v != self.me:
-                if now - self.peer_seen[v] > self.peer_timeout_ns:
+                if now - self.peer_seen[v] > self.suspect_ns:
                     self.c.steals_to_silent += 1
                     continue
                 if self.steal_pending and now < self.steal_deadline:
