@@ -170,3 +170,21 @@ address = "127.0.0.1:{port}"
     lat = rep["latency_us"]
     assert lat["min"] >= 2 * 4000.0, lat
     assert lat["p50"] < 200_000, lat
+
+
+def test_the_experiment_runner_dilates_the_hop_delay():
+    """``--dilate K`` injects K x 2 µs per hop (the thesis's one-way delay) when K > 1, none
+    at K = 1 (real time: the loopback's own delay is already above it), and the simulator
+    twin gets exactly the injected delay."""
+    from malcolm.loadgen.experiment import HOP_DELAY_US, Experiment, ExperimentError, rack_toml
+    exp = Experiment([1, 1], dilate=50)
+    assert HOP_DELAY_US == 2.0
+    assert exp.hop_us(50) == 2.0 and exp.hop_us(1) == 0.0
+    assert Experiment([1], hop_delay_us=0.0).hop_us(50) == 0.0
+    assert Experiment([1], hop_delay_us=5.0).hop_us(1) == 5.0
+    with pytest.raises(ExperimentError):
+        Experiment([1], hop_delay_us=float("nan"))
+    exp.dilate = 50.0
+    assert exp.costs_for([]).delay_us == 2.0
+    assert "hop_delay_us = 100.0" in rack_toml({"name": "jsq"}, [("127.0.0.1:1", 1)],
+                                              window_us=5000.0, hop_delay_us=100.0)

@@ -132,7 +132,8 @@ def _workers(text):
                    "smallest K at which this machine keeps time. Default auto (--quick: 50).")
 @click.option("--hop-delay-us", type=float, default=None,
               help="Per-hop network delay added by the transports, µs at rack scale (x K in "
-                   "real time). Default 2, the thesis's measured one-way delay; 0: none.")
+                   "real time). Default 2 (the thesis's measured one-way delay) when K > 1, "
+                   "none at K = 1.")
 @click.option("--compare-sim", is_flag=True,
               help="Run the simulator's twin of every point with the measured costs.")
 @click.option("--logdir", default=None, type=click.Path(file_okay=False),

@@ -17,7 +17,9 @@ One experiment is a rack shape (workers per server), a workload, policies and lo
   VM's kernel has no netem), so the ratio of per-hop delay to service time is the real
   rack's. The default :data:`HOP_DELAY_US` is the thesis's measured one-way delay (Table 7.1:
   eRPC round trips of 3.8-4.2 µs median, about 2 µs a hop), which is also the simulator's
-  default ``delay_us``; the ``--compare-sim`` twin gets exactly the injected delay.
+  default ``delay_us``; the ``--compare-sim`` twin gets exactly the injected delay. At
+  ``K = 1`` nothing is injected by default: the network is real time already (loopback
+  one-way delays of 5-7 µs on the 16-core VM, above the 2 µs).
 * **Racks**: one per policy and repeat, all started together and paused (SIGSTOP) while
   another policy runs, so the policies take turns at each load (ABCABC...) without sharing
   the CPUs; a rack goes through the loads in order, as one deployment would, and every
@@ -156,9 +158,9 @@ class PolicyRack:
                               poll=exp.layout.poll, handler=exp.handler,
                               steal_timeout_us=2000.0 * k, name=tag[:8],
                               cpus=exp.layout.server_cpus, spin_us=SPIN_US / k,
-                              hop_delay_us=exp.hop_delay_us * k))
+                              hop_delay_us=exp.hop_us(k) * k))
         # the load generator is an endpoint of the same network: its sends wait too
-        self.hop = {"delay_us": exp.hop_delay_us * k} if exp.hop_delay_us > 0 else None
+        self.hop = {"delay_us": exp.hop_us(k) * k} if exp.hop_us(k) > 0 else None
         self.logdir = os.path.join(exp.logdir or tmp, f"logs-{tag}")
         os.makedirs(self.logdir, exist_ok=True)
         from malcolm.config import ConfigError
@@ -262,9 +264,10 @@ class Experiment:
     dilate : float or "auto"
     compare_sim : bool
         Run :func:`malcolm.sim.twin.runtime_twin` next to each point.
-    hop_delay_us : float
+    hop_delay_us : float or None
         Per-hop one-way delay added by the transports, µs at rack scale (x ``dilate`` in
-        real time); 0 adds none (the loopback's own delay only).
+        real time); 0 adds none (the loopback's own delay only). None: :data:`HOP_DELAY_US`
+        when dilated (K > 1), none at K = 1.
     rack_class : type
         Runs a rack file's servers as processes: ``malcolm.commands.rack.LocalRack`` (passed
         in by the command, so that this tool does not import the command layer).
@@ -274,7 +277,7 @@ class Experiment:
                  loads=(0.5, 0.7, 0.85), repeat=1, duration_s=2.0, warmup_s=0.5,
                  window_us=100.0, dilate="auto", compare_sim=False, handler="bench",
                  echo=print, logdir=None, stop=None, sim_tasks=100_000,
-                 calib_duration_s=1.0, rack_class=None, hop_delay_us=HOP_DELAY_US):
+                 calib_duration_s=1.0, rack_class=None, hop_delay_us=None):
         from malcolm.workloads import parse_workload
         self.workers = list(workers)
         self.total_workers = sum(max(1, w) for w in self.workers)
@@ -292,9 +295,10 @@ class Experiment:
         self.repeat = repeat
         self.duration_s, self.warmup_s = duration_s, warmup_s
         self.window_us = window_us
-        if not (math.isfinite(hop_delay_us) and 0 <= hop_delay_us <= 10_000):
+        if hop_delay_us is not None and not (math.isfinite(hop_delay_us)
+                                             and 0 <= hop_delay_us <= 10_000):
             raise ExperimentError(f"hop delay {hop_delay_us!r} µs must be in 0..10000")
-        self.hop_delay_us = float(hop_delay_us)
+        self.hop_delay_arg = hop_delay_us
         self.dilate_arg = dilate
         self.dilate = 1.0
         self.compare_sim = compare_sim
@@ -315,6 +319,13 @@ class Experiment:
         self.prioritized = os.geteuid() == 0
 
     # ------------------------------------------------------------ helpers
+    def hop_us(self, k=None):
+        """The per-hop delay injected at dilation ``k`` (µs of rack time)."""
+        k = self.dilate if k is None else k
+        if self.hop_delay_arg is not None:
+            return float(self.hop_delay_arg)
+        return HOP_DELAY_US if k > 1 else 0.0
+
     def capacity(self, k=None):
         """Tasks/s the rack serves at dilation ``k`` with nominal service times."""
         k = self.dilate if k is None else k
@@ -430,11 +441,12 @@ class Experiment:
             else:
                 self.dilate = float(self.dilate_arg)
             k = self.dilate
+            hop = self.hop_us(k)
             self.net_delay = (
-                f"per-hop delay: {self.hop_delay_us:g} µs at rack scale, added by every "
-                f"endpoint's transport ({self.hop_delay_us * k:g} µs real), on top of the "
-                "loopback's own" if self.hop_delay_us > 0 else
-                "per-hop delay: none added (--hop-delay-us 0): the loopback's own only")
+                f"per-hop delay: {hop:g} µs at rack scale, added by every endpoint's "
+                f"transport ({hop * k:g} µs real), on top of the loopback's own" if hop > 0
+                else "per-hop delay: none added (K = 1 or --hop-delay-us 0): the loopback's "
+                     "own, measured below")
             self.layout = M.layout(self.workers, self.cpus, max(self.loads) * self.capacity())
             self.echo(f"dilation K={k:g}: {self.wl.mean_us:g} µs tasks run as "
                       f"{self.wl.mean_us * k:g} µs, {self.window_us:g} µs windows as "
@@ -455,7 +467,7 @@ class Experiment:
                 "window_us": self.window_us, "capacity_per_s": self.capacity(),
                 "layout": self.layout.reason, "poll": self.layout.poll,
                 "net_delay": self.net_delay, "one_way_delay_us": self.delay_us / k,
-                "hop_delay_us": self.hop_delay_us,
+                "hop_delay_us": self.hop_us(k),
                 "service_factor": self.svc_factor, "repeat": self.repeat,
                 "ci": "order-statistic interval of the median (distribution-free); its "
                       "coverage is given per row (93.75% for 5 repeats)",
@@ -616,8 +628,8 @@ class Experiment:
         # The twin's network: the injected per-hop delay, exactly (the loopback's own share
         # of the measured one-way delay is mostly gateway and wake-up time, which the twin
         # charges as gateway_ns); without injection, the measured one-way delay.
-        if self.hop_delay_us > 0:
-            delay = self.hop_delay_us
+        if self.hop_us(k) > 0:
+            delay = self.hop_us(k)
         else:
             delay = self.delay_us / k if math.isfinite(self.delay_us) else 2.0
         return RuntimeCosts(
