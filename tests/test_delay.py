@@ -188,3 +188,14 @@ def test_the_experiment_runner_dilates_the_hop_delay():
     assert exp.costs_for([]).delay_us == 2.0
     assert "hop_delay_us = 100.0" in rack_toml({"name": "jsq"}, [("127.0.0.1:1", 1)],
                                               window_us=5000.0, hop_delay_us=100.0)
+
+
+@pytest.mark.parametrize("line", ["hop_loss = 1.5", "hop_delay_us = nan", "hop_reorder = -0.1",
+                                  "hop_jitter_us = inf"])
+def test_bad_hop_settings_are_refused_with_one_line(tmp_path, line):
+    from malcolm.config import ConfigError, load_rack
+    path = tmp_path / "rack.toml"
+    path.write_text(f'[rack]\n{line}\n[policy]\nname = "random"\n[[server]]\n'
+                    'address = "127.0.0.1:7001"\n')
+    with pytest.raises(ConfigError, match=line.split()[0]):
+        load_rack(str(path))
