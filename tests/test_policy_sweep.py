@@ -15,7 +15,7 @@ import sweep  # noqa: E402
 
 
 def test_quick_sweep_writes_table_csv_and_plot(tmp_path):
-    sweep.main(["--quick", "--procs", "1", "--out", str(tmp_path)])
+    sweep.main(["--quick", "--procs", "1", "--outdir", str(tmp_path)])
     md = (tmp_path / "sweep.txt").read_text()
     for label in ("malcolm", "frozen", "jsq", "jbt", "po2"):
         assert f"| {label} |" in md
