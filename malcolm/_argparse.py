@@ -34,7 +34,8 @@ def parser(doc: str, examples: str, **kw) -> argparse.ArgumentParser:
     """An ``ArgumentParser`` described by ``doc`` (its first paragraph) whose help ends with
     ``Examples:`` and the lines of ``examples``."""
     lines = "\n".join("  " + ln.strip() for ln in examples.strip().splitlines())
-    return argparse.ArgumentParser(description=doc.strip().split("\n\n")[0],
+    desc = doc.strip().split("\n\n")[0].replace("``", "")      # no RST markup in --help
+    return argparse.ArgumentParser(description=desc,
                                    epilog=f"Examples:\n{lines}\n",
                                    formatter_class=argparse.RawDescriptionHelpFormatter, **kw)
 
