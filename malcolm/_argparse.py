@@ -31,8 +31,17 @@ _SPEC = re.compile(r"\d+x\d+(@[0-9.]+)?(,\d+x\d+(@[0-9.]+)?)*")
 
 
 def parser(doc: str, examples: str, **kw) -> argparse.ArgumentParser:
-    """An ``ArgumentParser`` described by ``doc`` (its first paragraph) whose help ends with
-    ``Examples:`` and the lines of ``examples``."""
+    """An ``ArgumentParser`` whose help ends with examples.
+
+    Parameters
+    ----------
+    doc : str
+        The script's docstring; its first paragraph (without RST markup) describes it.
+    examples : str
+        Command lines, one a line, shown under ``Examples:``.
+    **kw
+        Passed to :class:`argparse.ArgumentParser`.
+    """
     lines = "\n".join("  " + ln.strip() for ln in examples.strip().splitlines())
     desc = doc.strip().split("\n\n")[0].replace("``", "")      # no RST markup in --help
     return argparse.ArgumentParser(description=desc,
@@ -41,7 +50,15 @@ def parser(doc: str, examples: str, **kw) -> argparse.ArgumentParser:
 
 
 def duration(unit: str = "s", positive: bool = False):
-    """An argparse ``type``: a duration, as a float in ``unit``."""
+    """An argparse ``type``: a duration, as a float in ``unit``.
+
+    Parameters
+    ----------
+    unit : str
+        ``"ns"``, ``"us"``, ``"ms"``, ``"s"``...: the unit of a bare number and of the value.
+    positive : bool
+        Refuse 0.
+    """
     def convert(text):
         try:
             v = parse_duration(text, unit)
@@ -124,8 +141,17 @@ def json_stdout(a: argparse.Namespace) -> None:
 
 
 def write_json(a: argparse.Namespace, obj: dict, dest: str | None = None) -> None:
-    """Write ``obj`` with a ``metadata`` object (:func:`malcolm._metadata.run_metadata` of the
-    parsed arguments) to ``dest``, by default where ``--json`` asked (nothing without it)."""
+    """Write ``obj`` with a ``metadata`` object as JSON.
+
+    Parameters
+    ----------
+    a : argparse.Namespace
+        The parsed arguments: the metadata's ``config`` (every parameter), and ``a.json``.
+    obj : dict
+        The results; NaN and infinities are written as ``null``.
+    dest : str, optional
+        A file to write; default ``a.json`` (``"-"``: stdout; nothing when unset).
+    """
     dest = dest or getattr(a, "json", None)
     if not dest:
         return
