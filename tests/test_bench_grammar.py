@@ -85,3 +85,15 @@ def test_json_to_stdout_with_metadata_and_text_to_stderr(tmp_path):
     d = json.loads((tmp_path / "f.json").read_text())
     assert [x["figure"] for x in d["runs"]] == ["fig7_1", "fig7_1_2_2x2"]
     assert d["metadata"]["config"]["servers"] == ["8x8", "2x2"]
+
+
+def test_the_real_rack_scripts_servers_presets_and_specs():
+    import importlib.util
+    path = os.path.join(ROOT, "bench", "figures", "fig7_3_4_rack.py")
+    spec = importlib.util.spec_from_file_location("fig7_3_4_rack", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.servers("homo")[1] == [1, 1, 1] and mod.servers("hetero")[1] == [2, 1, 1]
+    assert mod.servers("2x2,1x1") == ("fig7_3_4_rack_2x2+1x1", [2, 2, 1], "2x2,1x1")
+    with pytest.raises(argparse.ArgumentTypeError):
+        mod.servers("2x2@2.0")
