@@ -16,7 +16,7 @@ from click.testing import CliRunner
 import malcolm
 from malcolm.cli import main
 from malcolm.commands.rackgen import check_local_address, expand_nodelist, read_hostfile
-from malcolm.config import ConfigError, load_rack
+from malcolm.runtime.config import ConfigError, load_rack
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

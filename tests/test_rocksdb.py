@@ -263,9 +263,9 @@ def test_loadgen_cli_app_against_a_rack(db, tmp_path):
 
 def test_inline_server_and_calibration(db):
     """workers = 0 (the gateway runs the GETs) over shm, and the calibration's timing loop."""
-    from malcolm.config import build_server, parse_rack
     from malcolm.loadgen.rocksdb_calibrate import calibrate
     from malcolm.loadgen.run import LoadSpec, Target, run_load
+    from malcolm.runtime.config import build_server, parse_rack
     name = f"kv{os.getpid():x}"[:16]
     cfg = parse_rack({"rack": {"transport": "shm", "workers": 0, "window_us": 1000.0,
                                "handler": f"rocksdb:path={db}", "grace_s": 0.5},

@@ -11,8 +11,8 @@ Malcolm loses in the demo"). These tests pin the simulator's order.
 import time
 
 from malcolm._core import now_ns
-from malcolm.net.server import Server
 from malcolm.net.transport import open_transport
+from malcolm.runtime.server import Server
 
 from malcolm.net import wire
 from malcolm.policy.registry import make_policy

@@ -28,7 +28,7 @@ def check(rack_path):
 
     Only what depends on the moment (an address already in use) is left to ``serve``.
     """
-    from malcolm.config import ConfigError, check_rack, key_path, load_rack
+    from malcolm.runtime.config import ConfigError, check_rack, key_path, load_rack
     try:
         cfg = load_rack(rack_path)
         checked = check_rack(cfg)
@@ -52,7 +52,7 @@ def keygen(key_path):
     Name it in the rack file (``[rack] key_file = "..."``) or in MALCOLM_RACK_KEY_FILE, and
     give the same file to every server and client of the rack.
     """
-    from malcolm.config import ConfigError, write_key
+    from malcolm.runtime.config import ConfigError, write_key
     try:
         write_key(key_path)
     except ConfigError as e:
@@ -73,7 +73,7 @@ class LocalRack:
     """
 
     def __init__(self, rack_path, extra_args=(), logdir=None, ids=None):
-        from malcolm.config import load_rack
+        from malcolm.runtime.config import load_rack
         self.cfg = load_rack(rack_path)
         self.path = rack_path
         self.extra = list(extra_args)
@@ -200,7 +200,7 @@ def up(rack_path, stats, duration, logdir, keep_going):
     """Start every server of RACK_PATH here; Ctrl-C stops them all cleanly."""
     import math
 
-    from malcolm.config import ConfigError, check_rack
+    from malcolm.runtime.config import ConfigError, check_rack
     if duration is not None and not (math.isfinite(duration) and duration > 0):
         raise click.BadParameter(f"{duration} must be a positive number of seconds",
                                  param_hint="--duration")

@@ -166,7 +166,7 @@ class PolicyRack:
                               cpus=exp.layout.server_cpus, spin_us=SPIN_US / k))
         self.logdir = os.path.join(exp.logdir or tmp, f"logs-{tag}")
         os.makedirs(self.logdir, exist_ok=True)
-        from malcolm.config import ConfigError
+        from malcolm.runtime.config import ConfigError
         try:
             self.rack = exp.rack_class(self.path, extra_args=["--interval", str(self.INTERVAL)],
                                   logdir=self.logdir)

@@ -109,7 +109,7 @@ class FaultRack:
 
     def __init__(self, workdir, n=3, policy='name = "jsq"', keyed=True, workers=1,
                  extra=""):
-        from malcolm.config import load_rack, read_key, write_key
+        from malcolm.runtime.config import load_rack, read_key, write_key
         os.makedirs(workdir, exist_ok=True)
         self.dir = workdir
         self.key = None

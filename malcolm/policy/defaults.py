@@ -1,5 +1,6 @@
 """Defaults shared by both clocks: the simulator (``malcolm.sim``) and the runtime
-(``malcolm.net.server``, ``malcolm.config``) import them from here, so they cannot drift.
+(``malcolm.runtime.server``, ``malcolm.runtime.config``) import them from here, so they
+cannot drift.
 
 Pure Python, so that configuration code imports it without the native build.
 

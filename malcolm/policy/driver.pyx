@@ -3,7 +3,7 @@
 protocol, for tests. The shared defaults are in ``malcolm/policy/defaults.py``.
 
 The protocol itself is inline in ``driver.pxd`` and compiled into each caller
-(``malcolm/sim/_engine.pyx``, ``malcolm/net/server.pyx``).
+(``malcolm/sim/_engine.pyx``, ``malcolm/runtime/server.pyx``).
 """
 from libc.stdint cimport int32_t, int64_t, uint32_t
 from libc.stdlib cimport free, malloc

@@ -165,7 +165,7 @@ cdef inline bint _prefix_match(const uint8_t* a, const uint8_t* net, int bits) n
 
 cdef class Server:
     """A malcolm server on an open transport. Usually built from a rack file by
-    :func:`malcolm.config.build_server`.
+    :func:`malcolm.runtime.config.build_server`.
 
     Parameters
     ----------
@@ -394,7 +394,7 @@ cdef class Server:
         # No key: the all-zero one, which catches corruption but authenticates nothing.
         cdef bytes k = bytes(16) if key is None else bytes(key)
         if len(k) != 16:
-            raise ValueError(f"the rack MAC key is 16 bytes (malcolm.config.read_key), "
+            raise ValueError(f"the rack MAC key is 16 bytes (malcolm.runtime.config.read_key), "
                              f"got {len(k)}")
         mc_sipkey_set(&self.key, <const uint8_t*>(<const char*>k))
         self.authenticated = key is not None
