@@ -17,12 +17,12 @@ import pytest
 from malcolm.net.transport import available_transports, open_transport
 from malcolm.runtime.server import Server
 
-from malcolm.commands.rack import LocalRack
 from malcolm.net import wire
 from malcolm.net.client import Client
 from malcolm.net.ports import free_udp_ports
 from malcolm.policy.registry import make_policy
 from malcolm.runtime.config import ConfigError, load_rack, parse_rack
+from malcolm.runtime.launcher import LocalRack
 
 LOCAL = [k for k in available_transports()[0] if k in ("udp", "shm")]
 ENV = dict(os.environ, PYTHONPATH=os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", ""))

@@ -62,9 +62,9 @@ def main():
     ap.add_argument("--window-us", type=float, default=1000.0)
     ap.add_argument("--rack", choices=("homo", "hetero", "both"), default="both")
     a = ap.parse_args()
-    from malcolm.commands.rack import LocalRack
     from malcolm.loadgen import apps
     from malcolm.loadgen.run import LoadSpec, Target, run_load
+    from malcolm.runtime.launcher import LocalRack
     from malcolm.workers import rocksdb as rdb
     if not os.path.exists(os.path.join(a.db, "CURRENT")):
         print(f"building {a.db}", file=sys.stderr)

@@ -145,9 +145,9 @@ def demo(quick, png, json_path, policies, loads, repeat, duration, warmup, workl
     """
     import threading
 
-    from malcolm.commands.rack import LocalRack
     from malcolm.loadgen.experiment import HEADER as ROW_HEADER
-    from malcolm.loadgen.experiment import Experiment, ExperimentError, format_row
+    from malcolm.loadgen.experiment import Experiment, ExperimentError, format_row, json_safe
+    from malcolm.runtime.launcher import LocalRack
     cfg = QUICK if quick else FULL
     stop = threading.Event()
     echo = lambda s: (click.echo(s, err=json_path == "-"), sys.stderr.flush(),  # noqa: E731
@@ -193,8 +193,7 @@ def demo(quick, png, json_path, policies, loads, repeat, duration, warmup, workl
              "lowest p99 at the highest load: undetermined (no clean row there)")
     result["lowest_at_top"] = best
     if json_path:
-        from malcolm.commands.loadgen import _clean
-        text = json.dumps(_clean(result), indent=1)
+        text = json.dumps(json_safe(result), indent=1)
         if json_path == "-":
             click.echo(text)
         else:

@@ -3,25 +3,13 @@
 from __future__ import annotations
 
 import json
-import math
 import signal
 import sys
 import threading
 
 import click
 
-
-def _clean(v):
-    """JSON-safe: NaN and infinities become null, numpy scalars plain numbers."""
-    if isinstance(v, dict):
-        return {k: _clean(x) for k, x in v.items() if not str(k).startswith("_")}
-    if isinstance(v, (list, tuple)):
-        return [_clean(x) for x in v]
-    if hasattr(v, "item") and not isinstance(v, (str, bytes)):
-        v = v.item()
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
+from malcolm.loadgen.experiment import json_safe as _clean
 
 
 @click.command()

@@ -37,6 +37,7 @@ import time
 
 from malcolm.loadgen import method as M
 from malcolm.net.ports import free_udp_ports
+from malcolm.runtime.launcher import LocalRack
 
 BASE_POLICIES = {
     # name: (server [policy] section, client policy)
@@ -66,6 +67,20 @@ def raise_priority(pid):
         return True
     except (OSError, ValueError):
         return False
+
+
+def json_safe(v):
+    """``v`` made JSON-safe: NaN and infinities become null, numpy scalars plain numbers, and
+    keys that start with ``_`` (internal) are dropped."""
+    if isinstance(v, dict):
+        return {k: json_safe(x) for k, x in v.items() if not str(k).startswith("_")}
+    if isinstance(v, (list, tuple)):
+        return [json_safe(x) for x in v]
+    if hasattr(v, "item") and not isinstance(v, (str, bytes)):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
 
 
 class ExperimentError(RuntimeError):
@@ -267,9 +282,9 @@ class Experiment:
     dilate : float or "auto"
     compare_sim : bool
         Run :func:`malcolm.sim.twin.runtime_twin` next to each point.
-    rack_class : type
-        Runs a rack file's servers as processes: ``malcolm.commands.rack.LocalRack`` (passed
-        in by the command, so that this tool does not import the command layer).
+    rack_class : type or None
+        Runs a rack file's servers as processes; ``None``: the local launcher,
+        :class:`malcolm.runtime.launcher.LocalRack`.
     """
 
     def __init__(self, workers, workload="exp:50", policies=("malcolm", "jsq", "po2"),
@@ -303,7 +318,7 @@ class Experiment:
         self.stop = stop or threading.Event()
         self.sim_tasks = sim_tasks
         self.calib_duration_s = calib_duration_s
-        self.rack_class = rack_class
+        self.rack_class = rack_class or LocalRack
         self.cpus = sorted(os.sched_getaffinity(0))
         self.layout = None
         self.svc_factor = 1.0          # measured / requested service time, runs so far
@@ -415,8 +430,6 @@ class Experiment:
     # ------------------------------------------------------------ running
     def run(self):
         """Run everything; return the result dict (``dilate``, ``rows``, ``runs``, ...)."""
-        if self.rack_class is None:
-            raise ExperimentError("no rack_class: pass malcolm.commands.rack.LocalRack")
         t_start = time.monotonic()
         ok, why = netem_status()
         self.net_delay = (f"per-hop delay: none added ({why}; this runner has no delay stage "
