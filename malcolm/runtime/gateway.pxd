@@ -1,4 +1,5 @@
 # cython: language_level=3
+cimport cython
 from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 from malcolm.net._wire cimport E_NCODES, NetAddr, WireReplay, WireTask, mc_sipkey
@@ -53,6 +54,8 @@ ctypedef struct GatewayCounters:
     uint64_t by_reason[E_NCODES]
 
 
+# final: calls between the hot methods are direct C calls, not through the vtable
+@cython.final
 cdef class Gateway:
     # configuration
     cdef int n, me, n_types

@@ -1,4 +1,5 @@
 # cython: language_level=3
+cimport cython
 from libc.stdint cimport int64_t, uint64_t
 
 from malcolm.net.transport cimport Transport
@@ -11,6 +12,8 @@ cdef enum:
     HB_RING = 64                 # heartbeats in flight from the gateway to the policy thread
 
 
+# final: calls between the hot methods are direct C calls, not through the vtable
+@cython.final
 cdef class PolicyThread:
     cdef Policy policy
     cdef WorkerPool pool            # its estimator and the tasks held: the own load

@@ -6,6 +6,7 @@ The gateway (``malcolm/runtime/gateway.pyx``) fills slots and pushes their indic
 gateway turns those into responses. The two inline helpers below are the only copies between a
 slot and the wire's ``WireTask``: every path (accept, forward, steal, answer) goes through them.
 """
+cimport cython
 from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
@@ -93,6 +94,8 @@ cdef inline void slot_to_task(const TaskSlot* s, WireTask* t, uint16_t flags,
     t.payload = s.payload
 
 
+# final: calls between the hot methods are direct C calls, not through the vtable
+@cython.final
 cdef class WorkerPool:
     cdef readonly int n_workers
     cdef readonly uint32_t capacity
