@@ -69,20 +69,6 @@ def raise_priority(pid):
         return False
 
 
-def json_safe(v):
-    """``v`` made JSON-safe: NaN and infinities become null, numpy scalars plain numbers, and
-    keys that start with ``_`` (internal) are dropped."""
-    if isinstance(v, dict):
-        return {k: json_safe(x) for k, x in v.items() if not str(k).startswith("_")}
-    if isinstance(v, (list, tuple)):
-        return [json_safe(x) for x in v]
-    if hasattr(v, "item") and not isinstance(v, (str, bytes)):
-        v = v.item()
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
-
-
 class ExperimentError(RuntimeError):
     """The experiment cannot run as asked; the message says why."""
 
