@@ -66,6 +66,10 @@ cdef class Gateway:
     cdef NetAddr peers[MAX_SERVERS]
     cdef ClientNets clients
     cdef int64_t max_service_ns, peer_timeout_ns
+    cdef int64_t timeout_ns         # task_timeout_ms: a task's deadline when its client gives none
+    cdef int64_t suspect_ns         # silent this long: no migrations to it, no steals from it
+    cdef uint64_t mig_to[MAX_SERVERS]       # tasks migrated to each peer
+    cdef int64_t mig_last_ns[MAX_SERVERS]   # when the last one went (0: never)
     cdef int64_t max_wait_ns        # admission control: 0 off
     cdef double adm_rate            # service rate (tasks/ns) for admission, once per batch
     # membership

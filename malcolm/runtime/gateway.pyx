@@ -38,7 +38,7 @@ from malcolm.policy.driver cimport (
 from malcolm.runtime.clients cimport clients_allow, clients_set
 from malcolm.runtime.policy_thread cimport HB_RING
 from malcolm.workers.pool cimport (
-    IDLE_WAIT_NS, mc_bell_ring, mc_bell_ring_n, slot_from_task, slot_to_task,
+    IDLE_WAIT_NS, budget_left_us, mc_bell_ring, mc_bell_ring_n, slot_from_task, slot_to_task,
 )
 
 from malcolm.policy.defaults import STEALS_IN_FLIGHT
@@ -50,6 +50,7 @@ log = logging.getLogger("malcolm.server")
 cdef enum:
     INLINE_BUDGET_NS = 5_000     # workers=0: the longest run of tasks between two polls
     CLIENT_SLOTS = 4096          # clients whose replay windows are kept (direct-mapped)
+    SUSPECT_WINDOWS = 5          # windows without a message before a peer gets no more tasks
 
 
 cdef class Gateway:
@@ -58,8 +59,8 @@ cdef class Gateway:
 
     def __init__(self, Transport transport not None, peers, int me, Policy policy not None,
                  WorkerPool pool not None, PolicyThread pt not None, int n_types,
-                 double max_service_ms, double peer_timeout_ms, double max_wait_ms,
-                 double steal_timeout_us, clients):
+                 double window_us, double task_timeout_ms, double max_service_ms,
+                 double peer_timeout_ms, double max_wait_ms, double steal_timeout_us, clients):
         cdef int i
         self.tr = transport
         self.n = len(peers)
@@ -70,7 +71,17 @@ cdef class Gateway:
         self.n_types = n_types
         self.max_service_ns = <int64_t>(max_service_ms * 1e6)
         self.peer_timeout_ns = <int64_t>(peer_timeout_ms * 1e6)
+        self.timeout_ns = <int64_t>(task_timeout_ms * 1e6)
         self.max_wait_ns = <int64_t>(max_wait_ms * 1e6)
+        # Tasks and steal requests stop going to a peer after SUSPECT_WINDOWS windows
+        # without a message from it (it sends a heartbeat every window), so the policy's
+        # effective choices re-form within a few windows of a failure (issue 13: within 10);
+        # leaving the membership (a counted event) still takes peer_timeout_ms, which keeps
+        # a peer that is only slow for a moment from flapping in and out of the rack.
+        self.suspect_ns = min(self.peer_timeout_ns,
+                              SUSPECT_WINDOWS * <int64_t>(window_us * 1000))
+        memset(self.mig_to, 0, sizeof(self.mig_to))
+        memset(self.mig_last_ns, 0, sizeof(self.mig_last_ns))
         steal_gate_init(&self.steals, STEALS_IN_FLIGHT, <int64_t>(steal_timeout_us * 1000))
         for i, p in enumerate(peers):
             addr_parse(transport.kind, p, &self.peers[i])
@@ -152,6 +163,11 @@ cdef class Gateway:
         d["steal_timeouts"] = self.steals.timeouts        # the gate was full
         d["steal_late_replies"] = self.steals.late_replies
         d["peers_up"] = [j for j in range(self.n) if j != self.me and self.peer_up[j]]
+        # per peer: migrations to it and the last one's time (CLOCK_MONOTONIC ns, as
+        # time.monotonic_ns()): how fast the survivors stop sending to a failed server
+        d["migrated_to"] = [int(self.mig_to[j]) for j in range(self.n)]
+        d["last_migrated_to_ns"] = [int(self.mig_last_ns[j]) for j in range(self.n)]
+        d["suspect_ms"] = self.suspect_ns / 1e6
         d["last_bad"] = (wire_error_name(self.last_bad_code).decode(),
                          addr_py(&self.last_bad_addr)) if self.last_bad_code else None
         return d
@@ -220,12 +236,25 @@ cdef class Gateway:
     cdef bint enqueue(self, const WireTask* t, const NetAddr* reply, uint16_t flags,
                       uint16_t origin, int64_t now) noexcept nogil:
         """Keep a task: copy it into a slot and queue it. False when no slot is free or the
-        queued work is over ``max_wait_ns`` (a stolen task is always kept: it was asked for)."""
+        queued work is over ``max_wait_ns`` or the client's own deadline (a stolen task is
+        always kept: it was asked for)."""
         cdef uint64_t idx
         cdef double waiting
-        if self.max_wait_ns > 0 and not (flags & F_STOLEN):
+        # The task's deadline: the client's own (budget_us, relative, on the wire) or the
+        # rack's task_timeout_ms, whichever comes first. Admission allows a wait of at most
+        # max_wait_ms and half the client's budget: the other half is for the service, the
+        # way back and the error of the rate estimate, so an admitted task is answered in time.
+        cdef int64_t deadline = 0, allowed = self.max_wait_ns
+        cdef int64_t budget = <int64_t>t.budget_us * 1000
+        if budget > 0:
+            deadline = now + budget
+            if allowed == 0 or budget // 2 < allowed:
+                allowed = budget // 2
+        if self.timeout_ns > 0 and (deadline == 0 or now + self.timeout_ns < deadline):
+            deadline = now + self.timeout_ns
+        if allowed > 0 and not (flags & F_STOLEN):
             waiting = <double>mpmc_size(self.pool.runq)
-            if waiting > 0 and waiting > self.adm_rate * <double>self.max_wait_ns:
+            if waiting > 0 and waiting > self.adm_rate * <double>allowed:
                 self.respond_now(t, reply, ST_OVERLOADED, flags)
                 return False
         # A slot is 2 kB; reusing the one freed last keeps it in cache (a FIFO free list
@@ -235,7 +264,7 @@ cdef class Gateway:
             return False
         self.n_free -= 1
         idx = self.free_slots[self.n_free]
-        slot_from_task(&self.pool.slots[idx], t, reply, flags, origin, now)
+        slot_from_task(&self.pool.slots[idx], t, reply, flags, origin, now, deadline)
         self.pool.held += 1
         est_note_arrival(&self.pool.est, t.task_type)
         mpmc_push(self.pool.runq, idx)
@@ -313,7 +342,7 @@ cdef class Gateway:
             return 0
         dst = self.policy.decide_arrival(now, t.task_type)
         if 0 <= dst < self.n and dst != self.me and now - self.peer_seen[dst] > \
-                self.peer_timeout_ns:
+                self.suspect_ns:
             self.c.kept_for_silent += 1
             dst = self.me
         if 0 <= dst < self.n and dst != self.me:
@@ -324,6 +353,8 @@ cdef class Gateway:
             t.seq = 0
             self.send_move(dst, K_FORWARD, &t)
             self.c.migrated_out += 1
+            self.mig_to[dst] += 1
+            self.mig_last_ns[dst] = now
             self.policy.migrations += 1
             return 1
         if self.enqueue(&t, &m.peer, 0, self.me, now):
@@ -394,6 +425,8 @@ cdef class Gateway:
         self.c.steal_req_recv += 1
         if not self.draining and mpmc_pop(self.pool.runq, &idx):
             slot_to_task(&self.pool.slots[idx], &t, self.pool.slots[idx].flags | F_STOLEN, seq)
+            # what is left of the deadline travels with the task
+            t.budget_us = budget_left_us(self.pool.slots[idx].deadline_ns, mc_now_ns())
             self.send_move(src, K_STEAL_REPLY, &t)
             self.pool.held -= 1
             self.free_slot(idx)
@@ -485,7 +518,7 @@ cdef class Gateway:
         cdef int v = self.policy.decide_steal(now)
         if not (0 <= v < self.n and v != self.me):
             return
-        if now - self.peer_seen[v] > self.peer_timeout_ns:
+        if now - self.peer_seen[v] > self.suspect_ns:
             self.c.steals_to_silent += 1
             return
         seq = steal_gate_open(&self.steals, now)
@@ -573,9 +606,9 @@ cdef class Gateway:
             if not self.draining and mc_load_acq(&self.stop_flag):
                 self.draining = True
             n = self.tr.rx_poll(BATCH)
-            if n and self.max_wait_ns > 0:
+            if n:       # admission (max_wait_ms, or a client's deadline) needs the rate
                 self.adm_rate = est_rate(&self.pool.est)     # once per batch: a division per
-            tasks = 0                                   # worker and task type
+            tasks = 0                                        # worker and task type
             hb_tail = self.pt.hb_tail
             for i in range(n):
                 tasks += self.on_msg(&self.tr.rx[i], now)

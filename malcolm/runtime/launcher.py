@@ -63,11 +63,13 @@ class LocalRack:
         if wait:
             self.wait_ready([k], timeout)
 
-    def up(self, timeout=30.0):
-        """Start every server and wait until each says it is ready."""
-        for k in self.ids:
+    def up(self, timeout=30.0, ids=None):
+        """Start every server (``ids``: only those; the others can join later with
+        :meth:`start`) and wait until each says it is ready."""
+        ids = self.ids if ids is None else list(ids)
+        for k in ids:
             self.start(k, wait=False)
-        self.wait_ready(self.ids, timeout)
+        self.wait_ready(ids, timeout)
         return self
 
     def wait_ready(self, ids, timeout=30.0):

@@ -139,14 +139,14 @@ cdef class Server:
         if peer_timeout_ms < 0:
             peer_timeout_ms = max(100.0, 20 * window_us / 1000.0)
         self.pool = WorkerPool(transport, h, workers, capacity, n_types, self.busy, spin_us,
-                               task_timeout_ms, est_alpha, prior_service_us)
+                               est_alpha, prior_service_us)
         self.policy_thread = PolicyThread(policy, self.pool, transport, window_us)
         # Admission control (max_wait_ms) bounds the queued *work*, not slots: a task that
         # would wait longer than this (tasks waiting / service rate) is refused at once, with
         # a reason, rather than queued to time out at its client.
         self.gateway = Gateway(transport, peers, me, policy, self.pool, self.policy_thread,
-                               n_types, max_service_ms, peer_timeout_ms, max_wait_ms,
-                               steal_timeout_us, clients)
+                               n_types, window_us, task_timeout_ms, max_service_ms,
+                               peer_timeout_ms, max_wait_ms, steal_timeout_us, clients)
         self.running = False
         self.cpus = _cpus.check_cpus(cpus)
         self.gateway.set_key(key)
@@ -230,6 +230,13 @@ cdef class Server:
         d["rate_per_us"] = est_rate(&pool.est) * 1000.0
         d["load_us"] = est_load(&pool.est, <double>pool.held) / 1000.0
         d["send_failed"] = self.tr.n_send_failed
+        d["mono_ns"] = mc_now_ns()                  # when this snapshot was taken
+        d["started_ns"] = self.started_ns
+        if hasattr(self.policy_obj, "probs_migrate"):
+            d["probs_migrate"] = [float(x) for x in self.policy_obj.probs_migrate]
+        emu = getattr(<object>self.tr, "stats", None)      # malcolm.net.delay, if emulated
+        if emu is not None:
+            d["net_emulation"] = emu()
         d["uptime_s"] = (mc_now_ns() - self.started_ns) / 1e9 if self.started_ns else 0.0
         d["service"] = pool.service_times()
         if hasattr(self.policy_obj, "stats"):

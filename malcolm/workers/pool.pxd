@@ -7,7 +7,7 @@ gateway turns those into responses. The two inline helpers below are the only co
 slot and the wire's ``WireTask``: every path (accept, forward, steal, answer) goes through them.
 """
 cimport cython
-from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport UINT32_MAX, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
 from malcolm._core cimport Estimator, Mpmc
@@ -44,6 +44,7 @@ ctypedef struct TaskSlot:
     int64_t service_ns
     int64_t send_ns
     int64_t arrive_ns
+    int64_t deadline_ns         # answer TIMED_OUT if not started by then (0: no deadline)
     int64_t measured_ns
     uint16_t origin
     uint8_t status
@@ -58,11 +59,12 @@ ctypedef struct TaskSlot:
 ctypedef struct PoolCounters:
     uint64_t completed           # handler returned 0
     uint64_t handler_errors
-    uint64_t timed_out           # waited longer than timeout_ns in the queue
+    uint64_t timed_out           # not started by its deadline
 
 
 cdef inline void slot_from_task(TaskSlot* s, const WireTask* t, const NetAddr* reply,
-                                uint16_t flags, uint16_t origin, int64_t now) noexcept nogil:
+                                uint16_t flags, uint16_t origin, int64_t now,
+                                int64_t deadline) noexcept nogil:
     """Keep task ``t`` in slot ``s`` (its payload copied: the receive buffer is reused)."""
     s.reply = reply[0]
     s.client_id = t.client_id
@@ -72,6 +74,7 @@ cdef inline void slot_from_task(TaskSlot* s, const WireTask* t, const NetAddr* r
     s.service_ns = t.service_ns
     s.send_ns = t.send_ns
     s.arrive_ns = now
+    s.deadline_ns = deadline
     s.origin = origin
     s.payload_len = t.payload_len
     if t.payload_len:
@@ -80,7 +83,8 @@ cdef inline void slot_from_task(TaskSlot* s, const WireTask* t, const NetAddr* r
 
 cdef inline void slot_to_task(const TaskSlot* s, WireTask* t, uint16_t flags,
                               uint32_t seq) noexcept nogil:
-    """The wire form of the task in slot ``s`` (its payload points into the slot)."""
+    """The wire form of the task in slot ``s`` (its payload points into the slot; no
+    deadline: a move sets ``budget_us`` with :func:`budget_left_us`)."""
     t.client_id = s.client_id
     t.task_type = s.task_type
     t.payload_len = <uint16_t>s.payload_len
@@ -91,7 +95,17 @@ cdef inline void slot_to_task(const TaskSlot* s, WireTask* t, uint16_t flags,
     t.origin = s.origin
     t.flags = flags
     t.seq = seq
+    t.budget_us = 0
     t.payload = s.payload
+
+
+cdef inline uint32_t budget_left_us(int64_t deadline_ns, int64_t now) noexcept nogil:
+    """What is left of a deadline, for the wire (at least 1 µs; 0: no deadline)."""
+    cdef int64_t left
+    if deadline_ns <= 0:
+        return 0
+    left = (deadline_ns - now) // 1000
+    return <uint32_t>(1 if left < 1 else (left if left < UINT32_MAX else UINT32_MAX))
 
 
 # final: calls between the hot methods are direct C calls, not through the vtable
@@ -109,7 +123,7 @@ cdef class WorkerPool:
     cdef Estimator est              # service rates, from the workers' measurements
     cdef bint est_ok
     cdef Hist* svc_hist             # one per worker (inline: one): measured handler times
-    cdef int64_t spin_ns, timeout_ns
+    cdef int64_t spin_ns
     cdef uint64_t stop_flag
     cdef mc_doorbell bell           # rung by the gateway, one sleeping worker per task
     cdef PoolCounters c

@@ -44,15 +44,15 @@ cdef class WorkerPool:
     n_types : int
     busy : bool
         Spin without pause (one core each) rather than spin ``spin_us`` then block.
-    spin_us, task_timeout_ms : float
-        As :class:`malcolm.runtime.server.Server` takes them.
+    spin_us : float
+        As :class:`malcolm.runtime.server.Server` takes it.
     est_alpha, prior_service_us : float
         The estimator's EWMA weight and its prior mean service time.
     """
 
     def __init__(self, Transport transport not None, Handler handler not None, int workers,
-                 int capacity, int n_types, bint busy, double spin_us, double task_timeout_ms,
-                 double est_alpha, double prior_service_us):
+                 int capacity, int n_types, bint busy, double spin_us, double est_alpha,
+                 double prior_service_us):
         cdef uint32_t cap2 = 1
         self.tr = transport
         self.handler = handler
@@ -60,7 +60,6 @@ cdef class WorkerPool:
         self.capacity = capacity
         self.busy = busy
         self.spin_ns = <int64_t>(spin_us * 1000)
-        self.timeout_ns = <int64_t>(task_timeout_ms * 1e6)
         while cap2 < <uint32_t>capacity:
             cap2 <<= 1
         self.slots = <TaskSlot*>mc_aligned_alloc(64, sizeof(TaskSlot) * capacity)
@@ -118,7 +117,8 @@ cdef class WorkerPool:
         cdef malcolm_task t
         cdef int64_t t1 = t0
         cdef int rc
-        if self.timeout_ns > 0 and t0 - s.arrive_ns > self.timeout_ns:
+        if s.deadline_ns > 0 and t0 > s.deadline_ns:
+            # Not started by its deadline (the client's, or the rack's task_timeout_ms).
             s.status = ST_TIMED_OUT
             s.out_len = 0
             s.measured_ns = 0
