@@ -85,10 +85,47 @@ def test_large_values_limit_the_get_size(tmp_path):
         apps.parse_app("rocksdb:1:4", n_keys=100, value_size=300)
 
 
+def test_dilate_pads_the_service_time_to_k_times_the_real_one(db):
+    # Time dilation (the experiment runner's K): the real GET, then the bench handler's
+    # calibrated wait until K x the GET's own CPU time. Checked two ways: the padded calls'
+    # wall time over their GETs' CPU time (the handler's own accounting) is K, never less
+    # and at most 30% more (waits that overran, once the sleep margin has settled); and the
+    # padded wall time as the caller sees it is several times the unpadded GET's (padding
+    # that did nothing would give about 1). Loose bounds: the machine is shared.
+    k = 10.0
+    plain = rdb.RocksDB(db, 64.0)
+    dil = rdb.RocksDB(db, 64.0, k)
+    assert (plain.dilate, dil.dilate, plain.dilate_stats()) == (1.0, k, None)
+    rng = np.random.default_rng(5)
+    keys = np.ascontiguousarray(rng.integers(0, 10_000, (800, 16)), dtype=np.uint32)
+    rdb.time_gets(dil, keys)                            # the sleep margin settles
+    for n in (16, 64):
+        keys = np.ascontiguousarray(rng.integers(0, 10_000, (300, n)), dtype=np.uint32)
+        rdb.time_gets(plain, keys)                      # warm the block cache
+        wall0, _ = rdb.time_gets(plain, keys)
+        before = dil.dilate_stats()
+        wall1, _ = rdb.time_gets(dil, keys)
+        after = dil.dilate_stats()
+        calls = after["calls"] - before["calls"]
+        achieved = (after["wall_ns"] - before["wall_ns"]) / (after["cpu_ns"] - before["cpu_ns"])
+        assert calls == 300
+        assert 0.99 * k <= achieved <= 1.3 * k, (n, achieved, dil.pad_calibration())
+        assert wall1.sum() >= 0.99 * (after["wall_ns"] - before["wall_ns"])
+        assert np.median(wall1) >= 0.5 * k * np.median(wall0), (n, np.median(wall0),
+                                                                np.median(wall1))
+    # the values are the real ones under dilation too
+    h = Handler(f"rocksdb:path={db},dilate=3")
+    rc, out = get(h, [5, 6])
+    assert rc == OK and out == rdb.value(5, 16) + rdb.value(6, 16)
+    assert get(h, [10_000]) == (BAD, b"")
+
+
 def test_open_and_load_errors_are_clear(db, tmp_path):
     for spec, msg in (("rocksdb", "needs a database"), ("rocksdb:path=/nonexistent", "not a "
                       "RocksDB database"), (f"rocksdb:path={db},colour=red", "unknown option"),
-                      (f"rocksdb:path={db},cache_mb=x", "cache_mb")):
+                      (f"rocksdb:path={db},cache_mb=x", "cache_mb"),
+                      (f"rocksdb:path={db},dilate=x", "dilate"),
+                      (f"rocksdb:path={db},dilate=0.5", "dilate must be in")):
         with pytest.raises(ValueError, match=msg):
             Handler(spec)
     with pytest.raises(rdb.RocksDBError, match="exists"):

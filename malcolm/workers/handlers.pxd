@@ -34,3 +34,30 @@ cdef class Handler:
     cdef void* _dl                     # dlopen handle
     cdef malcolm_fini_fn _fini         # a shared-library handler's SYMBOL_fini, if any
     cdef uint8_t* _state               # the built-in handlers' parameters
+
+
+cdef enum:
+    BENCH_SLOTS = 1024          # per-worker calibration state, indexed by worker & (SLOTS-1)
+    BENCH_MIN_SLEEP_NS = 5000   # a sleep shorter than this is not worth the wake-up
+
+
+# One cache line per worker: each worker adapts its own margin, without sharing a line.
+ctypedef struct BenchSlot:
+    double margin_ns            # sleep this long short of the deadline, spin the rest
+    uint64_t sleeps
+    uint64_t overruns           # woke up after the deadline
+    uint8_t _pad[40]
+
+
+ctypedef struct BenchState:
+    double q                    # target quantile of the wake-up lateness
+    double step_ns              # the quantile tracker's step
+    double max_margin_ns
+    BenchSlot slot[BENCH_SLOTS]
+
+
+# The ``bench`` handler's calibrated wait, shared with handlers that pad real work (the
+# ``rocksdb`` handler's ``dilate``): sleep to the worker's margin before ``end`` (a
+# CLOCK_MONOTONIC ns deadline, mc_now_ns), then spin to it.
+cdef void bench_wait(BenchState* s, int32_t worker, int64_t end) noexcept nogil
+cdef BenchState* bench_state_new(double q, double max_margin_ns) noexcept nogil

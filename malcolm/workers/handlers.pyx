@@ -33,7 +33,7 @@ import os
 import re
 
 from cpython.ref cimport PyObject
-from libc.stdint cimport int64_t, uint8_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free
 from libc.string cimport memcpy, memset
 
@@ -67,26 +67,6 @@ ctypedef struct SleepState:
 
 ctypedef struct TscState:
     double ticks_per_ns
-
-
-cdef enum:
-    BENCH_SLOTS = 1024          # per-worker calibration state, indexed by worker & (SLOTS-1)
-    BENCH_MIN_SLEEP_NS = 5000   # a sleep shorter than this is not worth the wake-up
-
-
-# One cache line per worker: each worker adapts its own margin, without sharing a line.
-ctypedef struct BenchSlot:
-    double margin_ns            # sleep this long short of the deadline, spin the rest
-    uint64_t sleeps
-    uint64_t overruns           # woke up after the deadline
-    uint8_t _pad[40]
-
-
-ctypedef struct BenchState:
-    double q                    # target quantile of the wake-up lateness
-    double step_ns              # the quantile tracker's step
-    double max_margin_ns
-    BenchSlot slot[BENCH_SLOTS]
 
 
 cdef int h_echo(void* ctx, malcolm_task* t) noexcept nogil:
@@ -129,17 +109,15 @@ cdef int h_sleep(void* ctx, malcolm_task* t) noexcept nogil:
     return 0
 
 
-cdef int h_bench(void* ctx, malcolm_task* t) noexcept nogil:
+cdef void bench_wait(BenchState* s, int32_t worker, int64_t end) noexcept nogil:
     # Why calibrated: a plain sleep wakes up 10-70 µs late on a VM (more under load), which
     # inflates a 50 µs service time by 20-40% and silently raises the real load. Sleeping
     # to `margin` before the deadline and spinning the rest is exact as long as a wake-up
     # is less than `margin` late; the margin follows the q-quantile of the observed lateness
     # (a stochastic quantile tracker: up by q*step when late beyond it, down by (1-q)*step
     # otherwise), so only about 1-q of the sleeps overrun, each by less than its lateness.
-    cdef BenchState* s = <BenchState*>ctx
-    cdef BenchSlot* b = &s.slot[(<uint32_t>t.worker) & (BENCH_SLOTS - 1)]
+    cdef BenchSlot* b = &s.slot[(<uint32_t>worker) & (BENCH_SLOTS - 1)]
     cdef int64_t now = mc_now_ns()
-    cdef int64_t end = now + t.service_ns
     cdef int64_t wake = end - <int64_t>b.margin_ns
     cdef int64_t late
     cdef timespec ts
@@ -160,12 +138,34 @@ cdef int h_bench(void* ctx, malcolm_task* t) noexcept nogil:
             b.margin_ns = 1000.0
         elif b.margin_ns > s.max_margin_ns:
             b.margin_ns = s.max_margin_ns
-    elif t.service_ns > b.margin_ns:
+    elif end - now > b.margin_ns:
         # The margin left no room to sleep: let it creep down as if the wake-up had been
-        # punctual, or one slow wake-up would turn every later task into a pure spin.
+        # punctual, or one slow wake-up would turn every later wait into a pure spin.
         b.margin_ns -= (1.0 - s.q) * s.step_ns
     while mc_now_ns() < end:
         mc_cpu_relax()
+
+
+cdef BenchState* bench_state_new(double q, double max_margin_ns) noexcept nogil:
+    """A zeroed, cache-aligned BenchState (free() it); NULL when out of memory."""
+    cdef BenchState* b = <BenchState*>mc_aligned_alloc(64, sizeof(BenchState))
+    cdef int i
+    if b == NULL:
+        return NULL
+    memset(b, 0, sizeof(BenchState))
+    b.q = q
+    # 1 µs per step: with q = 0.99 the margin rises 0.99 µs per overrun and falls 10 ns
+    # per punctual wake-up, so it settles within a few thousand tasks; the margin only
+    # decides how much is spun, not when the task ends, so its jitter costs no accuracy.
+    b.step_ns = 1000.0
+    b.max_margin_ns = max_margin_ns
+    for i in range(BENCH_SLOTS):
+        b.slot[i].margin_ns = 30_000.0 if 30_000.0 < max_margin_ns else max_margin_ns
+    return b
+
+
+cdef int h_bench(void* ctx, malcolm_task* t) noexcept nogil:
+    bench_wait(<BenchState*>ctx, t.worker, mc_now_ns() + t.service_ns)
     t.out_len = 0
     return 0
 
@@ -325,8 +325,6 @@ cdef class Handler:
                              "(returned NULL)")
 
     def _init_bench(self, spec, rest):
-        cdef BenchState* b
-        cdef int i
         opts = {"q": 0.99, "max_spin_us": 500.0}
         for item in filter(None, rest.split(",")):
             key, eq, val = item.partition("=")
@@ -341,19 +339,9 @@ cdef class Handler:
             raise ValueError(f"handler {spec!r}: q must be in [0.5, 1)")
         if not 1.0 <= opts["max_spin_us"] <= 1e6:
             raise ValueError(f"handler {spec!r}: max_spin_us must be in [1, 1e6]")
-        self._state = <uint8_t*>mc_aligned_alloc(64, sizeof(BenchState))
+        self._state = <uint8_t*>bench_state_new(opts["q"], opts["max_spin_us"] * 1000.0)
         if self._state == NULL:
             raise MemoryError()
-        b = <BenchState*>self._state
-        memset(b, 0, sizeof(BenchState))
-        b.q = opts["q"]
-        # 1 µs per step: with q = 0.99 the margin rises 0.99 µs per overrun and falls 10 ns
-        # per punctual wake-up, so it settles within a few thousand tasks; the margin only
-        # decides how much is spun, not when the task ends, so its jitter costs no accuracy.
-        b.step_ns = 1000.0
-        b.max_margin_ns = opts["max_spin_us"] * 1000.0
-        for i in range(BENCH_SLOTS):
-            b.slot[i].margin_ns = min(30_000.0, b.max_margin_ns)
         self.ctx = self._state
         self.fn = h_bench
 

@@ -13,19 +13,29 @@ database handle (opened read-only: RocksDB's handle is thread-safe, so the worke
 and several server processes on one host can serve the same files), the read options and the
 dictionary's shape. Per-request buffers live on the worker's stack.
 
-Spec: ``rocksdb:path=/var/lib/malcolm/db[,cache_mb=64]`` (``handler = ...`` in the rack file,
+Time dilation (``dilate=K``, set by the experiment runner from the rack's dilation): the
+handler does the real GET(n), so the values are real and checked, measures the CPU time ``t``
+its thread spent on it (CLOCK_THREAD_CPUTIME_ID: the work itself, not the time another
+process held the core, which on a busy machine is the machine's cost, not RocksDB's), then
+waits, with the ``bench`` handler's calibrated sleep and spin, until ``K t`` after it started.
+The service-time distribution is then the real one scaled by ``K``. A GET preempted for longer
+than ``K t`` is not padded (its wall time is already past the target).
+
+Spec: ``rocksdb:path=/var/lib/malcolm/db[,cache_mb=64][,dilate=K]`` (``handler = ...`` in the rack file,
 per server). Build the dictionary with ``malcolm rocksdb load``.
 """
 import os
 import re
 
-from libc.stdint cimport int64_t, uint8_t, uint32_t, uintptr_t
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
+from libc.stdlib cimport free
 from libc.string cimport memcpy, memset
 
 import numpy as np
 
-from malcolm._core cimport mc_now_ns
-from malcolm.workers.handlers cimport MALCOLM_BAD_INPUT, MALCOLM_ERROR, MALCOLM_OK, malcolm_task
+from malcolm._core cimport mc_aligned_alloc, mc_now_ns
+from malcolm.workers.handlers cimport (BENCH_SLOTS, MALCOLM_BAD_INPUT, MALCOLM_ERROR, MALCOLM_OK, BenchState,
+                                       bench_state_new, bench_wait, malcolm_task)
 
 
 cdef extern from "rocksdb/c.h" nogil:
@@ -105,17 +115,62 @@ cdef extern from "workers/rocksdb_kv.h" nogil:
     void mc_kv_st32(uint8_t* p, uint32_t v)
 
 
+cdef extern from "<time.h>" nogil:
+    ctypedef long time_t
+    struct timespec:
+        time_t tv_sec
+        long tv_nsec
+    int clock_gettime(int clockid, timespec* ts)
+    enum:
+        CLOCK_THREAD_CPUTIME_ID
+
+
+cdef inline int64_t _thread_cpu_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts)
+    return ts.tv_sec * 1000000000 + ts.tv_nsec
+
+
+# Per worker (one cache line each): what the dilation padded, for the runner and the tests.
+ctypedef struct DilSlot:
+    uint64_t calls
+    uint64_t cpu_ns              # the GETs' own CPU time
+    uint64_t wall_ns             # start to end of the padded calls
+    uint8_t _pad[40]
+
+
 ctypedef struct KvState:
     rocksdb_t* db
     rocksdb_readoptions_t* ropts
     uint32_t n_keys
     uint32_t value_size
     uint32_t max_keys            # the most keys one GET may ask for (fits in a response)
+    double dilate                # pad each GET to dilate x its CPU time (1: no padding)
+    BenchState* pad              # the bench handler's per-worker sleep margins (dilate > 1)
+    DilSlot* dil                 # BENCH_SLOTS of them (dilate > 1)
 
 
 cdef int h_rocksdb(void* ctx, malcolm_task* t) noexcept nogil:
     """GET(n): see the module docstring. Never reads or writes outside the task's buffers."""
     cdef KvState* s = <KvState*>ctx
+    cdef int rc
+    cdef int64_t t0 = 0, c0 = 0, cpu
+    cdef DilSlot* d
+    if s.pad != NULL:
+        t0 = mc_now_ns()
+        c0 = _thread_cpu_ns()
+    rc = _get(s, t)
+    if s.pad != NULL:
+        cpu = _thread_cpu_ns() - c0
+        bench_wait(s.pad, t.worker, t0 + <int64_t>(s.dilate * <double>cpu))
+        d = &s.dil[(<uint32_t>t.worker) & (BENCH_SLOTS - 1)]
+        d.calls += 1
+        d.cpu_ns += <uint64_t>cpu
+        d.wall_ns += <uint64_t>(mc_now_ns() - t0)
+    return rc
+
+
+cdef inline int _get(KvState* s, malcolm_task* t) noexcept nogil:
     cdef uint32_t n, i, k, vs = s.value_size
     cdef uint8_t keys[MC_KV_MAX_KEYS][4]
     cdef const char* kp[MC_KV_MAX_KEYS]
@@ -168,15 +223,15 @@ cdef _raise_err(char* e, what):
 
 
 def parse_spec(rest):
-    """``path=PATH[,cache_mb=N]`` (the part of a handler spec after ``rocksdb:``) -> dict."""
-    out = {"cache_mb": 64.0}
+    """``path=PATH[,cache_mb=N][,dilate=K]`` (a handler spec after ``rocksdb:``) -> dict."""
+    out = {"cache_mb": 64.0, "dilate": 1.0}
     if not rest:
         raise RocksDBError("needs a database: rocksdb:path=/path/to/db")
     for p in rest.split(","):           # (so a path cannot contain a comma)
         key, eq, val = p.partition("=")
         if not eq:
             raise RocksDBError(f"{p!r} must be key=value "
-                               "(path=PATH, cache_mb=N)")
+                               "(path=PATH, cache_mb=N, dilate=K)")
         if key == "path":
             out["path"] = val
         elif key == "cache_mb":
@@ -187,9 +242,16 @@ def parse_spec(rest):
                     from None
             if not 0 <= out["cache_mb"] <= 1 << 20:
                 raise RocksDBError("cache_mb out of range")
+        elif key == "dilate":
+            try:
+                out["dilate"] = float(val)
+            except ValueError:
+                raise RocksDBError("dilate must be a number") from None
+            if not 1 <= out["dilate"] <= 10_000:
+                raise RocksDBError("dilate must be in 1..10000")
         else:
             raise RocksDBError(f"unknown option {key!r} "
-                               "(path, cache_mb)")
+                               "(path, cache_mb, dilate)")
     if not out.get("path"):
         raise RocksDBError("needs path=PATH")
     return out
@@ -212,6 +274,8 @@ cdef class RocksDB:
         A database built by ``malcolm rocksdb load``.
     cache_mb : float
         Block cache size.
+    dilate : float
+        Pad every GET to ``dilate`` x its CPU time (1: no padding; see the module docstring).
     """
     cdef KvState st
     cdef rocksdb_options_t* opts
@@ -219,11 +283,13 @@ cdef class RocksDB:
     cdef rocksdb_cache_t* cache
     cdef readonly str path
 
-    def __init__(self, path, double cache_mb=64.0):
+    def __init__(self, path, double cache_mb=64.0, double dilate=1.0):
         cdef char* err = NULL
         cdef size_t mlen = 0
         cdef char* meta
         self.path = os.fspath(path)
+        if not 1.0 <= dilate <= 10_000.0:
+            raise RocksDBError(f"dilate {dilate!r} must be in 1..10000")
         if not os.path.exists(os.path.join(self.path, "CURRENT")):
             raise RocksDBError(f"{self.path} is not a RocksDB database (build one with "
                                "`malcolm rocksdb load --keys N PATH`)")
@@ -254,10 +320,20 @@ cdef class RocksDB:
         self.st.n_keys = n_keys
         self.st.value_size = vs
         self.st.max_keys = min(MC_KV_MAX_KEYS, MC_KV_MAX_VALUE // vs)
+        self.st.dilate = dilate
+        if dilate > 1.0:
+            # the bench handler's defaults: q = 0.99 of the wake-up lateness, at most 500 µs
+            self.st.pad = bench_state_new(0.99, 500_000.0)
+            self.st.dil = <DilSlot*>mc_aligned_alloc(64, BENCH_SLOTS * sizeof(DilSlot))
+            if self.st.pad == NULL or self.st.dil == NULL:
+                raise MemoryError()
+            memset(self.st.dil, 0, BENCH_SLOTS * sizeof(DilSlot))
 
     def __dealloc__(self):
         # Runs only once no worker can use the handle: the Handler keeps this object alive
         # as long as its function pointer.
+        free(self.st.pad)
+        free(self.st.dil)
         if self.st.ropts != NULL:
             rocksdb_readoptions_destroy(self.st.ropts)
         if self.st.db != NULL:
@@ -278,6 +354,34 @@ cdef class RocksDB:
         return self.st.value_size
 
     @property
+    def dilate(self):
+        return self.st.dilate
+
+    def dilate_stats(self):
+        """``dilate`` > 1: ``{"calls", "cpu_ns", "wall_ns"}`` over every padded GET so far:
+        the GETs' own CPU time and their padded wall time (``wall_ns / cpu_ns`` is the
+        dilation achieved; above ``dilate`` by the waits that overran); else None."""
+        cdef int i
+        if self.st.dil == NULL:
+            return None
+        out = {"calls": 0, "cpu_ns": 0, "wall_ns": 0}
+        for i in range(BENCH_SLOTS):
+            out["calls"] += self.st.dil[i].calls
+            out["cpu_ns"] += self.st.dil[i].cpu_ns
+            out["wall_ns"] += self.st.dil[i].wall_ns
+        return out
+
+    def pad_calibration(self):
+        """``dilate`` > 1: per-worker ``(margin_us, sleeps, overruns)`` of the padding's
+        calibrated waits (as ``Handler.calibration`` for ``bench``); else None."""
+        cdef int i
+        if self.st.pad == NULL:
+            return None
+        return [(self.st.pad.slot[i].margin_ns / 1000.0, self.st.pad.slot[i].sleeps,
+                 self.st.pad.slot[i].overruns)
+                for i in range(BENCH_SLOTS) if self.st.pad.slot[i].sleeps]
+
+    @property
     def max_keys(self):
         """The most keys one GET may ask for: 64, or fewer when the values are large."""
         return self.st.max_keys
@@ -290,22 +394,6 @@ cdef class RocksDB:
     @property
     def ctx_addr(self):
         return <uintptr_t>&self.st
-
-
-cdef extern from "<time.h>" nogil:
-    ctypedef long time_t
-    struct timespec:
-        time_t tv_sec
-        long tv_nsec
-    int clock_gettime(int clockid, timespec* ts)
-    enum:
-        CLOCK_THREAD_CPUTIME_ID
-
-
-cdef inline int64_t _thread_cpu_ns() noexcept nogil:
-    cdef timespec ts
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts)
-    return ts.tv_sec * 1000000000 + ts.tv_nsec
 
 
 def time_gets(RocksDB db not None, const uint32_t[:, ::1] keys):
@@ -355,7 +443,7 @@ def time_gets(RocksDB db not None, const uint32_t[:, ::1] keys):
 def open_handler(rest):
     """Open the database named by a ``rocksdb:...`` spec's options; return the state object."""
     o = parse_spec(rest)
-    return RocksDB(o["path"], o["cache_mb"])
+    return RocksDB(o["path"], o["cache_mb"], o["dilate"])
 
 
 def value(uint32_t k, uint32_t value_size):
