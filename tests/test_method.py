@@ -67,6 +67,10 @@ def test_calibration_and_choice_of_k():
     assert not M.calibration_ok(0.006, 1000.0, 1000.0)           # late (half of 1%)
     assert not M.calibration_ok(0.0, 1031.0, 1000.0)             # erratic handler
     assert not M.calibration_ok(0.0, 1000.0, 1000.0, timed_out=1)
+    # a real handler (--app) has no requested service time to keep; the rest still counts
+    assert M.calibration_ok(0.0, 3000.0, 1000.0, check_service=False)
+    assert not M.calibration_ok(0.006, 1000.0, 1000.0, check_service=False)
+    assert not M.calibration_ok(0.0, 1000.0, 1000.0, timed_out=1, check_service=False)
     assert M.choose_dilation([(50, True), (10, False), (20, True)]) == 20
     assert M.choose_dilation([(10, False)]) is None
 

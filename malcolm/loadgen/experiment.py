@@ -35,6 +35,7 @@ One experiment is a rack shape (workers per server), a workload, policies and lo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -51,6 +52,7 @@ BASE_POLICIES = {
     # name: (server [policy] section, client policy)
     "malcolm": ({"name": "malcolm", "seed": 1}, None),
     "jsq": ({"name": "jsq"}, None),
+    "jbt": ({"name": "jbt"}, None),
     # accept everything, never steal: jbt with an unreachable threshold
     "po2": ({"name": "jbt", "threshold": 1e9}, "po2"),
 }
@@ -156,7 +158,7 @@ class PolicyRack:
         self.path = os.path.join(tmp, f"rack-{tag}.toml")
         with open(self.path, "w") as f:
             f.write(rack_toml(section, self.servers, window_us=exp.window_us * k,
-                              poll=exp.layout.poll, handler=exp.handler,
+                              poll=exp.layout.poll, handler=exp.handler_spec(k),
                               steal_timeout_us=2000.0 * k, name=tag[:8],
                               cpus=exp.layout.server_cpus, spin_us=SPIN_US / k,
                               hop_delay_us=exp.hop_us(k) * k))
@@ -272,13 +274,21 @@ class Experiment:
     rack_class : type or None
         Runs a rack file's servers as processes; ``None``: the local launcher,
         :class:`malcolm.runtime.launcher.LocalRack`.
+    handler : str or callable
+        The servers' handler spec, or ``handler(K)`` -> spec for a handler that dilates real
+        work itself (``rocksdb:path=...,dilate=K``).
+    app : malcolm.loadgen.apps.AppSpec or None
+        Real requests (GET(n), values checked) instead of requested service times. The
+        nominal service times are then ``workload``'s (e.g. ``rocksdb1-measured``, this
+        machine's calibration of the handler): they set the nominal capacity and the rate
+        correction's reference; the runs measure the real ones.
     """
 
     def __init__(self, workers, workload="exp:50", policies=("malcolm", "jsq", "po2"),
                  loads=(0.5, 0.7, 0.85), repeat=1, duration_s=2.0, warmup_s=0.5,
                  window_us=100.0, dilate="auto", compare_sim=False, handler="bench",
                  echo=print, logdir=None, stop=None, sim_tasks=100_000,
-                 calib_duration_s=1.0, rack_class=None, hop_delay_us=None):
+                 calib_duration_s=1.0, rack_class=None, hop_delay_us=None, app=None):
         from malcolm.workloads import parse_workload
         self.workers = list(workers)
         self.total_workers = sum(max(1, w) for w in self.workers)
@@ -304,6 +314,7 @@ class Experiment:
         self.dilate = 1.0
         self.compare_sim = compare_sim
         self.handler = handler
+        self.app = app
         self.echo = echo
         self.logdir = logdir
         self.stop = stop or threading.Event()
@@ -332,10 +343,25 @@ class Experiment:
         k = self.dilate if k is None else k
         return self.total_workers / (self.wl.mean_us * k * 1e-6)
 
+    def handler_spec(self, k):
+        """The servers' handler at dilation ``k``."""
+        return self.handler(k) if callable(self.handler) else self.handler
+
+    def _app_report(self, rep, k):
+        """With ``app``: the report's requested mean service time is the nominal one at
+        dilation ``k`` (the client requests none: the handler does real work), so the rate
+        correction and the nominal load refer to ``workload``."""
+        if self.app is not None and "service_us" in rep:
+            rep["service_us"]["requested_mean"] = self.wl.mean_us * k
+        return rep
+
     def _spec(self, rack, k, threads, cpus, duration, warmup, seed=7):
         from malcolm.loadgen.run import LoadSpec, Target
-        return LoadSpec(Target("udp", rack.addresses, rack.path, hop=rack.hop),
-                        workload=M.dilate_workload(self.wl, k), duration_s=duration,
+        # with an app the client requests no service time (the workload only draws
+        # nothing the app does not overwrite): pass it undilated
+        wl = self.workload if self.app is not None else M.dilate_workload(self.wl, k)
+        return LoadSpec(Target("udp", rack.addresses, rack.path, hop=rack.hop), app=self.app,
+                        workload=wl, duration_s=duration,
                         warmup_s=warmup, threads=threads, timeout_s=max(1.0, 0.02 * k),
                         policy=rack.client_policy, busy=self.layout.poll == "busy",
                         spin_us=SPIN_US / k, cpus=cpus, lag_threshold_us=LAG_US * k,
@@ -358,16 +384,27 @@ class Experiment:
             try:
                 rack.start()
                 rack.wait_ready()
+                if self.app is not None:
+                    # A real handler's service time is not the nominal one (here, under
+                    # dilation, GETs run with cold caches): a short pilot at a third of the
+                    # load measures it, so that the trial offers the load it claims.
+                    spec = self._spec(rack, k, self.layout.client_threads,
+                                      self.layout.client_cpus, 0.5, 0.2)
+                    pilot = self._app_report(run_load(spec, rate / 3, self.stop), k)
+                    ps = pilot["service_us"]
+                    if pilot["completed"] and math.isfinite(ps["measured_mean"]):
+                        rate /= ps["measured_mean"] / ps["requested_mean"]
                 spec = self._spec(rack, k, self.layout.client_threads,
                                   self.layout.client_cpus, self.calib_duration_s, 0.3)
-                rep = run_load(spec, rate, self.stop)
+                rep = self._app_report(run_load(spec, rate, self.stop), k)
             finally:
                 rack.down()
             if rep.get("interrupted"):
                 return False
             s = rep["service_us"]
             ok = M.calibration_ok(rep["schedule"]["late_fraction"], s["measured_mean"],
-                                  s["requested_mean"], rep["accounted"], rep["timed_out"])
+                                  s["requested_mean"], rep["accounted"], rep["timed_out"],
+                                  check_service=self.app is None)
             self.echo(f"  calibration K={k:g}: late {100 * rep['schedule']['late_fraction']:.2f}%"
                       f", service {s['measured_mean']:.1f}/{s['requested_mean']:.1f} µs "
                       f"measured/requested, timed out {rep['timed_out']}: "
@@ -387,6 +424,10 @@ class Experiment:
             self.dilate = k
             return k
         run_k = M.with_headroom(k)
+        if self.app is not None:
+            # a real handler's slowness is its own, not the padding's: the calibration's
+            # measurement is a better first correction than none (the runs refine it)
+            self._note_service(self._calib[k], top)
         if run_k != k:
             # The calibration's service-time correction was measured at another K (a larger K
             # runs the handler more accurately): the runs measure their own from the start.
@@ -417,13 +458,23 @@ class Experiment:
         measured with the native client as the runs are (its polling, its wake-ups)."""
         from malcolm.loadgen.run import LoadSpec, Target, run_load
         n = len(rack.addresses)
-        spec = LoadSpec(Target("udp", rack.addresses, rack.path, hop=rack.hop),
+        # a real handler answers an empty task "bad input", which has no latency: ping it
+        # with GET(1) (one key: its service time is in the round trip)
+        app = None if self.app is None else dataclasses.replace(
+            self.app, name="ping", mix=((1.0, 1),), bad_fraction=0.0)
+        spec = LoadSpec(Target("udp", rack.addresses, rack.path, hop=rack.hop), app=app,
                         workload="mix:1:const:0.001",
                         duration_s=0.3, warmup_s=0.1, threads=1,
                         busy=self.layout.poll == "busy", cpus=self.layout.client_cpus,
                         shares=[1.0] + [0.0] * (n - 1),
                         nice=NICE if self.prioritized else None)
-        rep = run_load(spec, 2000.0, self.stop)
+        rate = 2000.0
+        if app is not None:
+            # each ping is a (dilated) GET: a tenth of one worker's capacity, or the round
+            # trips would be queueing
+            rate = min(rate, 0.1 / (self.wl.mean_us * self.dilate * 1e-6
+                                    * self.service_factor(None)))
+        rep = run_load(spec, rate, self.stop)
         return rep["latency_us"]["p50"] / 2.0
 
     # ------------------------------------------------------------ running
@@ -513,7 +564,7 @@ class Experiment:
                                       self.layout.client_cpus, self.duration_s, self.warmup_s,
                                       seed=7 + 1000 * r + self.loads.index(load))
                     try:
-                        rep = run_load(spec, rate, self.stop)
+                        rep = self._app_report(run_load(spec, rate, self.stop), self.dilate)
                     except RuntimeError as e:       # a stuck run: say so, keep going
                         rep = None
                         self._record_failed(r, load, p, rate, str(e))
@@ -571,6 +622,12 @@ class Experiment:
                "migrations_per_task": rep["migrated"] / done,
                "steals_per_task": rep["stolen"] / done, "server_util": util,
                "flags": fl, "_delta": delta}
+        if self.app is not None:
+            a = rep["app"]
+            run["app"] = {"checked": a["checked"], "wrong_values": a["wrong_values"],
+                          "p99_us_by_type": [t["latency_us"]["p99"] / k for t in a["types"]]}
+            if a["wrong_values"]:
+                fl.append(f"{a['wrong_values']} wrong value(s)")
         self.runs.append(run)
         self._note_service(rep, load)
         self.echo(format_run(run))
