@@ -25,6 +25,7 @@ run, flags included).
 
 import argparse
 import csv
+import json
 import math
 import os
 import sys
@@ -40,6 +41,7 @@ from malcolm import _argparse as g  # noqa: E402
 # this script's presets: racks small enough for a few cores
 RACKS = {"homo": ("fig7_3_rack", [1, 1, 1], "homogeneous 3 x 1 worker"),
          "hetero": ("fig7_4_rack", [2, 1, 1], "heterogeneous 1 x 2 + 2 x 1 workers")}
+RACK_TITLES = {tuple(w): t for _, w, t in RACKS.values()}
 
 
 def servers(text):
@@ -102,6 +104,8 @@ def main():
                          "COUNTxWORKERS,...; repeatable (default: both presets)")
     ap.add_argument("--no-sim", dest="sim", action="store_false",
                     help="skip the simulator twin")
+    ap.add_argument("--replot", metavar="JSON",
+                    help="redraw the PNGs from this script's JSON output, run nothing")
     g.add_json(ap, "every row and run")
     g.hidden_alias(ap, "--out", "outdir")
     g.hidden_alias(ap, "--loads", "load", type=g.loads, action="extend")
@@ -109,6 +113,8 @@ def main():
     g.hidden_alias(ap, "--rack", "rack_old", choices=("homo", "hetero", "both"))
     a = ap.parse_args()
     g.json_stdout(a)
+    if a.replot:
+        return replot(a.replot, a.outdir)
     policies = [p.strip() for p in a.policies.split(",") if p.strip()]
     bad = [p for p in policies if p not in POLICIES]
     if bad or not policies:
@@ -164,12 +170,29 @@ def main():
                             _r(r.get("sim_p99_us")), r["used"], r["repeats"], r["valid"],
                             len(r["flagged"]), _r(r["migrations_per_task"]),
                             _r(r["steals_per_task"]), res["dilate"]])
-        _plot(rows, os.path.join(a.outdir, f"{name}.png"),
-              f"{name.replace('fig', 'Fig ').replace('_', '.', 1)}: real rack, {title}, "
-              f"{a.app}, K={res['dilate']:g}; dashed: simulator twin")
-        everything.append({"figure": name, "workers": workers, "app": a.app, **res})
+        fig = {"figure": name, "workers": workers, "app": a.app, **res}
+        _plot(rows, os.path.join(a.outdir, f"{name}.png"), _title(fig, res))
+        everything.append(fig)
     g.write_json(a, {"runs": everything}, os.path.join(a.outdir, "fig7_3_4_rack.json"))
     g.write_json(a, {"runs": everything})
+
+
+def _title(fig, res):
+    return (f"{fig['figure'].replace('fig', 'Fig ').replace('_', '.', 1)}: real rack, "
+            f"{RACK_TITLES.get(tuple(fig['workers']), fig['workers'])}, {fig['app']}, "
+            f"K={res['dilate']:g}; dashed: simulator twin")
+
+
+def replot(path, outdir):
+    """Redraw every figure of a ``fig7_3_4_rack.json``."""
+    try:
+        with open(path) as f:
+            figs = json.load(f)["runs"]
+    except (OSError, ValueError, KeyError) as e:
+        sys.exit(f"fig7_3_4_rack: cannot read {path}: {e}")
+    os.makedirs(outdir, exist_ok=True)
+    for fig in figs:
+        _plot(fig["rows"], os.path.join(outdir, f"{fig['figure']}.png"), _title(fig, fig))
 
 
 def _r(v, d=4):
@@ -186,20 +209,23 @@ def _plot(rows, path, title):
     for i, p in enumerate(dict.fromkeys(r["policy"] for r in rows)):
         pts = sorted((r for r in rows if r["policy"] == p), key=lambda r: r["load"])
         c = f"C{i}"
-        x = [r["load"] for r in pts]
+        # at the load measured (the twin ran there too), not the target
+        x = [r["effective_load"] if math.isfinite(r["effective_load"]) else r["load"]
+             for r in pts]
         y = [r["p99_us"] for r in pts]
         err = [[max(0.0, r["p99_us"] - r["p99_ci_us"][0]) for r in pts],
                [max(0.0, r["p99_ci_us"][1] - r["p99_us"]) for r in pts]]
         ax.errorbar(x, y, yerr=err, color=c, marker="o", ms=3, capsize=2,
                     label=LABELS.get(p, p))
-        for r in pts:
+        for xi, r in zip(x, pts, strict=True):
             if not r["valid"]:
-                ax.plot([r["load"]], [r["p99_us"]], "x", color=c, ms=8)
-        sim = [(r["load"], r.get("sim_p99_us")) for r in pts if r.get("sim_p99_us")]
+                ax.plot([xi], [r["p99_us"]], "x", color=c, ms=8)
+        sim = [(xi, r.get("sim_p99_us")) for xi, r in zip(x, pts, strict=True)
+               if r.get("sim_p99_us")]
         if sim:
             ax.plot([s[0] for s in sim], [s[1] for s in sim], "--", color=c, alpha=0.7)
     ax.set_yscale("log")
-    ax.set_xlabel("target effective load (fraction of nominal capacity)")
+    ax.set_xlabel("effective load (median over the runs used)")
     ax.set_ylabel("p99 latency (µs, rack time)")
     ax.set_title(title + " (x: no clean run)", fontsize=7)
     ax.grid(alpha=0.3, which="both")

@@ -462,18 +462,18 @@ class Experiment:
         # with GET(1) (one key: its service time is in the round trip)
         app = None if self.app is None else dataclasses.replace(
             self.app, name="ping", mix=((1.0, 1),), bad_fraction=0.0)
-        spec = LoadSpec(Target("udp", rack.addresses, rack.path, hop=rack.hop), app=app,
-                        workload="mix:1:const:0.001",
-                        duration_s=0.3, warmup_s=0.1, threads=1,
-                        busy=self.layout.poll == "busy", cpus=self.layout.client_cpus,
-                        shares=[1.0] + [0.0] * (n - 1),
-                        nice=NICE if self.prioritized else None)
         rate = 2000.0
         if app is not None:
             # each ping is a (dilated) GET: a tenth of one worker's capacity, or the round
-            # trips would be queueing
+            # trips would be queueing; long enough for 30 of them (at most 3 s)
             rate = min(rate, 0.1 / (self.wl.mean_us * self.dilate * 1e-6
                                     * self.service_factor(None)))
+        spec = LoadSpec(Target("udp", rack.addresses, rack.path, hop=rack.hop), app=app,
+                        workload="mix:1:const:0.001",
+                        duration_s=min(3.0, max(0.3, 30.0 / rate)), warmup_s=0.1, threads=1,
+                        busy=self.layout.poll == "busy", cpus=self.layout.client_cpus,
+                        shares=[1.0] + [0.0] * (n - 1),
+                        nice=NICE if self.prioritized else None)
         rep = run_load(spec, rate, self.stop)
         return rep["latency_us"]["p50"] / 2.0
 

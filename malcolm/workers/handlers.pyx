@@ -14,9 +14,10 @@ Built-in (``spec`` in the rack file or ``--handler``):
                 that much short of the deadline (``bench:q=0.95`` for another quantile,
                 ``bench:max_spin_us=200`` caps the margin).
 ``echo``        answer with the task's payload.
-``rocksdb:path=PATH[,cache_mb=64]``
+``rocksdb:path=PATH[,cache_mb=64][,dilate=K]``
                 GET(n) on a RocksDB dictionary (:mod:`malcolm.workers.rocksdb`; needs
-                librocksdb, and a database built by ``malcolm rocksdb load``).
+                librocksdb, and a database built by ``malcolm rocksdb load``); ``dilate=K``
+                pads each real GET to K x its CPU time with ``bench``'s calibrated wait.
 
 User handlers (see ``malcolm/workers/malcolm_handler.h`` for the C ABI):
 
