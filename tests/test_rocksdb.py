@@ -88,10 +88,11 @@ def test_large_values_limit_the_get_size(tmp_path):
 def test_dilate_pads_the_service_time_to_k_times_the_real_one(db):
     # Time dilation (the experiment runner's K): the real GET, then the bench handler's
     # calibrated wait until K x the GET's own CPU time. Checked two ways: the padded calls'
-    # wall time over their GETs' CPU time (the handler's own accounting) is K, never less
-    # and at most 30% more (waits that overran, once the sleep margin has settled); and the
-    # padded wall time as the caller sees it is several times the unpadded GET's (padding
-    # that did nothing would give about 1). Loose bounds: the machine is shared.
+    # wall time over their GETs' CPU time (the handler's own accounting) is never below K,
+    # and at most 30% above it (waits that overran) in at least one of three batches: on
+    # the shared 2-core machine a batch can be preempted beyond any margin, but padding to
+    # the wrong multiple fails every batch. And the caller sees GETs several times the
+    # unpadded ones (padding that did nothing would give about 1).
     k = 10.0
     plain = rdb.RocksDB(db, 64.0)
     dil = rdb.RocksDB(db, 64.0, k)
@@ -100,19 +101,25 @@ def test_dilate_pads_the_service_time_to_k_times_the_real_one(db):
     keys = np.ascontiguousarray(rng.integers(0, 10_000, (800, 16)), dtype=np.uint32)
     rdb.time_gets(dil, keys)                            # the sleep margin settles
     for n in (16, 64):
-        keys = np.ascontiguousarray(rng.integers(0, 10_000, (300, n)), dtype=np.uint32)
-        rdb.time_gets(plain, keys)                      # warm the block cache
-        wall0, _ = rdb.time_gets(plain, keys)
-        before = dil.dilate_stats()
-        wall1, _ = rdb.time_gets(dil, keys)
-        after = dil.dilate_stats()
-        calls = after["calls"] - before["calls"]
-        achieved = (after["wall_ns"] - before["wall_ns"]) / (after["cpu_ns"] - before["cpu_ns"])
-        assert calls == 300
-        assert 0.99 * k <= achieved <= 1.3 * k, (n, achieved, dil.pad_calibration())
-        assert wall1.sum() >= 0.99 * (after["wall_ns"] - before["wall_ns"])
-        assert np.median(wall1) >= 0.5 * k * np.median(wall0), (n, np.median(wall0),
-                                                                np.median(wall1))
+        seen = []
+        for _ in range(3):
+            keys = np.ascontiguousarray(rng.integers(0, 10_000, (300, n)), dtype=np.uint32)
+            rdb.time_gets(plain, keys)                  # warm the block cache
+            wall0, _ = rdb.time_gets(plain, keys)
+            before = dil.dilate_stats()
+            wall1, _ = rdb.time_gets(dil, keys)
+            after = dil.dilate_stats()
+            assert after["calls"] - before["calls"] == 300
+            achieved = ((after["wall_ns"] - before["wall_ns"])
+                        / (after["cpu_ns"] - before["cpu_ns"]))
+            seen.append(achieved)
+            assert achieved >= 0.99 * k, (n, achieved)
+            assert wall1.sum() >= 0.99 * (after["wall_ns"] - before["wall_ns"])
+            assert np.median(wall1) >= 0.5 * k * np.median(wall0), (n, np.median(wall0),
+                                                                    np.median(wall1))
+            if achieved <= 1.3 * k:
+                break
+        assert min(seen) <= 1.3 * k, (n, seen, dil.pad_calibration())
     # the values are the real ones under dilation too
     h = Handler(f"rocksdb:path={db},dilate=3")
     rc, out = get(h, [5, 6])
