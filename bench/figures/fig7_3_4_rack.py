@@ -180,7 +180,8 @@ def main():
 def _title(fig, res):
     return (f"{fig['figure'].replace('fig', 'Fig ').replace('_', '.', 1)}: real rack, "
             f"{RACK_TITLES.get(tuple(fig['workers']), fig['workers'])}, {fig['app']}, "
-            f"K={res['dilate']:g}; dashed: simulator twin")
+            f"K={res['dilate']:g}\nsolid: runtime, median p99 and CI; dashed: simulator twin; "
+            "x: no clean run")
 
 
 def replot(path, outdir):
@@ -227,7 +228,7 @@ def _plot(rows, path, title):
     ax.set_yscale("log")
     ax.set_xlabel("effective load (median over the runs used)")
     ax.set_ylabel("p99 latency (µs, rack time)")
-    ax.set_title(title + " (x: no clean run)", fontsize=7)
+    ax.set_title(title, fontsize=7)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     fig.tight_layout()
