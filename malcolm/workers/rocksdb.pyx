@@ -21,8 +21,8 @@ waits, with the ``bench`` handler's calibrated sleep and spin, until ``K t`` aft
 The service-time distribution is then the real one scaled by ``K``. A GET preempted for longer
 than ``K t`` is not padded (its wall time is already past the target).
 
-Spec: ``rocksdb:path=/var/lib/malcolm/db[,cache_mb=64][,dilate=K]`` (``handler = ...`` in the rack file,
-per server). Build the dictionary with ``malcolm rocksdb load``.
+Spec: ``rocksdb:path=/var/lib/malcolm/db[,cache_mb=64][,dilate=K]`` (``handler = ...`` in the
+rack file, per server). Build the dictionary with ``malcolm rocksdb load``.
 """
 import os
 import re
@@ -34,8 +34,9 @@ from libc.string cimport memcpy, memset
 import numpy as np
 
 from malcolm._core cimport mc_aligned_alloc, mc_now_ns
-from malcolm.workers.handlers cimport (BENCH_SLOTS, MALCOLM_BAD_INPUT, MALCOLM_ERROR, MALCOLM_OK, BenchState,
-                                       bench_state_new, bench_wait, malcolm_task)
+from malcolm.workers.handlers cimport (BENCH_SLOTS, MALCOLM_BAD_INPUT, MALCOLM_ERROR,
+                                       MALCOLM_OK, BenchState, bench_state_new, bench_wait,
+                                       malcolm_task)
 
 
 cdef extern from "rocksdb/c.h" nogil:
