@@ -144,7 +144,7 @@ def sim(rack, policies, workloads, loads, tasks, seed, delay, jitter, window, sc
     Sweeps run every combination of --policy, --workload and --load.
     """
     from malcolm.policy.registry import parse_policy
-    from malcolm.sim.rack import parse_rack
+    from malcolm.sim.rack import parse_rack_spec
     from malcolm.sim.run import simulate
     from malcolm.workloads import parse_workload
 
@@ -152,7 +152,7 @@ def sim(rack, policies, workloads, loads, tasks, seed, delay, jitter, window, sc
     if not load_list:
         raise click.BadParameter("no load given", param_hint="--load")
     try:                            # fail fast, before a long sweep starts
-        parse_rack(rack)
+        parse_rack_spec(rack)
         for w in workloads:
             parse_workload(w)
         for p in policies:
