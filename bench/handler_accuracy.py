@@ -16,9 +16,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def measure(handler, workload, workers, load, duration, poll="adaptive", cpus=None):
+    from malcolm.bench.runtime import _free_port
     from malcolm.config import build_server, parse_rack
     from malcolm.loadgen.run import LoadSpec, Target, run_load
-    from malcolm.loadgen.runtime_bench import _free_port
     from malcolm.workloads import parse_workload
     addr = f"127.0.0.1:{_free_port()}"
     srv_cfg = {"address": addr}

@@ -10,7 +10,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from malcolm.loadgen import runtime_bench as R
+from malcolm.bench import runtime as R
 
 
 @pytest.mark.parametrize("kind", ["udp", "shm"])

@@ -189,7 +189,7 @@ def test_cli_json_against_stub():
 @pytest.mark.parametrize("kind", ["udp", "shm"])
 def test_against_a_real_server(kind):
     """The native client against the runtime's own server (in this process)."""
-    from malcolm.loadgen.runtime_bench import _server
+    from malcolm.bench.runtime import _server
     srv, addr = _server(kind, "adaptive", workers=2)
     try:
         rep = run_load(LoadSpec(Target(kind, [addr], "test"), workload="exp:100",

@@ -172,6 +172,8 @@ cdef class Engine:
     cdef int64_t net(self) noexcept nogil
     cdef int32_t alloc_task(self) noexcept nogil
     cdef int64_t gw_take(self, int s, int64_t n_msgs) noexcept nogil
+    cdef bint via_gateway(self, const Event* e, int handled_kind) noexcept nogil
+    cdef bint hb_lost_on_way(self) noexcept nogil
     cdef void track_area(self) noexcept nogil
     cdef void schedule_next_arrival(self) noexcept nogil
     cdef void do_arrival(self) noexcept nogil

@@ -311,6 +311,22 @@ cdef class Engine:
         v.gw_msgs += <uint64_t>n_msgs
         return t
 
+    cdef inline bint via_gateway(self, const Event* e, int handled_kind) noexcept nogil:
+        """With a gateway cost, a message that reaches server e.a first waits for its gateway
+        and comes back as ``handled_kind``: True if it was deferred so."""
+        if self.gw_ns > 0:
+            self.push(self.gw_take(e.a, 1), handled_kind, e.a, e.b, e.x)
+            return True
+        return False
+
+    cdef inline bint hb_lost_on_way(self) noexcept nogil:
+        """One heartbeat copy goes to a peer: True if the network loses it (both counted)."""
+        self.hb_sent += 1
+        if self.loss > 0.0 and rng_uniform(&self.r_net) < self.loss:
+            self.hb_lost += 1
+            return True
+        return False
+
     cdef inline void track_area(self) noexcept nogil:
         # integral over time of the tasks that clients have sent and not yet seen finish
         self.area += <double>(self.generated - self.completed) * <double>(self.now - self.area_t)
@@ -605,24 +621,15 @@ cdef class Engine:
                 self.push(t + self.delay, EV_HBALL, s, idx, <double>hb.seq)
             else:
                 for j in range(self.n):
-                    if j == s:
-                        continue
-                    self.hb_sent += 1
-                    if self.loss > 0.0 and rng_uniform(&self.r_net) < self.loss:
-                        self.hb_lost += 1
-                        continue
-                    self.push(t + self.net(), EV_HB, j, idx, <double>hb.seq)
+                    if j != s and not self.hb_lost_on_way():
+                        self.push(t + self.net(), EV_HB, j, idx, <double>hb.seq)
         self.push(self.now + self.window, EV_WINDOW, s, 0, 0.0)
 
     cdef void on_hb_all(self, int src, int idx, double seq) noexcept nogil:
         cdef int j
         cdef const Heartbeat* hb = &self.hbuf[idx]
         for j in range(self.n):
-            if j == src:
-                continue
-            self.hb_sent += 1
-            if self.loss > 0.0 and rng_uniform(&self.r_net) < self.loss:
-                self.hb_lost += 1
+            if j == src or self.hb_lost_on_way():
                 continue
             if self.gw_ns > 0:      # each peer's gateway takes it in its own time
                 self.push(self.gw_take(j, 1), EV_HB_GW, j, idx, seq)
@@ -712,16 +719,12 @@ cdef class Engine:
             if kind == EV_DONE:
                 self.on_done(e.a, e.b)
             elif kind == EV_TASK:
-                if self.gw_ns > 0:
-                    self.push(self.gw_take(e.a, 1), EV_TASK_GW, e.a, e.b, e.x)
-                else:
+                if not self.via_gateway(&e, EV_TASK_GW):
                     self.on_task(e.a, e.b)
             elif kind == EV_TASK_GW:
                 self.on_task(e.a, e.b)
             elif kind == EV_HB:
-                if self.gw_ns > 0:
-                    self.push(self.gw_take(e.a, 1), EV_HB_GW, e.a, e.b, e.x)
-                else:
+                if not self.via_gateway(&e, EV_HB_GW):
                     drv_observe_peer(&self.servers[e.a].win, <Policy>self.pol[e.a], self.now,
                                      &self.hbuf[e.b])
             elif kind == EV_HBALL:
@@ -735,16 +738,12 @@ cdef class Engine:
             elif kind == EV_RESP:
                 self.on_response(e.a, e.b, e.x)
             elif kind == EV_STEAL_REQ:
-                if self.gw_ns > 0:
-                    self.push(self.gw_take(e.a, 1), EV_STEAL_REQ_GW, e.a, e.b, e.x)
-                else:
+                if not self.via_gateway(&e, EV_STEAL_REQ_GW):
                     self.on_steal_req(e.a, e.b, e.x)
             elif kind == EV_STEAL_REQ_GW:
                 self.on_steal_req(e.a, e.b, e.x)
             elif kind == EV_STEAL_REP:
-                if self.gw_ns > 0:
-                    self.push(self.gw_take(e.a, 1), EV_STEAL_REP_GW, e.a, e.b, e.x)
-                else:
+                if not self.via_gateway(&e, EV_STEAL_REP_GW):
                     self.on_steal_rep(e.a, e.b, e.x)
             elif kind == EV_STEAL_REP_GW:
                 self.on_steal_rep(e.a, e.b, e.x)

@@ -31,28 +31,14 @@ def collect(Engine e):
               "steal_empty", "bad_decisions", "busy_ns", "load_sum", "q_sum", "windows",
               "dropped", "gateway_msgs", "steal_suppressed", "steal_timeouts",
               "steals_in_flight_max", "ntasks_end", "queue_end")
-    per = {f: [] for f in fields}
+    rows = []
     for s in range(e.n):
         v = &e.servers[s]
-        per["accepted"].append(v.accepted)
-        per["completed"].append(v.completed)
-        per["migrations"].append(v.migrations)
-        per["steals"].append(v.steals)
-        per["steal_requests"].append(v.steal_requests)
-        per["steal_empty"].append(v.steal_empty)
-        per["bad_decisions"].append(v.bad_decisions)
-        per["busy_ns"].append(v.busy_ns)
-        per["load_sum"].append(v.load_sum)
-        per["q_sum"].append(v.q_sum)
-        per["windows"].append(v.windows)
-        per["dropped"].append(v.dropped)
-        per["gateway_msgs"].append(v.gw_msgs)
-        per["steal_suppressed"].append(v.steal.suppressed)
-        per["steal_timeouts"].append(v.steal.timeouts)
-        per["steals_in_flight_max"].append(v.steal.max_seen)
-        per["ntasks_end"].append(v.ntasks)
-        per["queue_end"].append(v.queue.count)
-    out["server"] = {k: np.array(x) for k, x in per.items()}
+        rows.append((v.accepted, v.completed, v.migrations, v.steals, v.steal_requests,
+                     v.steal_empty, v.bad_decisions, v.busy_ns, v.load_sum, v.q_sum, v.windows,
+                     v.dropped, v.gw_msgs, v.steal.suppressed, v.steal.timeouts,
+                     v.steal.max_seen, v.ntasks, v.queue.count))
+    out["server"] = {f: np.array(col) for f, col in zip(fields, zip(*rows))}
     if e.record:
         # Row r holds every server's r-th window: only the rows that every server wrote (a
         # server whose first window came later may lack the last one).

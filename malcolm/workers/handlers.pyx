@@ -38,6 +38,7 @@ from libc.stdlib cimport free
 from libc.string cimport memcpy, memset
 
 from malcolm._core cimport mc_aligned_alloc, mc_cpu_relax, mc_now_ns, mc_rdtsc
+from malcolm._system cimport CLOCK_MONOTONIC, TIMER_ABSTIME, clock_nanosleep, timespec
 
 
 cdef extern from "<dlfcn.h>" nogil:
@@ -48,17 +49,6 @@ cdef extern from "<dlfcn.h>" nogil:
     enum:
         RTLD_NOW
         RTLD_LOCAL
-
-
-cdef extern from "<time.h>" nogil:
-    ctypedef long time_t
-    struct timespec:
-        time_t tv_sec
-        long tv_nsec
-    int clock_nanosleep(int clockid, int flags, const timespec* req, timespec* rem)
-    enum:
-        CLOCK_MONOTONIC
-        TIMER_ABSTIME
 
 
 ctypedef struct SleepState:

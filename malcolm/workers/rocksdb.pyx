@@ -25,6 +25,7 @@ from libc.string cimport memcpy, memset
 import numpy as np
 
 from malcolm._core cimport mc_now_ns
+from malcolm._system cimport CLOCK_THREAD_CPUTIME_ID, clock_gettime, timespec
 from malcolm.workers.handlers cimport MALCOLM_BAD_INPUT, MALCOLM_ERROR, MALCOLM_OK, malcolm_task
 
 
@@ -290,16 +291,6 @@ cdef class RocksDB:
     @property
     def ctx_addr(self):
         return <uintptr_t>&self.st
-
-
-cdef extern from "<time.h>" nogil:
-    ctypedef long time_t
-    struct timespec:
-        time_t tv_sec
-        long tv_nsec
-    int clock_gettime(int clockid, timespec* ts)
-    enum:
-        CLOCK_THREAD_CPUTIME_ID
 
 
 cdef inline int64_t _thread_cpu_ns() noexcept nogil:
