@@ -168,24 +168,24 @@ cdef class Engine:
     cdef LoadRecord rec
     cdef int64_t* phase
 
-    cdef void push(self, int64_t t, int kind, int32_t a, int32_t b, double x) noexcept nogil
-    cdef int64_t net(self) noexcept nogil
+    cdef inline void push(self, int64_t t, int kind, int32_t a, int32_t b, double x) noexcept nogil
+    cdef inline int64_t net(self) noexcept nogil
     cdef int32_t alloc_task(self) noexcept nogil
-    cdef int64_t gw_take(self, int s, int64_t n_msgs) noexcept nogil
-    cdef bint via_gateway(self, const Event* e, int handled_kind) noexcept nogil
-    cdef bint hb_lost_on_way(self) noexcept nogil
-    cdef void track_area(self) noexcept nogil
+    cdef inline int64_t gw_take(self, int s, int64_t n_msgs) noexcept nogil
+    cdef inline bint via_gateway(self, const Event* e, int handled_kind) noexcept nogil
+    cdef inline bint hb_lost_on_way(self) noexcept nogil
+    cdef inline void track_area(self) noexcept nogil
     cdef void schedule_next_arrival(self) noexcept nogil
     cdef void do_arrival(self) noexcept nogil
     cdef void on_task(self, int s, int32_t slot) noexcept nogil
     cdef void accept(self, int s, int32_t slot) noexcept nogil
-    cdef void start(self, int s, int lw, int32_t slot) noexcept nogil
+    cdef inline void start(self, int s, int lw, int32_t slot) noexcept nogil
     cdef void on_done(self, int s, int gw) noexcept nogil
     cdef void ask_steal(self, int s) noexcept nogil
     cdef void drop(self, int s, int32_t slot) noexcept nogil
     cdef void finish(self, int s, int32_t slot, bint served) noexcept nogil
     cdef void on_response(self, int32_t slot, int s, double load) noexcept nogil
-    cdef void ps_advance(self, Server* v) noexcept nogil
+    cdef inline void ps_advance(self, Server* v) noexcept nogil
     cdef void ps_reschedule(self, int s) noexcept nogil
     cdef void ps_add(self, int s, int32_t slot) noexcept nogil
     cdef void on_psdone(self, int s, uint32_t epoch) noexcept nogil
