@@ -198,12 +198,11 @@ cdef class Engine:
     cdef void loop(self) noexcept nogil
 
 
-cdef inline int ps_heap_push(Server* v, Task* tasks, int32_t slot) noexcept nogil:
-    """Ideal PS: add ``slot`` (its tag set) to the server's min-heap on virtual finish tags;
-    -1 when out of memory."""
+cdef inline int ps_heap_push(Server* v, Task* tasks, int32_t slot, double tag) noexcept nogil:
+    """Ideal PS: add ``slot``, whose virtual finish tag is ``tag``, to the server's min-heap
+    on tags; -1 when out of memory."""
     cdef int32_t* nb
     cdef int i, p
-    cdef double tag = tasks[slot].tag
     if v.ps_n == v.ps_cap:
         nb = <int32_t*>realloc(v.ps, sizeof(int32_t) * v.ps_cap * 2)
         if nb == NULL:

@@ -560,9 +560,11 @@ cdef class Engine:
 
     cdef void ps_add(self, int s, int32_t slot) noexcept nogil:
         cdef Server* v = &self.servers[s]
+        cdef double tag
         self.ps_advance(v)
-        self.tasks[slot].tag = v.ps_vtime + self.tasks[slot].work
-        if ps_heap_push(v, self.tasks, slot) != 0:
+        tag = v.ps_vtime + self.tasks[slot].work
+        self.tasks[slot].tag = tag
+        if ps_heap_push(v, self.tasks, slot, tag) != 0:
             self.err = ERR_NOMEM
             return
         self.ps_reschedule(s)
