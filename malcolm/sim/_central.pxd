@@ -13,7 +13,7 @@ from malcolm.sim._engine cimport (
 from malcolm.sim._queues cimport ring_pop, ring_push
 
 
-cdef inline void central_start(Engine e, int gw, int32_t slot) noexcept nogil:
+cdef inline void cfcfs_start(Engine e, int gw, int32_t slot) noexcept nogil:
     """cFCFS: the task reaches global worker ``gw``, reserved for it, and starts."""
     cdef int s = e.w_server[gw]
     cdef Server* v = &e.servers[s]
@@ -23,16 +23,16 @@ cdef inline void central_start(Engine e, int gw, int32_t slot) noexcept nogil:
     e.start(s, gw - v.first, slot)
 
 
-cdef inline void central_dispatch(Engine e, int s, int lw, int32_t slot) noexcept nogil:
+cdef inline void cfcfs_dispatch(Engine e, int s, int lw, int32_t slot) noexcept nogil:
     cdef int gw = e.servers[s].first + lw
     e.w_slot[gw] = slot       # reserved while the task travels
     if e.cdelay == 0:
-        central_start(e, gw, slot)
+        cfcfs_start(e, gw, slot)
     else:
         e.push(e.now + e.cdelay, EV_CDISPATCH, gw, slot, 0.0)
 
 
-cdef inline void central_arrival(Engine e, int32_t slot) noexcept nogil:
+cdef inline void cfcfs_arrival(Engine e, int32_t slot) noexcept nogil:
     """cFCFS: a new task goes to the fastest server with an idle worker, else it waits."""
     cdef int i, s, lw
     cdef Server* v
@@ -42,19 +42,19 @@ cdef inline void central_arrival(Engine e, int32_t slot) noexcept nogil:
         if v.nidle > 0:
             v.nidle -= 1
             lw = v.idle[v.nidle]
-            central_dispatch(e, s, lw, slot)
+            cfcfs_dispatch(e, s, lw, slot)
             return
     if ring_push(&e.servers[0].queue, slot) != 0:    # server 0's ring is the rack queue
         e.err = ERR_NOMEM
 
 
-cdef inline void central_idle(Engine e, int gw) noexcept nogil:
+cdef inline void cfcfs_idle(Engine e, int gw) noexcept nogil:
     """cFCFS: the scheduler learns that global worker ``gw`` is idle."""
     cdef int s = e.w_server[gw]
     cdef Server* v = &e.servers[s]
     cdef int32_t nxt = ring_pop(&e.servers[0].queue)
     if nxt >= 0:
-        central_dispatch(e, s, gw - v.first, nxt)
+        cfcfs_dispatch(e, s, gw - v.first, nxt)
     else:
         v.idle[v.nidle] = gw - v.first
         v.nidle += 1

@@ -172,6 +172,7 @@ cdef class Engine:
     cdef inline int64_t net(self) noexcept nogil
     cdef int32_t alloc_task(self) noexcept nogil
     cdef inline int64_t gw_take(self, int s, int64_t n_msgs) noexcept nogil
+    cdef inline void pop(self, Event* out) noexcept nogil
     cdef inline bint via_gateway(self, const Event* e, int handled_kind) noexcept nogil
     cdef inline bint hb_lost_on_way(self) noexcept nogil
     cdef inline void track_area(self) noexcept nogil
@@ -189,6 +190,9 @@ cdef class Engine:
     cdef void ps_reschedule(self, int s) noexcept nogil
     cdef void ps_add(self, int s, int32_t slot) noexcept nogil
     cdef void on_psdone(self, int s, uint32_t epoch) noexcept nogil
+    cdef void central_arrival(self, int32_t slot) noexcept nogil
+    cdef void central_idle(self, int gw) noexcept nogil
+    cdef inline void central_start(self, int gw, int32_t slot) noexcept nogil
     cdef void on_window(self, int s) noexcept nogil
     cdef void on_hb_all(self, int src, int idx, double seq) noexcept nogil
     cdef void on_hb_gw(self, int dst, int idx, double seq) noexcept nogil

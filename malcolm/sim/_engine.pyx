@@ -41,7 +41,7 @@ from malcolm.policy.driver cimport (
     drv_end_window, drv_migrated, drv_observe_peer, drv_start, drv_stole,
     steal_gate_init, steal_gate_open, steal_gate_reply,
 )
-from malcolm.sim._central cimport central_arrival, central_idle, central_start, pod_pick
+from malcolm.sim._central cimport cfcfs_arrival, cfcfs_idle, cfcfs_start, pod_pick
 from malcolm.sim._queues cimport (
     Event, evq_init, evq_pop, evq_push, event_kind, ring_pop, ring_push,
 )
@@ -49,12 +49,6 @@ from malcolm.sim._queues cimport (
 
 cdef class Engine:
     """One simulation run. Built and driven by :func:`malcolm.sim.simulate`; not reusable."""
-
-    def __cinit__(self):
-        self.servers = NULL
-        self.tasks = NULL
-        self.heap.buf = NULL
-        self.cpol = NULL
 
     def __init__(self, workers, speeds, NativeWorkload workload, *, int mode, int sched,
                  double quantum_ns, double rate_per_ns, shares, long long n_tasks,
@@ -239,6 +233,7 @@ cdef class Engine:
                 self.ch_shares[i * self.n + self.n - 1] = 1.0
 
     def __dealloc__(self):
+        # A cdef class's C fields start zeroed: a half-built engine frees what it allocated.
         cdef int s
         if self.servers != NULL:
             for s in range(self.n):
@@ -311,6 +306,9 @@ cdef class Engine:
         v.gw_msgs += <uint64_t>n_msgs
         return t
 
+    cdef inline void pop(self, Event* out) noexcept nogil:
+        evq_pop(&self.heap, out)
+
     cdef inline bint via_gateway(self, const Event* e, int handled_kind) noexcept nogil:
         """With a gateway cost, a message that reaches server e.a first waits for its gateway
         and comes back as ``handled_kind``: True if it was deferred so."""
@@ -369,7 +367,7 @@ cdef class Engine:
             self.schedule_next_arrival()
 
         if self.mode == MODE_CFCFS:
-            central_arrival(self, slot)
+            self.central_arrival(slot)
             return
         if self.mode == MODE_CENTRAL_POD:
             self.accept(pod_pick(self), slot)
@@ -455,7 +453,7 @@ cdef class Engine:
         if self.mode == MODE_CFCFS:
             self.w_slot[gw] = -1
             if self.cdelay == 0:
-                central_idle(self, gw)
+                self.central_idle(gw)
             else:
                 self.push(self.now + self.cdelay, EV_CNOTIFY, gw, 0, 0.0)
             return
@@ -584,6 +582,17 @@ cdef class Engine:
         self.ps_reschedule(s)
         if self.has_policies:
             self.ask_steal(s)
+
+    # ------------------------------------------------------------------ centralized FCFS
+    # Methods around _central.pxd, so that the code of the references stays out of the loop.
+    cdef void central_arrival(self, int32_t slot) noexcept nogil:
+        cfcfs_arrival(self, slot)
+
+    cdef void central_idle(self, int gw) noexcept nogil:
+        cfcfs_idle(self, gw)
+
+    cdef inline void central_start(self, int gw, int32_t slot) noexcept nogil:
+        cfcfs_start(self, gw, slot)
 
     # ------------------------------------------------------------------ windows, heartbeats
     cdef void on_window(self, int s) noexcept nogil:
@@ -714,7 +723,7 @@ cdef class Engine:
                 break
             if self.heap.count == 0:
                 break
-            evq_pop(&self.heap, &e)
+            self.pop(&e)
             self.now = e.t
             self.events += 1
             kind = event_kind(&e)
@@ -750,9 +759,9 @@ cdef class Engine:
             elif kind == EV_STEAL_REP_GW:
                 self.on_steal_rep(e.a, e.b, e.x)
             elif kind == EV_CDISPATCH:
-                central_start(self, e.a, e.b)
+                self.central_start(e.a, e.b)
             elif kind == EV_CNOTIFY:
-                central_idle(self, e.a)
+                self.central_idle(e.a)
             elif kind == EV_CHANGE:
                 self.on_change(e.a)
 
