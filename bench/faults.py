@@ -1,11 +1,11 @@
 """Long fault-injection runs against a real keyed rack (issue 13, item 7); the table of
 docs/reliability.md comes from here.
 
-    sudo .venv/bin/python bench/faults.py --seconds 5 --rate 2000 [--json out.json]
+    sudo .venv/bin/python bench/faults.py --duration 5s --rate 2000 [--json out.json]
 
 Each scenario starts a fresh 3-server udp rack (``malcolm serve`` processes, a rack key,
 policy jsq, one ``sleep`` worker each, 1 ms windows), runs the native load generator with
-the key for ``--seconds`` at ``--rate`` tasks/s (``exp:200`` µs), injects the fault, and
+the key for ``--duration`` at ``--rate`` tasks/s (``exp:200`` µs), injects the fault, and
 checks the invariant: every task the generator sent is completed, rejected with a reason,
 or reported timed out; none is answered twice; forged messages are counted by the servers.
 
@@ -34,6 +34,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from malcolm import _argparse as g
 
 NETEM = {
     "netem loss 1%": "loss 1%",
@@ -245,7 +247,7 @@ def in_netns(name, qdisc, seconds, rate):
         except RuntimeError as e:
             return {"fault": name, "skipped": str(e)}
         r = subprocess.run(["ip", "netns", "exec", ns, sys.executable, __file__, "--inside",
-                            name, "--seconds", str(seconds), "--rate", str(rate)],
+                            name, "--duration", str(seconds), "--rate", str(rate)],
                            capture_output=True, text=True, timeout=seconds * 10 + 120)
         if r.returncode != 0:
             return {"fault": name, "error": r.stderr[-2000:]}
@@ -264,16 +266,25 @@ SCENARIOS = ["no fault", "SIGKILL server 2 under load", "SIGSTOP server 1 for 0.
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--rate", type=float, default=2000.0)
+    ap = g.parser(__doc__, """
+        sudo .venv/bin/python bench/faults.py --duration 5s --rate 2k --json faults.json
+        .venv/bin/python bench/faults.py --only SIGSTOP --duration 2s
+        .venv/bin/python bench/faults.py --reform --repeat 1 --json -""")
+    ap.add_argument("--duration", dest="seconds", type=g.duration("s", positive=True),
+                    default=5.0, metavar="DURATION",
+                    help="load time per scenario (bare number: s; default 5s)")
+    ap.add_argument("--rate", type=g.rate, default=2000.0,
+                    help="tasks per second (20k, 1.5M; default 2000)")
     ap.add_argument("--only", default=None, help="run only scenarios containing this")
     ap.add_argument("--inside", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--json", default=None)
+    g.add_json(ap, "every scenario's row")
+    g.hidden_alias(ap, "--seconds", "seconds", type=g.duration("s", positive=True))
     ap.add_argument("--reform", action="store_true",
                     help="measure windows to re-form after failure/restart/join instead")
     ap.add_argument("--repeat", type=int, default=3, help="--reform runs per case")
     a = ap.parse_args(argv)
+    if not a.inside:
+        g.json_stdout(a)
     if a.reform:
         rows = []
         for policy in REFORM_POLICIES:
@@ -284,9 +295,7 @@ def main(argv=None):
                     row = reform(policy, event)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump(rows, f, indent=1)
+        g.write_json(a, {"rows": rows})
         return 0 if all(r["reformed_within_10"] for r in rows) else 1
     if a.inside:
         print(json.dumps(scenario("no fault" if a.inside in NETEM else a.inside,
@@ -307,9 +316,7 @@ def main(argv=None):
             row = scenario(name, a.seconds, a.rate)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    g.write_json(a, {"rows": rows})
     bad = [r for r in rows if r.get("unaccounted") or r.get("duplicates") or r.get("error")]
     return 1 if bad else 0
 

@@ -14,11 +14,9 @@ window before timing), on the CPU, in double precision, one thread, eager mode.
 torch is optional (``pip install torch==2.13.0`` installs a CPU build here); without it the
 script prints the native figures and says that torch is missing.
 
-    python3 bench/torch_compare.py [--iters 2000] [--json out.json]
+    python3 bench/torch_compare.py [--iters 2000] [--json [FILE|-]]
 """
 
-import argparse
-import json
 import os
 import sys
 import time
@@ -28,7 +26,11 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from malcolm.policy.actor_critic import THESIS, MalcolmPolicy, bench_policy  # noqa: E402
+from malcolm.bench.policy import bench_policy  # noqa: E402
+from malcolm.policy._testing import sample_many, step  # noqa: E402
+from malcolm.policy.actor_critic import THESIS, MalcolmPolicy  # noqa: E402
+
+from malcolm import _argparse as g  # noqa: E402
 
 SIZES = (4, 8, 16, 32)
 
@@ -100,16 +102,16 @@ def check_against_native(torch, n):
     rng = np.random.default_rng(2)
     la = rng.uniform(0, 4, n)
     lb = rng.uniform(0, 4, n)
-    p.py_step(0, la[0] * S, list(la * S))
-    km = p.py_sample_many("arrival", 40).astype(float)
-    ks = p.py_sample_many("steal", 40).astype(float)
+    step(p, 0, la[0] * S, list(la * S))
+    km = sample_many(p, "arrival", 40).astype(float)
+    ks = sample_many(p, "steal", 40).astype(float)
     p.migrations += int(km.sum() - km[0])
     p.steals += int(ks.sum() - ks[0])
     _, _, grads = torch_step_fns(torch, n, p)
     g, delta = grads(torch.tensor(la, dtype=torch.float64), torch.tensor(lb, dtype=torch.float64),
                      torch.tensor(km, dtype=torch.float64), torch.tensor(ks, dtype=torch.float64),
                      km.sum() - km[0], ks.sum() - ks[0])
-    p.py_step(1, lb[0] * S, list(lb * S))
+    step(p, 1, lb[0] * S, list(lb * S))
     native = p.grad_cache
     d = p.n_theta
     nn = n * n
@@ -145,12 +147,16 @@ def time_torch(torch, n, iters):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--iters", type=int, default=2000, help="torch calls per measurement")
-    ap.add_argument("--native-iters", type=int, default=200_000)
-    ap.add_argument("--json", help="also write the results to this file")
+    ap = g.parser(__doc__, """
+        python3 bench/torch_compare.py --iters 3000 --native-iters 200000
+        python3 bench/torch_compare.py --json out/figures/table6_1.json""")
+    ap.add_argument("--iters", type=int, default=2000,
+                    help="torch calls per measurement (default 2000)")
+    ap.add_argument("--native-iters", type=int, default=200_000,
+                    help="native calls per measurement (default 200000)")
+    g.add_json(ap, "the figures per N")
     a = ap.parse_args()
+    g.json_stdout(a)
     # Native figures first: importing torch starts its thread pools, which share the cores.
     native = {n: min((bench_policy(n, a.native_iters) for _ in range(5)),
                      key=lambda r: r[f"param_update_ns.{n}"]) for n in SIZES}
@@ -182,9 +188,7 @@ def main():
     if torch is not None:
         print(f"torch {torch.__version__}, {torch.get_num_threads()} thread, float64, eager; "
               "gradients checked equal to the native step before timing", file=sys.stderr)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
+    g.write_json(a, {str(n): row for n, row in out.items()})
 
 
 if __name__ == "__main__":

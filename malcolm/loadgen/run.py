@@ -145,7 +145,7 @@ class Target:
 def resolve_target(rack=None, servers=(), transport=None, key_file=None) -> Target:
     """The servers to load, from a rack file or ``--server`` addresses, and the rack key
     (``key_file``, else MALCOLM_RACK_KEY_FILE, else the rack file's ``key_file``)."""
-    from malcolm.config import ConfigError, load_rack, rack_key, read_key
+    from malcolm.runtime.config import ConfigError, load_rack, rack_key, read_key
     if rack and servers:
         raise LoadgenError("give either --rack or --server, not both")
     try:
@@ -234,7 +234,7 @@ class LoadSpec:
         if not 0 <= self.seed < 2 ** 63:
             raise LoadgenError(f"--seed {self.seed} must be in 0..2**63-1")
         if not (math.isfinite(self.spin_us) and 0 <= self.spin_us <= 1e6):
-            raise LoadgenError(f"--spin-us {self.spin_us} must be in 0..1000000")
+            raise LoadgenError(f"--spin {self.spin_us} must be in 0..1000000")
         if not (math.isfinite(self.lag_threshold_us) and self.lag_threshold_us > 0):
             raise LoadgenError(f"--lag-threshold {self.lag_threshold_us} must be > 0")
         if self.raw and not 1 <= self.raw_max <= 1 << 31:
