@@ -299,3 +299,48 @@ def test_an_address_answer_means_the_introduction_is_queued():
     finally:
         s.close()
         b.close()
+
+
+def _link_local_host():
+    """``fe80::…%IFACE`` of the RDMA device's link-local GID, or None."""
+    import ipaddress
+
+    dev = os.environ.get("MALCOLM_RDMA_DEVICE", "rxe0")
+    base = f"/sys/class/infiniband/{dev}/ports/1"
+    iface = os.environ.get("MALCOLM_RDMA_NETDEV", "dummy0")
+    try:
+        names = sorted(os.listdir(f"{base}/gids"), key=int)
+    except OSError:
+        return None
+    for name in names:
+        try:
+            with open(f"{base}/gids/{name}") as f:
+                ip = ipaddress.IPv6Address(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if ip.is_link_local:
+            return f"{ip}%{iface}"
+    return None
+
+
+def test_verbs_over_a_link_local_ipv6_address_keeps_the_scope():
+    """The address socket of a verbs endpoint on a link-local IPv6 address (issue 16): queries,
+    answers and replies to a received source all need the scope id (net/_sockaddr.h)."""
+    from malcolm.net.transport import open_transport
+
+    host = _link_local_host()
+    if host is None:
+        pytest.skip("the RDMA device has no link-local GID")
+    a = open_transport("verbs", f"[{host}]:0")
+    b = open_transport("verbs", f"[{host}]:0")
+    try:
+        assert a.address[0] == host, a.address
+        a.send(b.address, b"scoped")
+        (data, src), = b.recv(5.0)
+        assert data == b"scoped" and src == a.address
+        b.send(src, b"back")
+        assert [d for d, _ in a.recv(5.0)] == [b"back"]
+        assert a.stats()["n_send_failed"] == 0 and b.stats()["unknown_src"] == 0
+    finally:
+        a.close()
+        b.close()

@@ -52,7 +52,9 @@ def _run(args, t):
     from malcolm.bench.transport import transport_echo, transport_pingpong
 
     if args.cmd == "echo":
-        print(f"echo on {args.address} ({args.transport})", flush=True)
+        from malcolm.net.transport import format_addr
+        # The bound address (port 0 resolved), for the ping side.
+        print(f"echo on {format_addr(t.address)} ({args.transport})", flush=True)
         print(f"echoed {transport_echo(t, args.seconds)} messages")
         return 0
     warm = min(1000, args.n // 10)
