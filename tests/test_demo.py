@@ -31,7 +31,7 @@ def _demo_servers():
 def test_demo_quick(tmp_path):
     png, js = tmp_path / "demo.png", tmp_path / "demo.json"
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "malcolm", "demo", "--quick", "--out", str(png),
+    r = subprocess.run([sys.executable, "-m", "malcolm", "demo", "--quick", "--plot", str(png),
                         "--json", str(js)], cwd=ROOT, capture_output=True, text=True,
                        timeout=120)
     took = time.monotonic() - t0
@@ -46,6 +46,7 @@ def test_demo_quick(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads(js.read_text())
     assert data["dilate"] == 50
+    assert data["metadata"]["config"]["quick"] is True and data["metadata"]["cpus"] >= 1
     assert {row["policy"] for row in data["rows"]} == set(pols)
     for row in data["rows"]:
         for key in ("policy", "load", "p99_us", "p99_ci_us", "late_fraction",
@@ -68,8 +69,8 @@ def test_demo_quick(tmp_path):
 
 def test_demo_compare_sim_and_json_to_stdout(tmp_path):
     """One policy, one load, against its simulator twin; JSON on stdout, text on stderr."""
-    r = subprocess.run([sys.executable, "-m", "malcolm", "demo", "--quick", "--policies",
-                        "jsq", "--loads", "0.6", "--compare-sim", "--json", "-", "--out",
+    r = subprocess.run([sys.executable, "-m", "malcolm", "demo", "--quick", "--policy",
+                        "jsq", "--load", "0.6", "--compare-sim", "--json", "-", "--plot",
                         str(tmp_path / "p.png")], cwd=ROOT, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -82,6 +83,7 @@ def test_demo_compare_sim_and_json_to_stdout(tmp_path):
 
 
 def test_demo_interrupted_tears_down():
+    # --out and --policies: the first release's spellings, kept as hidden aliases
     p = subprocess.Popen([sys.executable, "-m", "malcolm", "demo", "--quick", "--out",
                           os.devnull, "--policies", "jsq", "--duration", "5"], cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

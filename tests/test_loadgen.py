@@ -155,7 +155,7 @@ def test_parsers_reject_bad_input():
 
 
 @pytest.mark.parametrize("args, msg", [
-    (["--server", "127.0.0.1:9", "--rate", "lots"], "not a number"),
+    (["--server", "127.0.0.1:9", "--rate", "lots"], "not a rate"),
     (["--server", "127.0.0.1:9", "--workload", "nope"], "unknown workload"),
     (["--server", "127.0.0.1:9", "--policy", "jsq"], "server policy"),
     (["--server", "127.0.0.1:9", "--policy", "cfcfs"], "central policy"),
@@ -177,7 +177,9 @@ def test_cli_json_against_stub():
                                       "--duration", "0.5s", "--warmup", "0.1s", "--json",
                                       "--workload", "bimodal"])
     assert r.exit_code == 0, r.output
-    runs = json.loads(r.output)["runs"]
+    d = json.loads(r.output)
+    assert d["metadata"]["config"]["workload"] == "bimodal"
+    runs = d["runs"]
     assert [x["rate"] for x in runs] == [500, 1000]
     for x in runs:
         assert x["accounted"] and x["completed"] == x["sent"] > 0

@@ -146,11 +146,14 @@ def test_rows_leave_flagged_runs_out_and_say_so():
 @pytest.mark.parametrize("args, msg", [
     (["--dilate", "foo"], "must be 'auto' or a number"),
     (["--dilate", "0.5"], "must be in [1, 10000]"),
-    (["--loads", "x"], "must be numbers"),
-    (["--loads", "2"], "each load must be in (0, 1.5)"),
+    (["--load", "x"], "'x' is not a number"),
+    (["--load", "2"], "each load must be in (0, 1.5)"),
+    (["--loads", "2"], "each load must be in (0, 1.5)"),      # the old spelling, hidden
     (["--workers", "a"], "must be integers"),
+    (["--policy", "bogus"], "unknown policy 'bogus'"),
     (["--policies", "bogus"], "unknown policy 'bogus'"),
-    (["--repeat", "0"], "--repeat must be >= 1"),
+    (["--repeat", "0"], "Invalid value for '--repeat'"),
+    (["--duration", "0"], "Invalid value for '--duration'"),
     (["--workload", "nope:1"], "unknown workload"),
 ])
 def test_demo_cli_rejects_bad_input_in_one_line(args, msg):

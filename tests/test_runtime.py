@@ -612,7 +612,8 @@ def test_rack_across_network_namespaces(tmp_path):
 
 def test_rack_up_command_starts_and_stops(tmp_path):
     path = _rack_file(tmp_path, "udp", 'name = "jsq"', n=2)
-    r = subprocess.run([sys.executable, "-m", "malcolm", "rack", "up", path, "--duration", "1",
+    r = subprocess.run([sys.executable, "-m", "malcolm", "rack", "up", "--rack", path,
+                        "--duration", "1s",
                         "--stats"], capture_output=True, text=True, env=ENV, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "up: 2 servers" in r.stdout and "down: exit codes {0: 0, 1: 0}" in r.stdout

@@ -234,11 +234,11 @@ def test_cli_json_and_sweep(tmp_path):
     from malcolm.cli import main
 
     runner = CliRunner()
-    res = runner.invoke(main, ["sim", "--rack", "2x14,9x4", "--policy", "jsq", "--workload",
+    res = runner.invoke(main, ["sim", "--servers", "2x14,9x4", "--policy", "jsq", "--workload",
                                "hyperexp1", "--load", "0.85", "--tasks", "20000", "--seed",
                                "1", "--delay", "2", "--json"])
     assert res.exit_code == 0, res.output
-    d = json.loads(res.output)
+    d = json.loads(res.output)["runs"][0]
     for key in ("p50_us", "p99_us", "p999_us", "mean_us", "throughput", "mean_load",
                 "migrations", "steals", "config"):
         assert key in d
@@ -445,12 +445,12 @@ def test_cli_runtime_mechanics(tmp_path):
     f = tmp_path / "svc.txt"
     f.write_text(" ".join(str(v) for v in np.random.default_rng(1).exponential(50, 1000)))
     runner = CliRunner()
-    res = runner.invoke(main, ["sim", "--rack", "4x2", "--policy", "jsq", "--workload",
+    res = runner.invoke(main, ["sim", "--servers", "4x2", "--policy", "jsq", "--workload",
                                f"empirical:{f}", "--load", "1.1", "--tasks", "5000",
                                "--gateway-ns", "300", "--capacity", "4",
                                "--steals-in-flight", "1", "--json"])
     assert res.exit_code == 0, res.output
-    d = json.loads(res.output)
+    d = json.loads(res.output)["runs"][0]
     assert d["dropped"] > 0 and d["config"]["gateway_ns"] == 300.0
     assert d["config"]["capacity"] == 4
     res = runner.invoke(main, ["sim", "--capacity", "0", "--tasks", "100"])

@@ -10,6 +10,8 @@ from importlib import resources
 
 import click
 
+from malcolm.commands.types import json_option, write_json
+
 SIZES = (4, 8, 16, 32)
 # Thesis Tables 6.1 and 6.2 (C++ with SIMD, 2.6 GHz EPYC), ns.
 THESIS = {
@@ -76,29 +78,43 @@ def _table(res, floor):
     return "\n".join(lines)
 
 
-@click.group()
+@click.group(epilog="""
+\b
+Examples:
+  malcolm bench micro                   the core's operations beside the plain-C floor
+  malcolm bench runtime --quick         round trips and gateway throughput, short runs
+  malcolm bench micro --json micro.json
+""")
 def bench():
     """Benchmarks. Each figure is measured inside a native loop (best of several runs)."""
 
 
-@bench.command()
-@click.option("--json", "as_json", is_flag=True, help="Print one flat JSON object (ns/op).")
+@bench.command(epilog="""
+\b
+Examples:
+  malcolm bench micro
+  malcolm bench micro --quick --no-floor
+  malcolm bench micro --json -          one flat object: sample_ns.8, floor.sample_ns.8, ...
+""")
+@json_option("one flat object (ns/op) with the run metadata")
 @click.option("--floor/--no-floor", default=True, show_default=True,
               help="Also compile and run the plain-C floor in the same run.")
 @click.option("--quick", is_flag=True, help="Fewer iterations (for smoke tests).")
-def micro(as_json, floor, quick):
+def micro(json_out, floor, quick):
     """Sampling, incremental logit update, softmax+CDF rebuild and queue push+pop.
 
-    Sizes N = 4, 8, 16, 32. With --json, keys look like ``sample_ns.8``; floor figures
-    appear as ``floor.sample_ns.8``.
+    Sizes N = 4, 8, 16, 32. With --json, keys look like sample_ns.8 (ns per operation);
+    floor figures appear as floor.sample_ns.8, and the run's metadata under metadata.
     """
     floor_res = run_floor() if floor else {}
     res = micro_results(quick=quick)
-    if as_json:
+    if json_out:
+        from malcolm._metadata import run_metadata
         out = dict(res)
         out.update({f"floor.{k}": v for k, v in floor_res.items()})
-        click.echo(json.dumps(out))
-    else:
+        out["metadata"] = run_metadata(click.get_current_context().params)
+        write_json(json_out, out)
+    if json_out != "-":
         click.echo(_table(res, floor_res))
         if floor_res:
             click.echo("\nratio = malcolm / plain-C floor measured just before, same machine.",
@@ -106,14 +122,24 @@ def micro(as_json, floor, quick):
     sys.stdout.flush()
 
 
-@bench.command()
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@bench.command(epilog="""
+\b
+Examples:
+  malcolm bench runtime
+  malcolm bench runtime --quick --transport shm --json runtime.json
+""")
+@json_option("one object (sections per measurement, times in µs and ns) with the metadata")
 @click.option("--quick", is_flag=True, help="Shorter runs (for smoke tests).")
 @click.option("--transport", "transports", multiple=True, type=click.Choice(["udp", "shm"]),
               help="Transports to measure (default both).")
-def runtime(as_json, quick, transports):
+def runtime(json_out, quick, transports):
     """Round trip, gateway throughput and decision overhead, each beside its plain-C floor
     measured in the same run (implementation: malcolm/loadgen/runtime_bench.py)."""
     from malcolm.loadgen import runtime_bench
     res = runtime_bench.run_all(quick=quick, transports=transports or ("udp", "shm"))
-    click.echo(json.dumps(res) if as_json else runtime_bench.table(res))
+    if json_out:
+        from malcolm._metadata import run_metadata
+        res["metadata"] = run_metadata(click.get_current_context().params)
+        write_json(json_out, res)
+    if json_out != "-":
+        click.echo(runtime_bench.table(res))

@@ -16,13 +16,14 @@ The rack: two fast servers (3 workers) and two slow ones (1 worker), the ``bench
 
 from __future__ import annotations
 
-import json
 import math
 import signal
 import sys
 import time
 
 import click
+
+from malcolm.commands.types import Duration, json_option, write_json
 
 # Two repeats of 3 s: a run disturbed by other jobs is flagged and the other one stands; about
 # two minutes on the 2-vCPU VM.
@@ -76,13 +77,11 @@ def lowest_at_top(result):
     return min(cand, key=lambda r: r["p99_us"])["policy"] if cand else None
 
 
-def _loads(text):
-    try:
-        vals = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise click.UsageError(f"--loads {text!r} must be numbers like 0.5,0.7") from None
+def _loads(texts):
+    from malcolm.commands.sim import _floats
+    vals = _floats(texts, "--load")
     if not vals or any(not 0 < x < 1.5 for x in vals):
-        raise click.UsageError(f"--loads {text!r}: each load must be in (0, 1.5)")
+        raise click.UsageError(f"--load {','.join(texts)}: each load must be in (0, 1.5)")
     return vals
 
 
@@ -108,25 +107,43 @@ def _workers(text):
     return vals
 
 
-@click.command()
+@click.command(epilog="""
+\b
+Examples:
+  malcolm demo                          about two minutes: the table and malcolm-demo.png
+  malcolm demo --quick --json -         a short smoke run, the result as JSON on stdout
+  malcolm demo --policy malcolm --policy jsq --load 0.6,0.9 --workers 4,4,2,2,1,1
+  malcolm demo --dilate auto --repeat 5 --compare-sim --json out.json --plot out.png
+""")
 @click.option("--quick", is_flag=True, help="Two short loads, one repeat (for tests).")
-@click.option("--out", "png", default="malcolm-demo.png", show_default=True,
-              type=click.Path(dir_okay=False), help="Where to write the plot.")
-@click.option("--json", "json_path", default=None,
-              help="Write the result (rows, every run) as JSON to FILE, or '-' for stdout.")
-@click.option("--policies", default=POLICIES, show_default=True,
-              help="Comma-separated: malcolm, jsq, po2, with parameters (malcolm:learn=0).")
-@click.option("--loads", default=None, help="Target loads, fractions of capacity "
-              "(default 0.5,0.7,0.85).")
-@click.option("--repeat", type=int, default=None, help="Runs per policy and load (default 2).")
-@click.option("--duration", type=float, default=None, help="Real seconds measured per run.")
-@click.option("--warmup", type=float, default=None, help="Real seconds of warm-up per run.")
+@click.option("--plot", "png", default="malcolm-demo.png", show_default=True, metavar="FILE",
+              type=click.Path(dir_okay=False), help="Write the plot (PNG) to FILE.")
+@click.option("--out", "png_old", default=None, hidden=True, type=click.Path(dir_okay=False))
+@json_option("the result (rows, every run, the run metadata)")
+@click.option("--policy", "policy_list", multiple=True,
+              help="Policy NAME[:key=val,...]; repeat for several: malcolm, jsq, po2 "
+                   f"(default {POLICIES.replace(',', ', ')}).")
+@click.option("--policies", default=None, hidden=True)
+@click.option("--load", "load_list", multiple=True,
+              help="Target loads, fractions of the rack's capacity: 0.5,0.7 or "
+                   "0.5:0.9:0.1; repeatable (default 0.5,0.7,0.85).")
+@click.option("--loads", default=None, hidden=True)
+@click.option("--repeat", type=click.IntRange(1), default=None,
+              help="Runs per policy and load (default 2).")
+@click.option("--duration", type=Duration("s", min=0, min_open=True), default=None,
+              help="Real time measured per run (bare number: seconds; default 3s, "
+                   "--quick 0.6s).")
+@click.option("--warmup", type=Duration("s"), default=None,
+              help="Real warm-up time per run (bare number: seconds; default 0.5s, --quick "
+                   "0.3s).")
 @click.option("--workload", default="exp:50", show_default=True,
               help="Nominal service times (µs), as in `malcolm sim`.")
-@click.option("--window-us", default=100.0, show_default=True,
-              help="Nominal policy window (heartbeat period), µs.")
+@click.option("--window", "window_us", default=100.0, show_default=True,
+              type=Duration("us", min=0, min_open=True),
+              help="Nominal policy window (heartbeat period); bare number: µs.")
+@click.option("--window-us", "window_us_old", default=None, hidden=True, type=float)
 @click.option("--workers", "workers_text", default="3,3,1,1", show_default=True,
-              help="Worker threads per server.")
+              help="Worker threads per server (one number per server).")
 @click.option("--dilate", "dilate_text", default=None,
               help="Time dilation K (service times, windows, timeouts x K), or 'auto': the "
                    "smallest K at which this machine keeps time. Default auto (--quick: 50).")
@@ -134,15 +151,25 @@ def _workers(text):
               help="Run the simulator's twin of every point with the measured costs.")
 @click.option("--logdir", default=None, type=click.Path(file_okay=False),
               help="Keep the servers' output here (default: a temporary directory).")
-def demo(quick, png, json_path, policies, loads, repeat, duration, warmup, workload,
-         window_us, workers_text, dilate_text, compare_sim, logdir):
+def demo(quick, png, png_old, json_out, policy_list, policies, load_list, loads, repeat,
+         duration, warmup, workload, window_us, window_us_old, workers_text, dilate_text,
+         compare_sim, logdir):
     """Run a small heterogeneous rack here and compare Malcolm with JSQ, client po2 and
     frozen Malcolm, at microsecond scale (dilated to what this machine can time).
 
-    Two fast servers (3 workers) and two slow ones (1 worker) by default, `bench` handler,
+    Two fast servers (3 workers) and two slow ones (1 worker) by default, the bench handler,
     UDP on loopback. Prints every run as it finishes, then per policy and load the median
-    p99 over the clean repeats with its confidence interval, and writes a plot.
+    p99 over the clean repeats with its confidence interval, and writes a plot. The JSON
+    (--json) is written before the plot.
     """
+    # the spellings of the first release, kept as hidden aliases
+    png = png_old or png
+    window_us = window_us_old if window_us_old is not None else window_us
+    if policies:
+        policy_list = tuple(policy_list) + tuple(p for p in policies.split(",") if p.strip())
+    if loads:
+        load_list = tuple(load_list) + (loads,)
+    json_path = json_out
     import threading
 
     from malcolm.commands.rack import LocalRack
@@ -154,8 +181,8 @@ def demo(quick, png, json_path, policies, loads, repeat, duration, warmup, workl
                       sys.stdout.flush())
     try:
         exp = Experiment(_workers(workers_text), workload,
-                         [p.strip() for p in policies.split(",") if p.strip()],
-                         _loads(loads) if loads else cfg["loads"],
+                         [p.strip() for p in policy_list or POLICIES.split(",")],
+                         _loads(load_list) if load_list else cfg["loads"],
                          repeat=cfg["repeat"] if repeat is None else repeat,
                          duration_s=duration or cfg["duration"],
                          warmup_s=cfg["warmup"] if warmup is None else warmup,
@@ -193,13 +220,9 @@ def demo(quick, png, json_path, policies, loads, repeat, duration, warmup, workl
              "lowest p99 at the highest load: undetermined (no clean row there)")
     result["lowest_at_top"] = best
     if json_path:
-        from malcolm.commands.loadgen import _clean
-        text = json.dumps(_clean(result), indent=1)
-        if json_path == "-":
-            click.echo(text)
-        else:
-            with open(json_path, "w") as f:
-                f.write(text)
+        from malcolm._metadata import run_metadata
+        result["metadata"] = run_metadata(click.get_current_context().params)
+        write_json(json_path, result, indent=1)
     if rows:
         try:
             plot(result, png, f"malcolm demo: workers {exp.workers}, {exp.workload}, "

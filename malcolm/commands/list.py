@@ -10,12 +10,13 @@ in the docstring of :mod:`malcolm.workers.handlers`.
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import textwrap
 
 import click
+
+from malcolm.commands.types import json_option, write_json
 
 EXAMPLES_POLICIES = """
 \b
@@ -118,8 +119,8 @@ def _wrap(text: str, indent: int, width: int) -> str:
 
 @list_.command(epilog=EXAMPLES_POLICIES)
 @click.argument("names", nargs=-1)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON to stdout instead of text.")
-def policies(names, as_json):
+@json_option("the listing")
+def policies(names, json_out):
     """Policies for --policy (sim, demo) and a rack file's [policy], with their parameters.
 
     NAMES limits the listing to those policies. A policy is given as NAME or
@@ -137,8 +138,8 @@ def policies(names, as_json):
                          "params": policy_params(n)})
     except ValueError as e:
         raise click.ClickException(str(e)) from None
-    if as_json:
-        click.echo(json.dumps(rows, indent=2, default=str))
+    if json_out:
+        write_json(json_out, rows, indent=2)
         return
     width = min(100, shutil.get_terminal_size((100, 24)).columns)
     for r in rows:
@@ -160,8 +161,8 @@ Examples:
   malcolm sim --workload bimodal
   malcolm sim --workload mix:90:const:50,10:exp:500
 """)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON to stdout instead of text.")
-def workloads(as_json):
+@json_option("the listing")
+def workloads(json_out):
     """Service-time workloads for --workload (sim, loadgen, demo): names and mixture syntax.
 
     Times are in µs. Each component of a mixture is a task type (the servers' estimator
@@ -172,8 +173,8 @@ def workloads(as_json):
              "components": [{"weight": float(p), "kind": c.kind, "a": c.a, "b": c.b}
                             for p, c in zip(w.weights, w.components, strict=True)],
              "describe": w.describe()} for k, w in wl.NAMED.items()]
-    if as_json:
-        click.echo(json.dumps({"named": rows, "forms": _workload_forms(wl)}, indent=2))
+    if json_out:
+        write_json(json_out, {"named": rows, "forms": _workload_forms(wl)}, indent=2)
         return
     click.echo("Named workloads (service times in µs; SCV: squared coefficient of variation):")
     for r, w in zip(rows, wl.NAMED.values(), strict=True):
@@ -245,19 +246,19 @@ Examples:
   handler = "sleep:spin_us=5"            (in a rack file: [rack] or one [[server]])
   handler = "so:/opt/lib/libmine.so:my_handler"
 """)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON to stdout instead of text.")
-def handlers(as_json):
+@json_option("the listing")
+def handlers(json_out):
     """Task handlers for a rack file's handler key: built-in ones and how to plug in your own.
 
     A user handler is a C function with the ABI of malcolm/workers/malcolm_handler.h
-    (``malcolm.get_include()`` gives its directory); see docs/handlers.md.
+    (malcolm.get_include() gives its directory); see docs/handlers.md.
     """
     try:
         rows = handler_specs()
     except ValueError as e:
         raise click.ClickException(str(e)) from None
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
+    if json_out:
+        write_json(json_out, rows, indent=2)
         return
     width = 100
     for title, user in (("Built-in handlers:", False), ("Your own handler:", True)):

@@ -1,52 +1,56 @@
-"""``malcolm loadgen``: open-loop Poisson load against a rack, latency from intended send times."""
+"""``malcolm loadgen``: open-loop load (Poisson, fixed or trace-driven arrivals) against a rack;
+latency from intended send times."""
 
 from __future__ import annotations
 
-import json
-import math
 import signal
 import sys
 import threading
 
 import click
 
-
-def _clean(v):
-    """JSON-safe: NaN and infinities become null, numpy scalars plain numbers."""
-    if isinstance(v, dict):
-        return {k: _clean(x) for k, x in v.items() if not str(k).startswith("_")}
-    if isinstance(v, (list, tuple)):
-        return [_clean(x) for x in v]
-    if hasattr(v, "item") and not isinstance(v, (str, bytes)):
-        v = v.item()
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
+from malcolm.commands.types import Duration, Rate, json_option, write_json, write_text
 
 
 @click.command()
 @click.option("--rack", "rack_path", type=click.Path(dir_okay=False), default=None,
-              help="Rack file (TOML): its servers and transport are the target.")
+              metavar="FILE", help="Rack file (TOML): its servers and transport are the target.")
 @click.option("--server", "servers", multiple=True,
               help="Server address (HOST:PORT, or an shm endpoint name); repeat or "
                    "comma-separate. Instead of --rack.")
 @click.option("--transport", type=click.Choice(["udp", "shm"]), default=None,
               help="With --server: the transport (default udp). With --rack it must match.")
-@click.option("--rate", "rate_text", default="10k", show_default=True,
-              help="Target rate in tasks/s (20000, 20k, 1.5M); a comma-separated list "
+@click.option("--rate", "rates", type=Rate(many=True), default=None,
+              show_default="10k; with a trace, its recorded rate",
+              help="Target rate, tasks/s (20000, 20k, 1.5M); a comma-separated list "
                    "sweeps the rates one after the other.")
+@click.option("--arrivals", default="poisson", show_default=True,
+              help="Arrival process: poisson, fixed (every gap 1/rate), trace:FILE "
+                   "(inter-arrival gaps) or trace-ts:FILE (timestamps), in µs; a trace "
+                   "keeps its shape and is scaled to --rate (without --rate: replayed as "
+                   "recorded).")
+@click.option("--payload-size", default="0", show_default=True, metavar="SIZE",
+              help="Task payload, bytes: N, uniform:MIN:MAX or exp:MEAN[:MAX]; at most "
+                   "1024 (the wire's limit).")
+@click.option("--payload", "payload_content", type=click.Choice(["zeros", "random", "pattern"]),
+              default="zeros", show_default=True,
+              help="Payload content; pattern: byte i of task r is (r + i) % 251.")
+@click.option("--check-echo", is_flag=True,
+              help="With --payload pattern: check that every response echoes its task's "
+                   "payload (servers run the echo handler); a mismatch exits with status 3.")
 @click.option("--workload", default="exp:50", show_default=True,
               help="Service-time workload, as in `malcolm sim` (exp:MEAN, bimodal, "
                    "hyperexp1, rocksdb1, mix:W:DIST,...). Times in µs.")
-@click.option("--duration", default="5s", show_default=True,
-              help="Measured time per rate (e.g. 5s, 500ms).")
-@click.option("--warmup", default="1s", show_default=True,
-              help="Time before the measurement: tasks are sent and accounted, not measured.")
-@click.option("--threads", default=1, show_default=True,
+@click.option("--duration", default="5s", show_default=True, type=Duration("s"),
+              help="Measured time per rate (5s, 500ms; bare number: seconds).")
+@click.option("--warmup", default="1s", show_default=True, type=Duration("s"),
+              help="Time before the measurement (bare number: seconds): tasks are sent and "
+                   "accounted, not measured.")
+@click.option("--threads", default=1, show_default=True, type=click.IntRange(1, 64),
               help="Client threads, each with its own endpoint and an equal share of the rate.")
-@click.option("--timeout", default="1s", show_default=True,
+@click.option("--timeout", default="1s", show_default=True, type=Duration("s"),
               help="A task with no response this long after its intended send time is "
-                   "counted as timed out.")
+                   "counted as timed out (bare number: seconds).")
 @click.option("--shares", default=None,
               help="Per-server weights, e.g. 1,1,2,2 (default: uniform).")
 @click.option("--change", "changes", multiple=True,
@@ -60,20 +64,29 @@ def _clean(v):
               show_default=True,
               help="busy: clients spin while idle (best latency, burns a core each); "
                    "adaptive: block until a response or the next send is near.")
-@click.option("--spin-us", default=50.0, show_default=True,
+@click.option("--spin-us", default=50.0, show_default=True, type=Duration("us"),
               help="adaptive: spin this long before each send instead of blocking (more "
-                   "CPU, fewer late sends).")
+                   "CPU, fewer late sends); bare number: µs.")
 @click.option("--raw", is_flag=True,
               help="Keep every latency sample and compute exact percentiles.")
 @click.option("--raw-max", default=10_000_000, show_default=True,
-              help="At most this many raw samples in all.")
-@click.option("--lag-threshold", default=50.0, show_default=True,
-              help="µs: a send later than this behind its schedule counts as late.")
-@click.option("--seed", default=1, show_default=True)
+              help="At most this many raw samples (latencies) in all.")
+@click.option("--lag-threshold", default=50.0, show_default=True, type=Duration("us"),
+              help="A send later than this behind its schedule counts as late (bare number: "
+                   "µs).")
+@click.option("--seed", default=1, show_default=True,
+              help="Seed of the arrival, server-choice and service-time streams.")
 @click.option("--bind", default=None, help="udp: local address to bind (default 0.0.0.0:0).")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print one JSON object: {'runs': [report, ...]} with the histograms.")
-@click.option("--raw-out", type=click.Path(dir_okay=False), default=None,
+@json_option("{'metadata': {...}, 'runs': [report, ...]} with the histograms")
+@click.option("--csv", "csv_out", type=click.Path(dir_okay=False, allow_dash=True),
+              default=None, metavar="FILE",
+              help="Write one CSV row per rate (rates/s, latencies in µs, counts) to FILE "
+                   "('-': stdout).")
+@click.option("--hdr", "hdr_out", type=click.Path(dir_okay=False), default=None,
+              metavar="FILE",
+              help="Write the latency histograms (ns, one interval per rate) as an "
+                   "HdrHistogram log to FILE (needs the hdrhistogram package).")
+@click.option("--raw-out", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="With --raw: write the samples (ns, int64) of the last rate to this .npy.")
 @click.option("--app", default=None,
               help="Send real requests instead of service times: rocksdb1, rocksdb2 or "
@@ -96,11 +109,12 @@ def _clean(v):
 @click.option("--key-file", type=click.Path(dir_okay=False), default=None,
               help="The rack key (with --server; a --rack names its own key_file). "
                    "Default: MALCOLM_RACK_KEY_FILE.")
-def loadgen(rack_path, servers, transport, rate_text, workload, duration, warmup, threads,
-            timeout, shares, changes, policy, poll, spin_us, raw, raw_max, lag_threshold,
-            seed, bind, as_json, raw_out, app, app_keys, app_value_size, key_dist,
-            bad_fraction, max_timeouts, key_file):
-    """Send open-loop Poisson load to a rack and report latency and accounting.
+def loadgen(rack_path, servers, transport, rates, arrivals, payload_size, payload_content,
+            check_echo, workload, duration, warmup, threads, timeout, shares, changes, policy,
+            poll, spin_us, raw, raw_max, lag_threshold, seed, bind, json_out, csv_out,
+            hdr_out, raw_out, app, app_keys, app_value_size, key_dist, bad_fraction,
+            max_timeouts, key_file):
+    """Send open-loop load to a rack and report latency and accounting.
 
     Latency is measured from each task's intended send time, so a stalled server or a
     lagging generator cannot hide in the percentiles; the report says when the generator
@@ -109,13 +123,18 @@ def loadgen(rack_path, servers, transport, rate_text, workload, duration, warmup
 
     Exit status: 0 when every task is accounted for, some completed and at most
     --max-timeouts of them timed out; 2 when tasks are unaccounted for; 3 when the run failed
-    a check (nothing completed, too many timed out, or --app saw a wrong value); 130 when
-    interrupted.
+    a check (nothing completed, too many timed out, --app saw a wrong value or --check-echo
+    a wrong echo); 130 when interrupted.
+
+    With --json, --csv or --hdr naming a file, the table is still printed.
 
     \b
     Examples:
       malcolm loadgen --rack rack.toml --rate 20k --workload bimodal
-      malcolm loadgen --server 127.0.0.1:7001,127.0.0.1:7002 --rate 5k,10k,20k --json
+      malcolm loadgen --server 127.0.0.1:7001,127.0.0.1:7002 --rate 5k,10k,20k --json -
+      malcolm loadgen --rack rack.toml --rate 20k --arrivals trace:gaps.txt --csv out.csv
+      malcolm loadgen --rack echo.toml --payload-size exp:200 --payload pattern --check-echo
+      malcolm loadgen --rack rack.toml --rate 5k,10k --json out.json --hdr lat.hlog
       malcolm loadgen --rack rack.toml --rate 10k --change 2s:rate=2x --change 4s:rate=1x
       malcolm loadgen --rack rack.toml --rate 10k --policy po2
     """
@@ -125,8 +144,6 @@ def loadgen(rack_path, servers, transport, rate_text, workload, duration, warmup
         LoadSpec,
         notes,
         parse_change,
-        parse_duration,
-        parse_rates,
         parse_share_limit,
         parse_shares,
         resolve_target,
@@ -139,9 +156,8 @@ def loadgen(rack_path, servers, transport, rate_text, workload, duration, warmup
         limit = parse_share_limit(max_timeouts, "--max-timeouts")
         n = len(target.servers)
         spec = LoadSpec(
-            target=target, workload=workload, duration_s=parse_duration(duration),
-            warmup_s=parse_duration(warmup), threads=threads,
-            timeout_s=parse_duration(timeout),
+            target=target, workload=workload, duration_s=duration,
+            warmup_s=warmup, threads=threads, timeout_s=timeout,
             shares=parse_shares(shares, n) if shares else None,
             changes=[parse_change(c, n) for c in changes], policy=policy,
             busy=poll == "busy", spin_us=spin_us, raw=raw, raw_max=raw_max,
@@ -158,24 +174,40 @@ def loadgen(rack_path, servers, transport, rate_text, workload, duration, warmup
                     key_dist, bad_fraction)
             except apps.AppError as e:
                 raise LoadgenError(str(e)) from None
-        rates = parse_rates(rate_text)
+        from malcolm.loadgen import traffic
+        try:
+            spec.arrivals = traffic.parse_arrivals(arrivals)
+            spec.payload = traffic.parse_payload(payload_size, payload_content, check_echo)
+        except traffic.TrafficError as e:
+            raise LoadgenError(str(e)) from None
+        if rates is None:
+            recorded = spec.arrivals.trace_rate()
+            rates = [recorded if recorded is not None else 10_000.0]
         spec.validate()
         if raw_out and not raw:
             raise LoadgenError("--raw-out needs --raw")
     except LoadgenError as e:
         raise click.UsageError(str(e)) from None
 
+    if hdr_out:
+        from malcolm.loadgen import output
+        try:
+            output._hdr_module()
+        except RuntimeError as e:
+            raise click.UsageError(str(e)) from None
+    quiet = "-" in (json_out, csv_out)
     stop = threading.Event()
     old = signal.signal(signal.SIGINT, lambda *a: stop.set())
-    if not as_json:
+    if not quiet:
         what = spec.app.describe() if spec.app else workload
         click.echo(f"loadgen: {n} server(s) over {target.transport} ({target.source}), "
-                   f"workload {what}, {threads} thread(s), {spec.duration_s:g} s per rate "
-                   f"after {spec.warmup_s:g} s warm-up, poll {poll}")
+                   f"workload {what}, arrivals {spec.arrivals.describe()}, payload "
+                   f"{spec.payload.describe()}, {threads} thread(s), {spec.duration_s:g} s "
+                   f"per rate after {spec.warmup_s:g} s warm-up, poll {poll}")
         click.echo(HEADER)
 
     def show(rep):
-        if not as_json:
+        if not quiet:
             click.echo(row(rep))
             for line in notes(rep):
                 click.echo(line)
@@ -190,12 +222,27 @@ def loadgen(rack_path, servers, transport, rate_text, workload, duration, warmup
     if raw_out and reps and reps[-1].get("_raw") is not None:
         import numpy as np
         np.save(raw_out, reps[-1]["_raw"])
-    if as_json:
-        click.echo(json.dumps({"runs": [_clean(r) for r in reps]}))
+    if json_out:
+        from malcolm._metadata import run_metadata
+        write_json(json_out, {"metadata": run_metadata(click.get_current_context().params),
+                              "runs": reps})
+    if csv_out:
+        from malcolm.loadgen import output
+        text = output.csv_text(reps)
+        if csv_out == "-":
+            click.echo(text, nl=False)
+        else:
+            write_text(csv_out, text, "--csv")
+    if hdr_out:
+        from malcolm.loadgen import output
+        try:
+            output.write_hdr(hdr_out, reps)
+        except OSError as e:
+            raise click.ClickException(f"--hdr {hdr_out}: {e.strerror}") from None
     if any(not r["accounted"] for r in reps):
         sys.exit(2)
     if any(r.get("app") and (r["app"]["wrong_values"] or r["app"]["bad_accepted"])
-           for r in reps):
+           or r["payload"]["echo_bad"] for r in reps):
         sys.exit(3)
     if any(r.get("interrupted") for r in reps):
         sys.exit(130)

@@ -12,22 +12,56 @@ import time
 
 import click
 
+from malcolm.commands.types import Duration
 
-@click.group()
+
+@click.group(epilog="""
+\b
+Examples:
+  malcolm rack gen --hosts node1,node2 --per-host 2 -o rack.toml
+  malcolm rack check --rack rack.toml
+  malcolm rack keygen rack.key
+  malcolm rack up --rack rack.toml --stats
+""")
 def rack():
-    """Local racks: ``up`` runs every server of a rack file as a process on this host."""
+    """Rack files: generate, check and key them; up runs every server of one on this host."""
+
+
+def _rack_file(ctx, positional, option):
+    """The rack file from --rack FILE, or from the positional spelling of the first release
+    (kept as a deprecated alias)."""
+    if positional and option and positional != option:
+        raise click.UsageError(f"two rack files: {positional} and --rack {option}")
+    path = option or positional
+    if not path:
+        raise click.UsageError("no rack file: give --rack FILE")
+    return path
+
+
+def rack_file_option(f):
+    """``--rack FILE`` with the old positional RACK_FILE as a deprecated alias."""
+    f = click.argument("rack_pos", required=False, metavar="[RACK_FILE]",
+                       type=click.Path(dir_okay=False))(f)
+    return click.option("--rack", "rack_opt", type=click.Path(dir_okay=False), metavar="FILE",
+                        default=None, help="The rack file (TOML). A bare RACK_FILE argument "
+                                           "is the deprecated spelling of the same.")(f)
 
 
 rack.add_command(importlib.import_module("malcolm.commands.rackgen").gen)
 
 
-@rack.command()
-@click.argument("rack_path", type=click.Path(dir_okay=False))
-def check(rack_path):
-    """Validate RACK_PATH with every check ``malcolm serve`` makes and print what it describes.
+@rack.command(epilog="""
+\b
+Examples:
+  malcolm rack check --rack rack.toml
+""")
+@rack_file_option
+def check(rack_pos, rack_opt):
+    """Validate a rack file with every check malcolm serve makes and print what it describes.
 
-    Only what depends on the moment (an address already in use) is left to ``serve``.
+    Only what depends on the moment (an address already in use) is left to serve.
     """
+    rack_path = _rack_file(click.get_current_context(), rack_pos, rack_opt)
     from malcolm.config import ConfigError, check_rack, key_path, load_rack
     try:
         cfg = load_rack(rack_path)
@@ -44,12 +78,16 @@ def check(rack_path):
         click.echo(f"  server {s.index}: {s.address}  {s.workers} workers  {s.handler}")
 
 
-@rack.command()
+@rack.command(epilog="""
+\b
+Examples:
+  malcolm rack keygen rack.key      then key_file = "rack.key" in the rack file's [rack]
+""")
 @click.argument("key_path", type=click.Path(dir_okay=False))
 def keygen(key_path):
     """Write a new rack key (32 random bytes, mode 0600) to KEY_PATH.
 
-    Name it in the rack file (``[rack] key_file = "..."``) or in MALCOLM_RACK_KEY_FILE, and
+    Name it in the rack file ([rack] key_file = "...") or in MALCOLM_RACK_KEY_FILE, and
     give the same file to every server and client of the rack.
     """
     from malcolm.config import ConfigError, write_key
@@ -187,17 +225,24 @@ def _unlink_shm(name):
         pass
 
 
-@rack.command()
-@click.argument("rack_path", type=click.Path(dir_okay=False))
+@rack.command(epilog="""
+\b
+Examples:
+  malcolm rack up --rack rack.toml                  until Ctrl-C
+  malcolm rack up --rack rack.toml --stats --duration 30s --logdir logs
+""")
+@rack_file_option
 @click.option("--stats/--no-stats", default=False, help="Servers print live statistics.")
-@click.option("--duration", type=float, default=None, help="Stop after this many seconds.")
+@click.option("--duration", type=Duration("s"), default=None,
+              help="Stop after this long (bare number: seconds). Default: until Ctrl-C.")
 @click.option("--logdir", type=click.Path(file_okay=False), default=None,
               help="Directory for each server's output (default: a temporary one).")
 @click.option("--keep-going", is_flag=True,
               help="When a server exits, report it and leave the others running (default: "
                    "stop the whole rack).")
-def up(rack_path, stats, duration, logdir, keep_going):
-    """Start every server of RACK_PATH here; Ctrl-C stops them all cleanly."""
+def up(rack_pos, rack_opt, stats, duration, logdir, keep_going):
+    """Start every server of a rack file here; Ctrl-C stops them all cleanly."""
+    rack_path = _rack_file(click.get_current_context(), rack_pos, rack_opt)
     import math
 
     from malcolm.config import ConfigError, check_rack

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
+
+from malcolm.commands.types import json_option, write_json
 
 
 def _rdb():
@@ -18,17 +19,28 @@ def _rdb():
     return rocksdb
 
 
-@click.group()
+@click.group(epilog="""
+\b
+Examples:
+  malcolm rocksdb load /tmp/kv --keys 1000000
+  malcolm rocksdb get /tmp/kv 1 2 3
+  malcolm rocksdb calibrate /tmp/kv --sizes 16,64 --json calibration.json
+""")
 def rocksdb():
     """The RocksDB GET(n) service (thesis §7.1): dictionary, handler, calibration.
 
     \b
-    Servers run it with `handler = "rocksdb:path=PATH"` in the rack file; clients send it
+    Servers run it with handler = "rocksdb:path=PATH" in the rack file; clients send it
     `malcolm loadgen --app rocksdb1` (docs/rocksdb.md).
     """
 
 
-@rocksdb.command()
+@rocksdb.command(epilog="""
+\b
+Examples:
+  malcolm rocksdb load /tmp/kv                      a million keys of 16 B
+  malcolm rocksdb load /tmp/kv --keys 10000 --value-size 64 --force
+""")
 @click.option("--keys", default=1_000_000, show_default=True,
               help="Number of keys (indices 0..keys-1).")
 @click.option("--value-size", default=16, show_default=True,
@@ -54,7 +66,11 @@ def load(keys, value_size, force, path):
                f"{info['bytes'] / 1e6:.1f} MB on disk")
 
 
-@rocksdb.command()
+@rocksdb.command(epilog="""
+\b
+Examples:
+  malcolm rocksdb get /tmp/kv 0 1 999999
+""")
 @click.argument("path", type=click.Path())
 @click.argument("keys", nargs=-1, type=int, required=True)
 def get(path, keys):
@@ -78,18 +94,25 @@ def get(path, keys):
         click.echo(f"{k}: {v.hex()} {ok}")
 
 
-@rocksdb.command()
-@click.option("--sizes", default="16,64", show_default=True, help="GET sizes to time.")
+@rocksdb.command(epilog="""
+\b
+Examples:
+  malcolm rocksdb calibrate /tmp/kv
+  malcolm rocksdb calibrate /tmp/kv --sizes 16,64 --key-dist zipf:0.99 --json cal.json
+""")
+@click.option("--sizes", default="16,64", show_default=True,
+              help="GET sizes to time (keys per request).")
 @click.option("--samples", default=20000, show_default=True, help="Requests per size.")
-@click.option("--warmup", default=2000, show_default=True,
+@click.option("--warmup-requests", "warmup", default=2000, show_default=True,
               help="Untimed requests per size first (fills the block cache).")
+@click.option("--warmup", "warmup_old", type=int, default=None, hidden=True)
 @click.option("--key-dist", default="uniform", show_default=True,
               help="uniform or zipf:S.")
-@click.option("--seed", default=1, show_default=True)
-@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
-              help="Write the measurement (quantiles per size, the machine) as JSON.")
+@click.option("--seed", default=1, show_default=True, help="Seed of the key choice.")
+@json_option("the measurement (quantiles per size, the machine, the run metadata)")
+@click.option("--out", "out_old", type=click.Path(dir_okay=False), default=None, hidden=True)
 @click.argument("path", type=click.Path())
-def calibrate(sizes, samples, warmup, key_dist, seed, out_path, path):
+def calibrate(sizes, samples, warmup, warmup_old, key_dist, seed, json_out, out_old, path):
     """Time the handler's GET(n) on this machine (one thread, no network).
 
     Each request goes through the handler's C function exactly as a worker calls it. Two
@@ -97,6 +120,7 @@ def calibrate(sizes, samples, warmup, key_dist, seed, out_path, path):
     included) and cpu (the thread's CPU time, the work alone).
     """
     rdb = _rdb()
+    warmup = warmup if warmup_old is None else warmup_old     # the old spelling, hidden
     from malcolm.loadgen import rocksdb_calibrate as cal
     from malcolm.loadgen.apps import AppError, parse_key_dist
     try:
@@ -115,6 +139,12 @@ def calibrate(sizes, samples, warmup, key_dist, seed, out_path, path):
         res = cal.calibrate(db, ns, samples, warmup, s, seed)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
+    out_path = json_out or out_old
+    if out_path == "-":
+        from malcolm._metadata import run_metadata
+        res["metadata"] = run_metadata(click.get_current_context().params)
+        write_json("-", res, indent=1)
+        return
     click.echo(f"{res['sizes'][0]['samples']} GETs per size, {res['key_dist']} keys, load "
                f"average {res['machine']['load_avg'][0]:.1f} on {res['machine']['cpus']} CPUs")
     for r in res["sizes"]:
@@ -124,7 +154,7 @@ def calibrate(sizes, samples, warmup, key_dist, seed, out_path, path):
                        f"{x['p50_us']:.2f}, p99 {x['p99_us']:.2f}, p99.9 {x['p999_us']:.2f}, "
                        f"max {x['max_us']:.1f}")
     if out_path:
-        with open(out_path, "w") as f:
-            json.dump(res, f, indent=1)
-            f.write("\n")
+        from malcolm._metadata import run_metadata
+        res["metadata"] = run_metadata(click.get_current_context().params)
+        write_json(out_path, res, indent=1)
         click.echo(f"wrote {out_path}")

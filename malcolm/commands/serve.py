@@ -12,6 +12,8 @@ import time
 
 import click
 
+from malcolm.commands.types import Duration
+
 log = logging.getLogger("malcolm.server")
 
 
@@ -39,20 +41,28 @@ def log_malformed(k, prev, cur):
     log.warning("server %d dropped %d malformed message(s): %s%s", k, new, ", ".join(parts), src)
 
 
-@click.command()
+@click.command(epilog="""
+\b
+Examples:
+  malcolm serve --rack rack.toml --id 0             server 0 of the rack file
+  srun malcolm serve --rack rack.toml               the rank from Slurm (SLURM_PROCID)
+  malcolm serve --rack rack.toml --id 1 --stats --interval 500ms --duration 30s
+""")
 @click.option("--rack", "rack_path", required=True, type=click.Path(dir_okay=False),
-              help="Rack description (TOML).")
+              metavar="FILE", help="The rack file (TOML).")
 @click.option("--id", "server_id", type=int, default=None,
               help="This server's index; defaults to SLURM_PROCID, OMPI_COMM_WORLD_RANK "
                    "or PMI_RANK.")
 @click.option("--stats/--no-stats", default=False, help="Print live statistics to stderr.")
-@click.option("--interval", default=1.0, show_default=True, help="Seconds between stat lines.")
-@click.option("--stats-json", type=click.Path(dir_okay=False), default=None,
+@click.option("--interval", default=1.0, show_default=True, type=Duration("s"),
+              help="Time between stat lines (bare number: seconds; 10ms..1h).")
+@click.option("--stats-json", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Write the final statistics (and every interval's) to this JSON file.")
-@click.option("--duration", type=float, default=None, help="Stop after this many seconds.")
+@click.option("--duration", type=Duration("s"), default=None,
+              help="Stop after this long (bare number: seconds). Default: run until a signal.")
 @click.option("--handler", default=None, help="Override the rack file's handler.")
 def serve(rack_path, server_id, stats, interval, stats_json, duration, handler):
-    """Run server ID of the rack in RACK until SIGINT or SIGTERM.
+    """Run server ID of the rack file until SIGINT or SIGTERM.
 
     On a stop signal the server answers its waiting tasks with "server stopped", lets
     running ones finish (grace_s), and reports anything it could not finish.

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 
 import click
+
+from malcolm.commands.types import Duration, json_option, write_json
 
 
 def _floats(values, what):
@@ -88,62 +89,119 @@ def plot_p99(results, path, title=None):
     plt.close(fig)
 
 
-@click.command("sim")
-@click.option("--rack", default="8x8", show_default=True,
-              help="Servers x workers[@speed], e.g. 8x8, 2x16,14x2, 2x14@2.0,9x4.")
+def from_rack_file(path):
+    """What a rack file says about the rack to simulate: ``(servers spec, policy spec,
+    window_us)``. A server with 0 workers (its gateway runs the tasks) is one worker here."""
+    from malcolm.config import ConfigError, load_rack
+    try:
+        cfg = load_rack(path)
+    except ConfigError as e:
+        raise click.BadParameter(str(e), param_hint="--rack") from None
+    groups = []
+    for s in cfg.servers:
+        w = max(1, s.workers)
+        if groups and groups[-1][1] == w:
+            groups[-1][0] += 1
+        else:
+            groups.append([1, w])
+    spec = ",".join(f"{n}x{w}" for n, w in groups)
+    params = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+                      for k, v in cfg.policy_params.items())
+    return spec, cfg.policy + (f":{params}" if params else ""), cfg.window_us
+
+
+@click.command("sim", epilog="""
+\b
+Examples:
+  malcolm sim --policy malcolm
+  malcolm sim --servers 2x14,9x4 --policy jsq --workload hyperexp1 --load 0.85 --tasks 1000000
+  malcolm sim --policy po2 --policy jsq --load 0.5:0.95:0.05 --plot sweep.png
+  malcolm sim --servers 4x2 --policy malcolm:learn=0 --delay 5us --json out.json
+  malcolm sim --rack rack.toml --load 0.5:0.9:0.1      the rack a rack file describes
+""")
+@click.option("--servers", "rack", default="8x8", show_default=True, metavar="SPEC",
+              help="Servers x workers[@speed], comma-separated groups: 8x8, 2x16,14x2, "
+                   "2x14@2.0,9x4.")
+@click.option("--rack", "rack_file", type=click.Path(dir_okay=False), default=None,
+              metavar="FILE",
+              help="Simulate the rack of a rack file (TOML): its servers' workers, and its "
+                   "policy and window unless --policy or --window is given. Instead of "
+                   "--servers.")
 @click.option("--policy", "policies", multiple=True, default=("random",), show_default=True,
-              help="Policy [name:key=val,...]; repeat to sweep. random po2 jsq jbt jiq sed "
-                   "steal cfcfs racksched malcolm.")
+              help="Policy NAME[:key=val,...]; repeat to sweep. See `malcolm list policies`.")
 @click.option("--workload", "workloads", multiple=True, default=("exp:50",),
-              show_default=True, help="exp:MEAN, bimodal, hyperexp1, hyperexp2, rocksdb1, "
-                                      "rocksdb2, fig2.1a/b, fig3.2a/b or mix:...; repeatable.")
+              show_default=True, help="Service times in µs: exp:MEAN, bimodal, hyperexp1, "
+                                      "hyperexp2, rocksdb1, rocksdb2, fig2.1a/b, fig3.2a/b or "
+                                      "mix:...; repeat to sweep. See `malcolm list workloads`.")
 @click.option("--load", "loads", multiple=True, default=("0.8",), show_default=True,
-              help="Load(s) relative to rack capacity: 0.5,0.7 or 0.5:0.95:0.05.")
-@click.option("--tasks", default=100_000, show_default=True, type=int,
-              help="Tasks per run (the first --warmup fraction is not measured).")
-@click.option("--seed", default=1, show_default=True, type=int)
-@click.option("--delay", default=2.0, show_default=True, type=float,
-              help="One-way network delay, µs (0 allowed).")
-@click.option("--jitter", default=0.0, show_default=True, type=float,
-              help="Extra uniform [0, jitter) µs on every message.")
-@click.option("--window", default=100.0, show_default=True, type=float,
-              help="Load-broadcast window, µs.")
+              help="Load(s), fractions of the rack's capacity: 0.5,0.7 or 0.5:0.95:0.05 "
+                   "(START:STOP:STEP, STOP included).")
+@click.option("--tasks", default=100_000, show_default=True, type=click.IntRange(1),
+              help="Tasks per run (the first --warmup-fraction is not measured).")
+@click.option("--seed", default=1, show_default=True, type=click.IntRange(0),
+              help="Seed of every random stream of a run (same seed, same result).")
+@click.option("--delay", default=2.0, show_default=True, type=Duration("us"),
+              help="One-way network delay (bare number: µs; 0 allowed).")
+@click.option("--jitter", default=0.0, show_default=True, type=Duration("us"),
+              help="Extra uniform [0, jitter) on every message (bare number: µs).")
+@click.option("--window", default=100.0, show_default=True, type=Duration("us", min=0,
+                                                                          min_open=True),
+              help="Load-broadcast window (bare number: µs).")
 @click.option("--sched", type=click.Choice(["fcfs", "ps"]), default="fcfs", show_default=True,
               help="Scheduling inside a server.")
-@click.option("--quantum", default=0.0, show_default=True, type=float,
-              help="PS quantum, µs; 0 is ideal processor sharing.")
-@click.option("--shares", default=None, help="Per-server traffic shares, e.g. 1,1,2,2.")
-@click.option("--loss", default=0.0, show_default=True, type=float,
-              help="Heartbeat loss probability.")
-@click.option("--clients", default=None, type=int, help="Clients (default: one per server).")
-@click.option("--warmup", default=0.1, show_default=True, type=float,
-              help="Fraction of the first tasks not measured.")
+@click.option("--quantum", default=0.0, show_default=True, type=Duration("us"),
+              help="PS quantum (bare number: µs); 0 is ideal processor sharing.")
+@click.option("--shares", default=None,
+              help="Per-server traffic shares (weights, no unit), e.g. 1,1,2,2.")
+@click.option("--loss", default=0.0, show_default=True, type=click.FloatRange(0, 1),
+              help="Heartbeat loss probability (0..1).")
+@click.option("--clients", default=None, type=click.IntRange(1),
+              help="Clients (default: one per server).")
+@click.option("--warmup-fraction", "warmup", default=0.1, show_default=True,
+              type=click.FloatRange(0, 1, max_open=True),
+              help="Fraction (0..1) of the first tasks not measured (--warmup elsewhere is "
+                   "a time).")
+@click.option("--warmup", "warmup_old", default=None, hidden=True,
+              type=click.FloatRange(0, 1, max_open=True))
 @click.option("--phase", type=click.Choice(["random", "staggered", "aligned"]),
               default="random", show_default=True, help="Window phases of the servers.")
 @click.option("--ewma", default=None, type=float,
-              help="Weight of a new sample in the load estimator's averages (default: the "
-                   "runtime's, malcolm.policy.defaults.EST_ALPHA).")
-@click.option("--gateway-ns", default=0.0, show_default=True, type=float,
-              help="Gateway CPU time per message, ns: each server's gateway handles "
-                   "received and originated messages one at a time (0: free).")
-@click.option("--capacity", default=None, type=int,
-              help="Tasks a server holds at most (waiting + running, tasks); beyond it a "
-                   "task is dropped and answered at once. Default: unbounded.")
-@click.option("--steals-in-flight", default=1, show_default=True, type=int,
-              help="Steal requests a server may have outstanding (requests; 0: unlimited).")
-@click.option("--steal-timeout", default=2000.0, show_default=True, type=float,
-              help="A steal request unanswered this long is given up, µs.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per run (JSON lines).")
-@click.option("--plot", type=click.Path(dir_okay=False), default=None,
-              help="Write a p99-versus-load plot (PNG).")
-def sim(rack, policies, workloads, loads, tasks, seed, delay, jitter, window, sched, quantum,
-        shares, loss, clients, warmup, phase, ewma, gateway_ns, capacity, steals_in_flight,
-        steal_timeout, as_json, plot):
+              help="Weight (0..1) of a new sample in the load estimator's averages (default: "
+                   "the runtime's, malcolm.policy.defaults.EST_ALPHA).")
+@click.option("--gateway-ns", default=0.0, show_default=True, type=Duration("ns"),
+              help="Gateway CPU time per message (bare number: ns): each server's gateway "
+                   "handles received and originated messages one at a time (0: free).")
+@click.option("--capacity", default=None, type=click.IntRange(1),
+              help="Tasks a server holds at most (waiting + running); beyond it a task is "
+                   "dropped and answered at once. Default: unbounded.")
+@click.option("--steals-in-flight", default=1, show_default=True, type=click.IntRange(0),
+              help="Steal requests a server may have outstanding (0: unlimited).")
+@click.option("--steal-timeout", default=2000.0, show_default=True, type=Duration("us"),
+              help="A steal request unanswered this long is given up (bare number: µs).")
+@json_option("every run's summary and the run metadata")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Write a p99-versus-load plot (PNG) to FILE.")
+def sim(rack, rack_file, policies, workloads, loads, tasks, seed, delay, jitter, window, sched,
+        quantum, shares, loss, clients, warmup, warmup_old, phase, ewma, gateway_ns, capacity,
+        steals_in_flight, steal_timeout, json_out, plot):
     """Simulate a rack: p50/p99/p99.9 latency, throughput, migrations and steals.
 
-    Sweeps run every combination of --policy, --workload and --load.
+    Sweeps run every combination of --policy, --workload and --load. With --json the result
+    is one object, {"metadata": {...}, "runs": [summary, ...]}.
     """
     from malcolm.policy.registry import parse_policy
+    if warmup_old is not None:          # the first release's spelling, kept hidden
+        warmup = warmup_old
+    if rack_file:
+        ctx = click.get_current_context()
+        default = click.core.ParameterSource.DEFAULT
+        if ctx.get_parameter_source("rack") != default:
+            raise click.UsageError("give either --servers SPEC or --rack FILE, not both")
+        rack, pol, win = from_rack_file(rack_file)
+        if ctx.get_parameter_source("policies") == default:
+            policies = (pol,)
+        if ctx.get_parameter_source("window") == default:
+            window = win
     from malcolm.sim.rack import parse_rack
     from malcolm.sim.run import simulate
     from malcolm.workloads import parse_workload
@@ -176,8 +234,6 @@ def sim(rack, policies, workloads, loads, tasks, seed, delay, jitter, window, sc
         # keep the summary only: a sweep of 10^6-task runs would otherwise hold GBs
         r.latencies_us = r.types = r.service_us = r.loads = None
         results.append(r)
-        if as_json:
-            click.echo(json.dumps(r.summary()))
 
     if len(runs) == 1:
         one(*runs[0])
@@ -186,7 +242,11 @@ def sim(rack, policies, workloads, loads, tasks, seed, delay, jitter, window, sc
                                item_show_func=lambda x: x and f"{x[0]} {x[1]} {x[2]:g}") as bar:
             for item in bar:
                 one(*item)
-    if not as_json:
+    if json_out:
+        from malcolm._metadata import run_metadata
+        write_json(json_out, {"metadata": run_metadata(click.get_current_context().params),
+                              "runs": [r.summary() for r in results]})
+    if json_out != "-":
         click.echo(_table([_row(r) for r in results]))
     if plot:
         plot_p99(results, plot, title=f"rack {rack}, delay {delay:g} µs")

@@ -1,11 +1,14 @@
 # cython: language_level=3
-"""The load generator's native client: one open-loop Poisson sender and receiver per thread.
+"""The load generator's native client: one open-loop sender and receiver per thread.
 
 Each :class:`LoadClient` owns a transport endpoint and runs, without the GIL, a loop that
 
-* sends every task at its **intended** time (a Poisson schedule fixed in advance of the
-  network: a late send keeps its intended time, and the generator bursts to catch up), and
-  records how late each send actually was;
+* sends every task at its **intended** time (a Poisson, fixed-interval or trace-driven
+  schedule fixed in advance of the network: a late send keeps its intended time, and the
+  generator bursts to catch up), and records how late each send actually was;
+* gives each task a payload of a sampled size (fixed, uniform or exponential, within the
+  wire's limit) filled with zeros, random bytes, or a pattern that an echo can be checked
+  against;
 * receives responses and measures latency from the intended send time, so that a stalled
   server shows up in the percentiles instead of silently slowing the generator down
   (no coordinated omission);
@@ -22,7 +25,7 @@ from libc.string cimport memset
 import numpy as np
 
 from malcolm._core cimport Rng, mc_aligned_alloc, mc_cpu_relax, mc_load_acq, mc_now_ns, \
-    mc_store_rel, rng_exponential, rng_seed, rng_uniform
+    mc_store_rel, rng_below, rng_exponential, rng_next, rng_seed, rng_uniform
 from malcolm._workload cimport NativeWorkload, WorkloadC, wl_sample
 from malcolm._hist cimport N_BUCKETS, Hist, hist_add
 from malcolm.loadgen._apps cimport KvApp
@@ -43,6 +46,17 @@ cdef enum:
     R_OUT_WARM = 2      # sent during warm-up
     R_DONE = 3          # answered (any status)
     R_TIMED_OUT = 4     # given up on by the client
+    # arrival processes
+    A_POISSON = 0
+    A_FIXED = 1
+    A_TRACE = 2
+    # payload sizes and contents
+    PS_FIXED = 0
+    PS_UNIFORM = 1
+    PS_EXP = 2
+    PC_ZEROS = 0
+    PC_RANDOM = 1
+    PC_PATTERN = 2
 
 
 ctypedef struct Counts:
@@ -68,6 +82,9 @@ ctypedef struct Counts:
     uint64_t late_episodes          # runs of consecutive late sends
     uint64_t svc_req_ns             # sum of the service times asked for, measured sends
     uint64_t svc_ns                 # sum of the service times servers measured, completed
+    uint64_t payload_bytes          # payload bytes sent, measured sends
+    uint64_t echo_checked           # completed responses checked against the pattern
+    uint64_t echo_bad               # ... whose payload was not the pattern of their task
     uint64_t sent_to[MAX_SERVERS]
     uint64_t answered_by[MAX_SERVERS]
 
@@ -112,6 +129,22 @@ cdef class LoadClient:
     app : malcolm.loadgen._apps.KvApp or None
         A real application (``--app rocksdb1``): it writes each request's payload and type,
         and checks each response (``malcolm/loadgen/apps.py``).
+    arrival : int
+        0: Poisson (exponential gaps), 1: fixed gaps (deterministic), 2: the gaps of
+        ``trace`` in turn.
+    trace : array of float64 or None
+        Inter-arrival gaps with mean 1; each is scaled by the phase's mean gap, so a trace
+        keeps its shape and follows the target rate. Replayed in a loop from ``trace_start``.
+    first_offset_s : float
+        Delay of the first arrival (spreads fixed schedules of several threads apart).
+    payload_size : (kind, a, b)
+        Payload bytes: kind 0 fixed ``a``; 1 uniform in ``a..b``; 2 exponential of mean
+        ``a``, capped at ``b``. Never above the wire's MAX_PAYLOAD.
+    payload_content : int
+        0 zeros, 1 random bytes, 2 the pattern ``byte[i] = (request_id + i) % 251``.
+    check_echo : bool
+        Check that every completed response carries the pattern of its own task (servers
+        running the ``echo`` handler); mismatches are counted in ``echo_bad``.
     """
     cdef Transport tr
     cdef NetAddr servers[MAX_SERVERS]
@@ -145,13 +178,23 @@ cdef class LoadClient:
     cdef mc_sipkey key
     cdef uint64_t epoch
     cdef uint64_t tx_seq[MAX_SERVERS]      # per server: each sees a dense sequence
+    cdef int arrival
+    cdef double* trace
+    cdef uint64_t trace_n, trace_pos
+    cdef int64_t first_off_ns
+    cdef int ps_kind, ps_a, ps_b, pcontent
+    cdef bint check_echo
+    cdef uint8_t* pbuf                    # 2 * MAX_PAYLOAD: random content is a window of it
+    cdef uint16_t* req_len                # with check_echo: each request's payload length
 
     def __init__(self, Transport transport not None, servers, NativeWorkload workload not None,
                  long long client_id, unsigned long long seed, phases, double warmup_s,
                  double duration_s, double timeout_s, ClientPolicy policy=None,
                  bint busy=False, double spin_us=50.0, long long raw_capacity=0,
                  double lag_threshold_us=50.0, long long window=0, KvApp app=None,
-                 key=None):
+                 key=None, int arrival=A_POISSON, trace=None, long long trace_start=0,
+                 double first_offset_s=0.0, payload_size=(PS_FIXED, 0, 0),
+                 int payload_content=PC_ZEROS, bint check_echo=False):
         cdef int i, j, n
         cdef double rate, tot, acc
         if not 1 <= len(servers) <= MAX_SERVERS:
@@ -212,6 +255,8 @@ cdef class LoadClient:
         self.spin_ns = <int64_t>(spin_us * 1e3)
         self.lag_thr_ns = <int64_t>(lag_threshold_us * 1e3)
         self.busy = busy
+        self._init_arrivals(arrival, trace, trace_start, first_offset_s)
+        self._init_payload(payload_size, payload_content, check_echo)
         # The request window must hold every task that can be outstanding: those sent
         # within one timeout at the highest rate, with a margin for bursts.
         if window <= 0:
@@ -224,6 +269,10 @@ cdef class LoadClient:
             raise ValueError(f"request window of {self.cap} is too large; lower the rate "
                              "or the timeout, or use more client threads")
         self.mask = self.cap - 1
+        if self.check_echo:
+            self.req_len = <uint16_t*>mc_aligned_alloc(64, self.cap * sizeof(uint16_t))
+            if self.req_len == NULL:
+                raise MemoryError()
         self.req_t = <int64_t*>mc_aligned_alloc(64, self.cap * sizeof(int64_t))
         self.req_state = <uint8_t*>mc_aligned_alloc(64, self.cap)
         self.lat = <Hist*>mc_aligned_alloc(64, sizeof(Hist))
@@ -240,7 +289,60 @@ cdef class LoadClient:
             if self.raw == NULL:
                 raise MemoryError()
 
+    cdef _init_arrivals(self, int arrival, trace, long long trace_start, double first_offset_s):
+        cdef uint64_t i
+        if arrival not in (A_POISSON, A_FIXED, A_TRACE):
+            raise ValueError(f"arrival {arrival} must be 0 (Poisson), 1 (fixed) or 2 (trace)")
+        if not (first_offset_s >= 0 and first_offset_s < 1e6):
+            raise ValueError(f"first_offset_s {first_offset_s} must be in [0, 1e6)")
+        self.arrival = arrival
+        self.first_off_ns = <int64_t>(first_offset_s * 1e9)
+        if arrival != A_TRACE:
+            return
+        gaps = np.ascontiguousarray(trace, dtype=np.float64) if trace is not None else None
+        if gaps is None or gaps.ndim != 1 or gaps.size == 0:
+            raise ValueError("a trace needs at least one inter-arrival gap")
+        if not (np.isfinite(gaps).all() and (gaps >= 0).all() and gaps.sum() > 0):
+            raise ValueError("trace gaps must be finite, >= 0, with a positive sum")
+        gaps = gaps / gaps.mean()
+        self.trace_n = gaps.size
+        self.trace = <double*>mc_aligned_alloc(64, self.trace_n * sizeof(double))
+        if self.trace == NULL:
+            raise MemoryError()
+        cdef double[::1] g = gaps
+        for i in range(self.trace_n):
+            self.trace[i] = g[i]
+        self.trace_pos = <uint64_t>(trace_start % <long long>self.trace_n)
+
+    cdef _init_payload(self, payload_size, int content, bint check_echo):
+        cdef int kind, a, b, i
+        kind, a, b = (int(x) for x in payload_size)
+        if kind not in (PS_FIXED, PS_UNIFORM, PS_EXP):
+            raise ValueError(f"payload size kind {kind} must be 0, 1 or 2")
+        if not (0 <= a <= MAX_PAYLOAD and 0 <= b <= MAX_PAYLOAD):
+            raise ValueError(f"payload sizes must be in 0..{MAX_PAYLOAD} bytes")
+        if kind == PS_UNIFORM and b < a:
+            raise ValueError(f"payload size uniform:{a}:{b}: the maximum is below the minimum")
+        if content not in (PC_ZEROS, PC_RANDOM, PC_PATTERN):
+            raise ValueError(f"payload content {content} must be 0, 1 or 2")
+        if check_echo and content != PC_PATTERN:
+            raise ValueError("checking echoes needs the pattern content")
+        if (kind != PS_FIXED or a > 0) and self.use_app:
+            raise ValueError("an application writes its own payloads")
+        self.ps_kind, self.ps_a, self.ps_b = kind, a, b
+        self.pcontent, self.check_echo = content, check_echo
+        self.pbuf = <uint8_t*>mc_aligned_alloc(64, 2 * MAX_PAYLOAD)
+        if self.pbuf == NULL:
+            raise MemoryError()
+        memset(self.pbuf, 0, 2 * MAX_PAYLOAD)
+        if content == PC_RANDOM:
+            for i in range(2 * MAX_PAYLOAD):
+                self.pbuf[i] = <uint8_t>(rng_next(&self.rng) >> 56)
+
     def __dealloc__(self):
+        free(self.trace)
+        free(self.pbuf)
+        free(self.req_len)
         free(self.req_t)
         free(self.req_state)
         free(self.lat)
@@ -283,15 +385,53 @@ cdef class LoadClient:
         cdef double gap = self.ph_mean_gap[ph[0]]
         cdef int64_t t2
         if gap > 0:
-            t2 = t + <int64_t>rng_exponential(&self.rng, gap) + 1
+            t2 = t + self._gap(gap)
         else:
             t2 = _i64max()
         while ph[0] + 1 < self.n_phases and t2 >= self.t0_ns + self.ph_start[ph[0] + 1]:
             ph[0] += 1
             t = self.t0_ns + self.ph_start[ph[0]]
             gap = self.ph_mean_gap[ph[0]]
-            t2 = t + <int64_t>rng_exponential(&self.rng, gap) + 1 if gap > 0 else _i64max()
+            t2 = t + self._gap(gap) if gap > 0 else _i64max()
         return t2
+
+    cdef int64_t _gap(self, double mean) noexcept nogil:
+        """The next inter-arrival gap, ns (>= 1), of mean ``mean``."""
+        cdef double g
+        if self.arrival == A_FIXED:
+            g = mean
+        elif self.arrival == A_TRACE:
+            g = self.trace[self.trace_pos] * mean
+            self.trace_pos += 1
+            if self.trace_pos == self.trace_n:
+                self.trace_pos = 0
+        else:
+            g = rng_exponential(&self.rng, mean)
+        return <int64_t>g + 1
+
+    cdef int _payload(self, WireTask* t) noexcept nogil:
+        """Size and fill this task's payload; returns its length."""
+        cdef int n, i
+        cdef uint64_t rid = t.request_id
+        if self.ps_kind == PS_FIXED:
+            n = self.ps_a
+        elif self.ps_kind == PS_UNIFORM:
+            n = self.ps_a + <int>rng_below(&self.rng, <uint64_t>(self.ps_b - self.ps_a + 1))
+        else:
+            n = <int>rng_exponential(&self.rng, <double>self.ps_a)
+            if n > self.ps_b:
+                n = self.ps_b
+        if n <= 0:
+            t.payload = NULL
+            return 0
+        if self.pcontent == PC_RANDOM:
+            t.payload = self.pbuf + rng_below(&self.rng, MAX_PAYLOAD)
+        else:
+            if self.pcontent == PC_PATTERN:
+                for i in range(n):
+                    self.pbuf[i] = <uint8_t>((rid + <uint64_t>i) % 251)
+            t.payload = self.pbuf
+        return n
 
     cdef void _send(self, int64_t intended, int64_t now, int ph) noexcept nogil:
         cdef WireTask t
@@ -319,6 +459,9 @@ cdef class LoadClient:
         t.task_type = <uint16_t>tt
         t.payload_len = 0
         t.payload = NULL
+        t.request_id = self.next_id
+        if not self.use_app:
+            t.payload_len = <uint16_t>self._payload(&t)
         if self.use_app:
             t.payload_len = self.app.fill(self.next_id, &tt)
             t.payload = self.app.pbuf
@@ -328,6 +471,8 @@ cdef class LoadClient:
         t.send_ns = intended
         slot = self.next_id & self.mask
         self.req_t[slot] = intended
+        if self.check_echo:
+            self.req_len[slot] = t.payload_len
         if intended < self.t0_ns + self.warm_ns:
             self.req_state[slot] = R_OUT_WARM
             self.c.sent_warm += 1
@@ -337,6 +482,7 @@ cdef class LoadClient:
             lag = now - intended
             hist_add(self.lag, lag)
             self.c.svc_req_ns += <uint64_t>t.service_ns
+            self.c.payload_bytes += t.payload_len
         self.c.sent_to[s] += 1
         self.next_id += 1
         b = self.tr.tx_next(&self.servers[s])
@@ -407,6 +553,11 @@ cdef class LoadClient:
                 self.n_raw += 1
             if r.service_ns > 0:
                 self.c.svc_ns += <uint64_t>r.service_ns
+            if self.check_echo:
+                self.c.echo_checked += 1
+                if (r.payload_len != self.req_len[slot]
+                        or not _is_pattern(r.payload, r.payload_len, rid)):
+                    self.c.echo_bad += 1
             if r.flags & F_MIGRATED:
                 self.c.migrated += 1
             if r.flags & F_STOLEN:
@@ -438,7 +589,7 @@ cdef class LoadClient:
         cdef bint late_run = False, stopping = False
         cdef uint64_t sent0 = self.tr.n_send_failed
         send_end = self.t0_ns + self.warm_ns + self.dur_ns
-        next_t = self._next_time(self.t0_ns, &ph)
+        next_t = self._next_time(self.t0_ns, &ph) + self.first_off_ns
         while True:
             now = mc_now_ns()
             if not stopping and mc_load_acq(&self.stop_flag):
@@ -488,6 +639,20 @@ cdef class LoadClient:
         self.end_ns = send_end
         self.c.send_failed = self.tr.n_send_failed - sent0
 
+    def preview(self, int n):
+        """The first ``n`` intended send times, ns after the start (tests and tools). It
+        consumes the schedule's random streams: call it on a client that will not run."""
+        cdef int ph = 0, i
+        cdef int64_t t
+        out = np.empty(n, dtype=np.int64)
+        cdef int64_t[::1] o = out
+        self.t0_ns = 0
+        t = self._next_time(0, &ph) + self.first_off_ns
+        for i in range(n):
+            o[i] = t
+            t = self._next_time(t, &ph)
+        return out
+
     # ------------------------------------------------------------ results
     def results(self):
         """Counters, histograms (numpy arrays of bucket counts) and raw samples."""
@@ -511,6 +676,14 @@ cdef class LoadClient:
         c["end_ns"] = self.end_ns
         c["finished_ns"] = self.finished_ns
         return c
+
+
+cdef inline bint _is_pattern(const uint8_t* p, uint32_t n, uint64_t rid) noexcept nogil:
+    cdef uint32_t i
+    for i in range(n):
+        if p[i] != <uint8_t>((rid + i) % 251):
+            return False
+    return True
 
 
 cdef object _hist_py(Hist* h):

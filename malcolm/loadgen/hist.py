@@ -72,6 +72,11 @@ def mean(h):
     return h["sum"] / h["n"] if h["n"] else float("nan")
 
 
+def nonzero(h):
+    """Indices of the non-empty buckets."""
+    return np.flatnonzero(h["counts"])
+
+
 def buckets(h):
     """Non-empty buckets as ``[lower_ns, upper_ns_exclusive, count]`` rows (for JSON)."""
     nz = np.flatnonzero(h["counts"])

@@ -15,7 +15,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from malcolm import _units
 from malcolm.loadgen import hist as H
+from malcolm.loadgen import traffic
 from malcolm.net import wire
 
 STATUS_NAMES = {int(s): s.name.lower() for s in wire.Status}
@@ -27,19 +29,12 @@ class LoadgenError(ValueError):
 
 # ---------------------------------------------------------------- parsing
 
-_SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6}
-
-
 def parse_rate(text: str) -> float:
     """``"20000"``, ``"20k"``, ``"1.5M"`` -> tasks per second (> 0)."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([kKmM]?)\s*(?:/s)?\s*",
-                     str(text))
-    if not m:
-        raise LoadgenError(f"rate {text!r} is not a number (examples: 20000, 20k, 1.5M)")
-    v = float(m.group(1)) * _SUFFIX[m.group(2).lower()]
-    if not v > 0 or not math.isfinite(v):
-        raise LoadgenError(f"rate {text!r} must be > 0")
-    return v
+    try:
+        return _units.parse_rate(text)
+    except ValueError as e:
+        raise LoadgenError(f"rate {e}") from None
 
 
 def parse_rates(text: str) -> list[float]:
@@ -52,11 +47,10 @@ def parse_rates(text: str) -> list[float]:
 
 def parse_duration(text: str) -> float:
     """``"2"``, ``"2s"``, ``"500ms"``, ``"250us"`` -> seconds (>= 0)."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(s|ms|us|µs)?\s*", str(text))
-    if not m:
-        raise LoadgenError(f"time {text!r} must look like 2s, 500ms or 250us")
-    scale = {None: 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}[m.group(2)]
-    return float(m.group(1)) * scale
+    try:
+        return _units.parse_duration(text, "s")
+    except ValueError as e:
+        raise LoadgenError(f"time {e}") from None
 
 
 def parse_share_limit(text, what="limit") -> float:
@@ -217,6 +211,8 @@ class LoadSpec:
     cpus: list | None = None             # pin client thread i to cpus[i % len(cpus)]
     nice: int | None = None              # the client threads' nice value (if permitted)
     app: object = None                   # a malcolm.loadgen.apps.AppSpec (real requests)
+    arrivals: object = None              # a malcolm.loadgen.traffic.Arrivals (None: Poisson)
+    payload: object = None               # a malcolm.loadgen.traffic.Payload (None: empty)
 
     def validate(self):
         from malcolm.workloads import parse_workload
@@ -250,6 +246,9 @@ class LoadSpec:
             raise LoadgenError("--change shares=... cannot be used with a client --policy")
         if self.policy:
             self.client_policy(0)        # check it now, with a clear message
+        if self.app and self.payload is not None and not self.payload.empty:
+            raise LoadgenError("--payload-size and --app exclude each other: the application "
+                               "writes its own requests")
         for c in self.changes:
             if c.at_s > self.duration_s:
                 raise LoadgenError(f"--change at {c.at_s:g} s is after the end of the run "
@@ -307,7 +306,10 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
     base_id = (os.getpid() * 64 + int(time.monotonic_ns() // 1000)) & 0x3FFFFFF
     clients, trs, kv = [], [], []
     try:
+        arr = spec.arrivals
+        pl = spec.payload
         for i in range(spec.threads):
+            sched = (arr or traffic.Arrivals()).for_thread(i, spec.threads, rate)
             tr = _open(spec.target.transport, spec.bind, i, spec.target.servers)
             trs.append(tr)
             try:
@@ -323,7 +325,12 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
                 timeout_s=spec.timeout_s, policy=spec.client_policy(i), busy=spec.busy,
                 spin_us=spec.spin_us,
                 raw_capacity=(spec.raw_max // spec.threads) if spec.raw else 0,
-                lag_threshold_us=spec.lag_threshold_us, app=kv[-1], key=spec.target.key))
+                lag_threshold_us=spec.lag_threshold_us, app=kv[-1], key=spec.target.key,
+                arrival=sched["arrival"], trace=sched["trace"],
+                first_offset_s=sched["first_offset_s"],
+                payload_size=pl.native if pl is not None else (0, 0, 0),
+                payload_content=traffic.CONTENTS[pl.content] if pl is not None else 0,
+                check_echo=pl is not None and pl.check_echo))
         from malcolm._core import now_ns
         t0 = now_ns() + 20_000_000         # every thread starts on the same schedule
         threads = [threading.Thread(target=_pinned_run, args=(c, t0, spec.cpus, i, spec.nice),
@@ -386,7 +393,8 @@ def report(spec: LoadSpec, rate, results, wl=None):
     for k in ("sent", "sent_warm", "completed", "timed_out", "warm_answered",
               "warm_timed_out", "migrated", "stolen", "late", "duplicates", "unknown",
               "foreign", "malformed", "forged", "unexpected", "send_failed", "window_full",
-              "late_sends", "late_episodes", "outstanding", "svc_req_ns", "svc_ns"):
+              "late_sends", "late_episodes", "outstanding", "svc_req_ns", "svc_ns",
+              "payload_bytes", "echo_checked", "echo_bad"):
         tot[k] = int(sum(r[k] for r in results))
     rejected = {STATUS_NAMES[s]: int(sum(r["rejected"][s] for r in results))
                 for s in range(1, len(STATUS_NAMES))}
@@ -464,6 +472,11 @@ def report(spec: LoadSpec, rate, results, wl=None):
         "per_server": {"sent": [int(sum(r["sent_to"][j] for r in results)) for j in range(n)],
                        "answered": [int(sum(r["answered_by"][j] for r in results))
                                     for j in range(n)]},
+        "arrivals": spec.arrivals.describe() if spec.arrivals is not None else "poisson",
+        "trace_rate_per_s": spec.arrivals.trace_rate() if spec.arrivals is not None else None,
+        "payload": {"size": spec.payload.describe() if spec.payload is not None else "none",
+                    "mean_bytes": tot["payload_bytes"] / sent if sent else 0.0,
+                    "echo_checked": tot["echo_checked"], "echo_bad": tot["echo_bad"]},
         "phases": [{"at_s": t - spec.warmup_s, "rate": r, "shares": s}
                    for t, r, s in spec.phases(rate)],
         "histogram": {"unit": "ns", "n": int(lat["n"]), "buckets": H.buckets(lat)},
@@ -479,6 +492,7 @@ def report(spec: LoadSpec, rate, results, wl=None):
         rep["raw_samples"] = int(raw.size)
         rep["raw_truncated"] = any(r["raw_truncated"] for r in results)
     rep["_raw"] = raw
+    rep["_lat"] = lat           # the merged native histogram (--hdr), not in the JSON
     return rep
 
 
@@ -546,6 +560,10 @@ def notes(rep):
                       ("window_full", "tasks given up because the request window was full")):
         if rep.get(key):
             out.append(f"  {rep[key]} {what}")
+    if rep.get("payload", {}).get("echo_bad"):
+        pl = rep["payload"]
+        out.append(f"  WRONG ECHO: {pl['echo_bad']} of {pl['echo_checked']} responses did not "
+                   "carry their task's payload pattern")
     if not rep["accounted"]:
         out.append(f"  WARNING: {rep['unaccounted']} task(s) unaccounted for")
     from malcolm.loadgen import apps

@@ -1,0 +1,56 @@
+"""Durations and rates as people write them (``500ms``, ``20k``): the one parser that the CLI's
+parameter types (:mod:`malcolm.commands.types`) and the tools below the CLI both use."""
+
+from __future__ import annotations
+
+import math
+import re
+
+__all__ = ["parse_duration", "parse_rate"]
+
+# nanoseconds per unit (whole numbers, so that 0.5ms -> 500.0 µs exactly)
+_DURATION_UNITS = {"ns": 1.0, "us": 1e3, "µs": 1e3, "ms": 1e6, "s": 1e9, "m": 60e9,
+                   "min": 60e9, "h": 3600e9}
+_NUMBER = r"[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?"
+_DURATION_RE = re.compile(rf"\s*({_NUMBER})\s*(ns|us|µs|ms|s|min|m|h)?\s*")
+_RATE_RE = re.compile(rf"\s*({_NUMBER})\s*([kKmMgG]?)\s*(?:/s)?\s*")
+_RATE_SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9}
+
+
+def parse_duration(text, unit: str = "s") -> float:
+    """``text`` as a duration in ``unit`` (a bare number is already in ``unit``).
+
+    Raises
+    ------
+    ValueError
+        With a one-line message, when ``text`` is not a non-negative finite duration.
+    """
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        v = float(text)
+    else:
+        m = _DURATION_RE.fullmatch(str(text))
+        if not m:
+            raise ValueError(f"{text!r} is not a duration (examples: 5s, 500ms, 50us; "
+                             f"a bare number is in {unit})")
+        scale = _DURATION_UNITS[m.group(2)] / _DURATION_UNITS[unit] if m.group(2) else 1.0
+        v = float(m.group(1)) * scale
+    if not (math.isfinite(v) and v >= 0):
+        raise ValueError(f"{text!r} must be a finite duration >= 0")
+    return v
+
+
+def parse_rate(text) -> float:
+    """``text`` as a rate per second (> 0): ``20000``, ``20k``, ``1.5M``, ``20k/s``.
+
+    Raises
+    ------
+    ValueError
+        With a one-line message.
+    """
+    m = _RATE_RE.fullmatch(str(text))
+    if not m:
+        raise ValueError(f"{text!r} is not a rate (examples: 20000, 20k, 1.5M, 20k/s)")
+    v = float(m.group(1)) * _RATE_SUFFIX[m.group(2).lower()]
+    if not (math.isfinite(v) and v > 0):
+        raise ValueError(f"{text!r} must be a rate > 0")
+    return v

@@ -1,0 +1,132 @@
+"""The CLI's shared grammar: parameter types and options every subcommand spells the same way.
+
+* :class:`Duration`: ``5s``, ``500ms``, ``50us`` (or ``µs``), ``2m``; a bare number is in the
+  option's own unit, which its help names.
+* :class:`Rate`: ``20000``, ``20k``, ``1.5M``, optionally ending in ``/s``; per second.
+* :func:`json_option`: ``--json [FILE|-]``; ``--json`` alone or ``--json -`` is stdout.
+* :func:`write_json`: writes what a ``--json`` or ``--csv`` asked for, one line on failure.
+
+Bad input gives click's one-line usage error (``Invalid value for '--duration': ...``), never
+a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import click
+
+from malcolm._units import _DURATION_UNITS, parse_duration, parse_rate
+
+
+class Duration(click.ParamType):
+    """A duration option; the value is a float in ``unit`` (``"s"``, ``"ms"``, ``"us"``).
+
+    Parameters
+    ----------
+    unit : str
+        The unit of a bare number and of the value handed to the command.
+    min, max : float, optional
+        Bounds in ``unit``, inclusive (``min_open``: exclusive lower bound).
+    """
+
+    name = "duration"
+
+    def __init__(self, unit: str = "s", min: float | None = None, max: float | None = None,
+                 min_open: bool = False):
+        if unit not in _DURATION_UNITS:
+            raise ValueError(f"unknown unit {unit!r}")
+        self.unit, self.min, self.max, self.min_open = unit, min, max, min_open
+
+    def get_metavar(self, param, ctx=None):
+        return "DURATION"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, float):
+            return value
+        try:
+            v = parse_duration(value, self.unit)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+        u = "us" if self.unit == "µs" else self.unit
+        if self.min is not None and (v < self.min or (self.min_open and v == self.min)):
+            self.fail(f"{value!r} must be {'>' if self.min_open else '>='} {self.min:g}{u}",
+                      param, ctx)
+        if self.max is not None and v > self.max:
+            self.fail(f"{value!r} must be <= {self.max:g}{u}", param, ctx)
+        return v
+
+
+class Rate(click.ParamType):
+    """A rate per second (``20k``, ``1.5M``); with ``many``, a comma-separated list of them
+    (the value is then a list)."""
+
+    name = "rate"
+
+    def __init__(self, many: bool = False):
+        self.many = many
+
+    def get_metavar(self, param, ctx=None):
+        return "RATE[,RATE...]" if self.many else "RATE"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (float, list)):
+            return value
+        try:
+            if not self.many:
+                return parse_rate(value)
+            parts = [p for p in str(value).split(",") if p.strip()]
+            if not parts:
+                raise ValueError("needs at least one rate")
+            return [parse_rate(p) for p in parts]
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+def json_option(what: str = "the result"):
+    """``--json [FILE|-]``: write ``what`` as JSON to FILE; ``--json`` alone or ``--json -``
+    prints it to stdout instead of the text output. The command gets ``json_out`` (None, or
+    the path, ``"-"`` for stdout)."""
+    return click.option("--json", "json_out", is_flag=False, flag_value="-", default=None,
+                        metavar="[FILE|-]",
+                        help=f"Write {what} as JSON to FILE; '-' or no value: to stdout "
+                             "(replacing the text output).")
+
+
+def jsonable(v):
+    """A JSON-safe copy: NaN and infinities become null, numpy scalars plain numbers, keys
+    starting with ``_`` (private to the run, like raw samples) are dropped."""
+    if isinstance(v, dict):
+        return {k: jsonable(x) for k, x in v.items() if not str(k).startswith("_")}
+    if isinstance(v, (list, tuple)):
+        return [jsonable(x) for x in v]
+    if getattr(v, "ndim", 0) and hasattr(v, "tolist"):        # a numpy array
+        return jsonable(v.tolist())
+    if hasattr(v, "item") and not isinstance(v, (str, bytes)):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def write_json(dest: str, obj, indent: int | None = None) -> None:
+    """Write ``obj`` as JSON to ``dest`` (``"-"``: stdout). A file is replaced atomically;
+    an unwritable one is a one-line :class:`click.ClickException`."""
+    text = json.dumps(jsonable(obj), indent=indent, allow_nan=False, default=str)
+    if dest == "-":
+        click.echo(text)
+        return
+    write_text(dest, text + "\n", "--json")
+
+
+def write_text(dest: str, text: str, what: str) -> None:
+    """Write ``text`` to file ``dest`` via a temporary file; a failure is one line."""
+    tmp = f"{dest}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, dest)
+    except OSError as e:
+        raise click.ClickException(f"{what} {dest}: {e.strerror}") from None

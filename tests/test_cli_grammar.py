@@ -1,0 +1,189 @@
+"""The CLI's one grammar: shared parameter types, --json [FILE|-], help texts with examples and
+no RST markup, and the run metadata in every JSON a command writes."""
+
+import json
+import math
+
+import click
+import pytest
+from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
+
+from malcolm._metadata import run_metadata
+from malcolm._units import parse_duration, parse_rate
+from malcolm.cli import main
+from malcolm.commands.types import Duration, Rate
+
+UNITS = {"ns": 1.0, "us": 1e3, "µs": 1e3, "ms": 1e6, "s": 1e9}
+
+
+@given(st.floats(min_value=0, max_value=1e6, allow_nan=False),
+       st.sampled_from(sorted(UNITS)), st.sampled_from(["s", "ms", "us"]))
+def test_duration_units(x, unit, target):
+    text = f"{x!r}{unit}"
+    got = parse_duration(text, target)
+    want = x * UNITS[unit] / UNITS[target]
+    assert math.isclose(got, want, rel_tol=1e-12, abs_tol=1e-300)
+    # a bare number is in the option's own unit
+    assert parse_duration(repr(x), target) == x
+
+
+@given(st.floats(min_value=1e-3, max_value=1e6, allow_nan=False),
+       st.sampled_from([("", 1.0), ("k", 1e3), ("K", 1e3), ("M", 1e6), ("m", 1e6)]),
+       st.booleans())
+def test_rate_suffixes(x, suffix, per_s):
+    s, scale = suffix
+    text = f"{x!r}{s}" + ("/s" if per_s else "")
+    assert math.isclose(parse_rate(text), x * scale, rel_tol=1e-12)
+
+
+@given(st.text(max_size=12))
+def test_bad_text_is_one_clear_error(text):
+    for parse in (parse_rate, lambda t: parse_duration(t, "s")):
+        try:
+            v = parse(text)
+        except ValueError as e:
+            msg = str(e)
+            assert "\n" not in msg and msg
+        else:
+            assert math.isfinite(v) and v >= 0
+
+
+@pytest.mark.parametrize("typ, bad", [
+    (Duration("s"), "5 parsecs"), (Duration("s"), "-1s"), (Duration("s"), "nan"),
+    (Duration("us", min=0, min_open=True), "0"), (Duration("s", max=10), "11s"),
+    (Rate(), "0"), (Rate(), "lots"), (Rate(many=True), ","), (Rate(many=True), "1k,x"),
+])
+def test_param_types_fail_in_one_line(typ, bad):
+    @click.command()
+    @click.option("--x", type=typ)
+    def cmd(x):
+        click.echo(repr(x))
+    r = CliRunner().invoke(cmd, ["--x", bad])
+    assert r.exit_code == 2, r.output
+    assert "Invalid value for '--x'" in r.output and "Traceback" not in r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+
+
+def test_param_types_convert():
+    @click.command()
+    @click.option("--d", type=Duration("us"))
+    @click.option("--r", type=Rate(many=True))
+    def cmd(d, r):
+        click.echo(json.dumps([d, r]))
+    r = CliRunner().invoke(cmd, ["--d", "0.5ms", "--r", "5k,1.5M,200/s"])
+    assert json.loads(r.output) == [500.0, [5000.0, 1.5e6, 200.0]]
+
+
+def _all_commands(group=main, prefix=("malcolm",)):
+    ctx = click.Context(group, info_name=prefix[-1])
+    for name in group.list_commands(ctx):
+        cmd = group.get_command(ctx, name)
+        yield prefix + (name,), cmd
+        if isinstance(cmd, click.Group):
+            yield from _all_commands(cmd, prefix + (name,))
+
+
+COMMANDS = list(_all_commands())
+
+
+def test_the_walk_sees_every_subcommand():
+    names = {" ".join(p[1:]) for p, _ in COMMANDS}
+    for want in ("sim", "serve", "loadgen", "demo", "bench micro", "bench runtime", "rack up",
+                 "rack check", "rack gen", "rack keygen", "rocksdb load", "rocksdb calibrate",
+                 "list policies", "list workloads", "list handlers"):
+        assert want in names
+
+
+@pytest.mark.parametrize("path", [p for p, _ in COMMANDS], ids=lambda p: " ".join(p[1:]))
+def test_help_has_examples_and_no_rst(path):
+    r = CliRunner().invoke(main, list(path[1:]) + ["--help"])
+    assert r.exit_code == 0, r.output
+    assert "Examples:" in r.output
+    assert "``" not in r.output
+
+
+def _param(cmd, name):
+    return next((p for p in cmd.params if name in getattr(p, "opts", ())), None)
+
+
+@pytest.mark.parametrize("path, cmd", COMMANDS, ids=lambda x: " ".join(x[1:])
+                         if isinstance(x, tuple) else "")
+def test_one_meaning_per_flag(path, cmd):
+    """--json is [FILE|-] everywhere, --rack a rack file, --seed has help, --plot a file."""
+    p = _param(cmd, "--json")
+    if p is not None:
+        assert not p.is_flag and p.flag_value == "-", path
+    p = _param(cmd, "--rack")
+    if p is not None and not p.hidden:
+        assert p.metavar == "FILE", path
+    for name in ("--seed", "--plot", "--duration", "--warmup", "--policy", "--servers"):
+        p = _param(cmd, name)
+        if p is not None and not p.hidden:
+            assert p.help, (path, name)
+    assert _param(cmd, "--policies") is None or _param(cmd, "--policies").hidden
+    assert _param(cmd, "--out") is None or _param(cmd, "--out").hidden
+
+
+def test_sim_json_file_stdout_and_metadata(tmp_path):
+    args = ["sim", "--servers", "2x2", "--policy", "jsq", "--tasks", "2000", "--seed", "3",
+            "--delay", "1us"]
+    r = CliRunner().invoke(main, args + ["--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["runs"][0]["config"]["policy"] == "jsq"
+    md = d["metadata"]
+    assert md["config"]["seed"] == 3 and md["config"]["rack"] == "2x2"
+    path = tmp_path / "sim.json"
+    r = CliRunner().invoke(main, args + ["--json", str(path)])
+    assert r.exit_code == 0 and "p99_us" in r.output       # the table is still printed
+    assert json.loads(path.read_text())["runs"][0]["p99_us"] == d["runs"][0]["p99_us"]
+
+
+def test_sim_rack_is_a_rack_file_too(tmp_path):
+    r = CliRunner().invoke(main, ["sim", "--rack", "2x2"])
+    assert r.exit_code == 2 and "--rack" in r.output and "Traceback" not in r.output
+    path = tmp_path / "rack.toml"
+    path.write_text('[rack]\nname = "t"\ntransport = "udp"\nworkers = 3\nwindow_us = 50\n'
+                    '[policy]\nname = "jbt"\nthreshold = 2\n'
+                    '[[server]]\naddress = "127.0.0.1:7001"\n'
+                    '[[server]]\naddress = "127.0.0.1:7002"\n'
+                    '[[server]]\naddress = "127.0.0.1:7003"\nworkers = 1\n')
+    r = CliRunner().invoke(main, ["sim", "--rack", str(path), "--tasks", "2000", "--json"])
+    assert r.exit_code == 0, r.output
+    c = json.loads(r.output)["runs"][0]["config"]
+    assert c["rack"] == "2x3,1x1" and c["policy"].startswith("jbt")
+    assert c["window_us"] == 50
+    r = CliRunner().invoke(main, ["sim", "--rack", str(path), "--servers", "2x2"])
+    assert r.exit_code == 2 and "not both" in r.output
+
+
+def test_unwritable_json_is_one_line(tmp_path):
+    r = CliRunner().invoke(main, ["list", "workloads", "--json", str(tmp_path / "no" / "x")])
+    assert r.exit_code == 1 and r.output.count("\n") == 1 and "--json" in r.output
+
+
+def test_metadata_fields():
+    md = run_metadata({"a": (1, 2), "b": object()}, argv=["malcolm", "x"])
+    for k in ("utc", "host", "cpu_model", "cpus", "malcolm_version", "git_commit", "argv",
+              "config", "python"):
+        assert k in md
+    assert md["config"]["a"] == [1, 2] and isinstance(md["config"]["b"], str)
+    assert md["argv"] == ["malcolm", "x"] and md["cpus"] >= 1
+    json.dumps(md)
+
+
+def test_rack_file_option_and_its_deprecated_positional(tmp_path):
+    path = str(tmp_path / "rack.toml")
+    r = CliRunner().invoke(main, ["rack", "gen", "--hosts", "127.0.0.1", "--per-host", "2",
+                                  "-o", path])
+    assert r.exit_code == 0, r.output
+    new = CliRunner().invoke(main, ["rack", "check", "--rack", path])
+    old = CliRunner().invoke(main, ["rack", "check", path])
+    assert new.exit_code == old.exit_code == 0, new.output + old.output
+    assert "2 servers" in new.output and new.output == old.output
+    r = CliRunner().invoke(main, ["rack", "check"])
+    assert r.exit_code == 2 and "--rack FILE" in r.output
+    r = CliRunner().invoke(main, ["rack", "up", "--rack", path, "--duration", "nan"])
+    assert r.exit_code == 2 and "--duration" in r.output
