@@ -219,7 +219,13 @@ cdef class VerbsTransport(Transport):
         fam = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.socket(fam, socket.SOCK_DGRAM)
         try:
-            self.sock.bind((host, ctl_port))
+            where = (host, ctl_port)
+            if fam == socket.AF_INET6:
+                # A link-local address binds only with its scope id ("fe80::1%eth0"), which
+                # only the 4-tuple form carries.
+                where = socket.getaddrinfo(host, ctl_port, fam, socket.SOCK_DGRAM, 0,
+                                           socket.AI_NUMERICHOST)[0][4]
+            self.sock.bind(where)
         except OSError as exc:
             raise OSError(exc.errno, f"verbs: cannot bind the address socket at "
                                      f"{host}:{ctl_port}: {exc.strerror}") from None
