@@ -1,11 +1,11 @@
 """Long fault-injection runs against a real keyed rack (issue 13, item 7); the table of
 docs/reliability.md comes from here.
 
-    sudo .venv/bin/python bench/faults.py --seconds 5 --rate 2000 [--json out.json]
+    sudo .venv/bin/python bench/faults.py --duration 5s --rate 2000 [--json out.json]
 
 Each scenario starts a fresh 3-server udp rack (``malcolm serve`` processes, a rack key,
 policy jsq, one ``sleep`` worker each, 1 ms windows), runs the native load generator with
-the key for ``--seconds`` at ``--rate`` tasks/s (``exp:200`` µs), injects the fault, and
+the key for ``--duration`` at ``--rate`` tasks/s (``exp:200`` µs), injects the fault, and
 checks the invariant: every task the generator sent is completed, rejected with a reason,
 or reported timed out; none is answered twice; forged messages are counted by the servers.
 
@@ -14,6 +14,14 @@ generator in a network namespace of their own whose loopback carries the netem q
 root and iproute2; skipped with the reason otherwise). On a kernel without netem, loss falls
 back to an nftables rule in the namespace (``apt-get install nftables``); delay and reorder
 are then skipped. Nothing outside the namespace is touched.
+
+The delay-stage scenarios inject the same faults without netem or root: every endpoint's
+transport (servers and generator) delays, reorders or drops its own datagrams
+(``[rack] hop_delay_us, hop_jitter_us, hop_reorder, hop_loss``; ``malcolm/net/delay.pyx``),
+and the table gives the datagrams each stage delayed, sent ahead or dropped.
+
+``--reform`` measures how many windows the rack's policy takes to re-form after a failure,
+a restart and a join (issue 13 item 3), for jsq and malcolm; see :func:`reform`.
 """
 
 from __future__ import annotations
@@ -27,11 +35,20 @@ import sys
 import tempfile
 import time
 
+from malcolm import _argparse as g
+
 NETEM = {
     "netem loss 1%": "loss 1%",
     "netem loss 5%": "loss 5%",
     "netem delay 1ms ±0.5ms": "delay 1ms 500us",
     "netem reorder 25% (delay 1ms)": "delay 1ms reorder 75% 50%",
+}
+# The same faults through the transports' delay stage (no netem needed): [rack] hop_* keys.
+DELAY_STAGE = {
+    "delay 1 ms + U[0, 0.5 ms) (delay stage)": {"delay_us": 1000.0, "jitter_us": 500.0},
+    "delay 1ms, reorder 25% (delay stage)": {"delay_us": 1000.0, "reorder": 0.25},
+    "loss 1% (delay stage)": {"loss": 0.01},
+    "loss 5% (delay stage)": {"loss": 0.05},
 }
 
 
@@ -40,7 +57,8 @@ def scenario(name, seconds, rate):
     from malcolm.loadgen.faults import FaultRack, summary
     work = tempfile.mkdtemp(prefix="malcolm-faults-")
     extra = 'max_wait_ms = 200'
-    fr = FaultRack(work, policy='name = "jsq"', extra=extra).up()
+    hop = DELAY_STAGE.get(name)
+    fr = FaultRack(work, policy='name = "jsq"', extra=extra, hop=hop).up()
     try:
         injected = "-"
         faults = []
@@ -81,13 +99,136 @@ def scenario(name, seconds, rate):
         imp = rep["faults"][0]
         injected = f"{sum(imp['sent'].values())} forged datagrams " \
                    f"({imp['sent']['heartbeats']} heartbeats with θ=1e308/NaN and seq jumps)"
+    if hop:
+        # what every endpoint's stage did: the servers' (their statistics) and the client's
+        emu = [st.get("net_emulation", {}) for st in stats] + [rep.get("net_emulation", {})]
+        tot = {k: sum(e.get(k, 0) for e in emu) for k in ("delayed", "reordered", "net_lost")}
+        injected = ", ".join(f"{v} datagrams {what}" for k, what in (
+            ("delayed", "delayed"), ("reordered", "sent ahead of delayed ones"),
+            ("net_lost", "dropped")) if (v := tot[k]))
+        expected = ("tasks whose task, forward or response was dropped (reported timed out)"
+                    if "loss" in hop else "none")
     row = summary(name, injected, rep)
     row["expected_loss"] = expected
     row["rejected_by_reason"] = rep["rejected"]
     row["bad_mac_at_servers"] = sum(s.get("malformed_by_reason", {}).get("bad MAC", 0)
                                     for s in stats)
     row["p99_us"] = rep["latency_us"]["p99"]
+    # answered after the client gave up: late (a stalled process), not lost
+    row["late_responses"] = rep["late_responses"]
     row["sent_to"] = rep["per_server"]["sent"]
+    return row
+
+
+REFORM_WINDOW_US = 10_000.0     # 10 ms windows: a statistics snapshot (10 ms) per window
+REFORM_POLICIES = {
+    "jsq": 'name = "jsq"',
+    # loads scaled by the mean service time (ns), one learning step per window
+    "malcolm": 'name = "malcolm"\nseed = 1\nload_scale = 500000.0\nwindow_ns = 10000000',
+}
+
+
+def _series(fr, k, stop, out):
+    """Poll server k's statistics (rewritten every 10 ms) into ``out`` until ``stop``."""
+    seen = None
+    while not stop.is_set():
+        st = fr.stats(k)
+        if st.get("mono_ns") and st["mono_ns"] != seen:
+            seen = st["mono_ns"]
+            out.append((st["mono_ns"], st["started_ns"], st.get("forwarded_in", 0)))
+        time.sleep(0.003)
+
+
+def _rate_between(pts, t0, t1):
+    """Tasks/s received between t0 and t1 (ns), from (time, cumulative count) samples."""
+    a = [p for p in pts if p[0] <= t0]
+    b = [p for p in pts if p[0] <= t1]
+    if not a or not b or b[-1][0] <= a[-1][0]:
+        return None
+    return (b[-1][1] - a[-1][1]) / ((b[-1][0] - a[-1][0]) / 1e9)
+
+
+def _windows_to_steady(series, started_ns, steady, w_ns, span=3, frac=0.75):
+    """Windows from ``started_ns`` until the server received, over ``span`` windows, at
+    least ``frac`` of ``steady`` (tasks/s): the first sample that meets it (None: none)."""
+    pts = [(t, f) for t, s0, f in series if s0 == started_ns]
+    for t, _ in pts:
+        got = _rate_between(pts, t - span * w_ns, t)
+        if got is not None and got >= frac * steady:
+            return (t - started_ns) / w_ns
+    return None
+
+
+def reform(policy, event, seconds=6.0, rate=3000.0):
+    """How many windows the policy takes to re-form after ``event`` (failure, restart or
+    join of server 2), on a 3-server rack (one ``sleep`` worker each, exp:500 µs tasks,
+    capacity 6000/s, 10 ms windows), with the load offered to servers 0 and 1 only, so that
+    server 2's work is what the survivors' policies send it.
+
+    Re-formed means:
+
+    * after a **failure** (SIGKILL): no survivor migrates a task to the dead server any
+      more; measured as the last migration to it (each survivor's ``last_migrated_to_ns``)
+      minus the time of the kill, in windows (0 if none was sent after it);
+    * after a **restart** or a **join**: the server receives, over 3 windows, at least 3/4
+      of the rate of tasks it receives in the steady state the rack settles in (the last
+      second of the run); measured from its start. Not its capacity share: at this load a
+      policy need not send it that much (Malcolm sends it about 0.2 of the arrivals, before
+      a fault as after it), and the question is how fast the survivors' policies take it
+      back, not where they settle.
+    """
+    import threading
+
+    from malcolm.loadgen.faults import FaultRack
+    w_ns = int(REFORM_WINDOW_US * 1000)
+    work = tempfile.mkdtemp(prefix="malcolm-reform-")
+    fr = FaultRack(work, policy=REFORM_POLICIES[policy], window_us=REFORM_WINDOW_US,
+                   interval=0.01, extra="max_wait_ms = 200", peer_timeout_ms=None)
+    series, stop, marks = [], threading.Event(), {}
+    try:
+        fr.up([0, 1] if event == "join" else None)
+        poller = threading.Thread(target=_series, args=(fr, 2, stop, series), daemon=True)
+        poller.start()
+        at = seconds * 0.35
+
+        def inject():
+            if event == "failure":
+                marks["t"] = time.monotonic_ns()
+                fr.lr.kill(2)
+            elif event == "restart":
+                fr.lr.kill(2)
+                time.sleep(0.3)
+                fr.lr.start(2, wait=True)
+            else:
+                fr.lr.start(2, wait=True)
+            return {}
+
+        # the steady state: the load's last second but 0.2 s (it starts 20 ms after the
+        # call, then 0.2 s of warm-up)
+        marks["end"] = time.monotonic_ns() + int((0.2 + seconds - 0.2) * 1e9)
+        rep = fr.load(rate, seconds, faults=[(at, inject)], workload="exp:500",
+                      shares=[1.0, 1.0, 0.0], timeout_s=1.0)
+        time.sleep(0.1)
+    finally:
+        stop.set()
+        fr.down()
+    st = [fr.stats(k) for k in range(3)]
+    shutil.rmtree(work, ignore_errors=True)
+    row = {"policy": policy, "event": event, "window_ms": REFORM_WINDOW_US / 1000,
+           "sent": rep["sent"], "unaccounted": rep["unaccounted"],
+           "timed_out": rep["timed_out"], "suspect_ms": st[0].get("suspect_ms")}
+    if event == "failure":
+        last = [st[k].get("last_migrated_to_ns", [0] * 3)[2] for k in (0, 1)]
+        row["migrated_to_2"] = [st[k].get("migrated_to", [0] * 3)[2] for k in (0, 1)]
+        row["windows"] = max(0.0, (max(last) - marks["t"]) / w_ns)
+    else:
+        started = max((s0 for _, s0, _ in series), default=0)
+        pts = [(t, f) for t, s0, f in series if s0 == started]
+        steady = _rate_between(pts, marks["end"] - int(1e9), marks["end"])
+        row["steady_share"] = steady / rate if steady else None
+        row["windows"] = _windows_to_steady(series, started, steady, w_ns) if steady else None
+        row["forwarded_in"] = series[-1][2] if series else 0
+    row["reformed_within_10"] = row["windows"] is not None and row["windows"] <= 10
     return row
 
 
@@ -106,7 +247,7 @@ def in_netns(name, qdisc, seconds, rate):
         except RuntimeError as e:
             return {"fault": name, "skipped": str(e)}
         r = subprocess.run(["ip", "netns", "exec", ns, sys.executable, __file__, "--inside",
-                            name, "--seconds", str(seconds), "--rate", str(rate)],
+                            name, "--duration", str(seconds), "--rate", str(rate)],
                            capture_output=True, text=True, timeout=seconds * 10 + 120)
         if r.returncode != 0:
             return {"fault": name, "error": r.stderr[-2000:]}
@@ -125,13 +266,37 @@ SCENARIOS = ["no fault", "SIGKILL server 2 under load", "SIGSTOP server 1 for 0.
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--rate", type=float, default=2000.0)
+    ap = g.parser(__doc__, """
+        sudo .venv/bin/python bench/faults.py --duration 5s --rate 2k --json faults.json
+        .venv/bin/python bench/faults.py --only SIGSTOP --duration 2s
+        .venv/bin/python bench/faults.py --reform --repeat 1 --json -""")
+    ap.add_argument("--duration", dest="seconds", type=g.duration("s", positive=True),
+                    default=5.0, metavar="DURATION",
+                    help="load time per scenario (bare number: s; default 5s)")
+    ap.add_argument("--rate", type=g.rate, default=2000.0,
+                    help="tasks per second (20k, 1.5M; default 2000)")
     ap.add_argument("--only", default=None, help="run only scenarios containing this")
     ap.add_argument("--inside", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--json", default=None)
+    g.add_json(ap, "every scenario's row")
+    g.hidden_alias(ap, "--seconds", "seconds", type=g.duration("s", positive=True))
+    ap.add_argument("--reform", action="store_true",
+                    help="measure windows to re-form after failure/restart/join instead")
+    ap.add_argument("--repeat", type=int, default=3, help="--reform runs per case")
     a = ap.parse_args(argv)
+    if not a.inside:
+        g.json_stdout(a)
+    if a.reform:
+        rows = []
+        for policy in REFORM_POLICIES:
+            for event in ("failure", "restart", "join"):
+                if a.only and a.only not in f"{policy} {event}":
+                    continue
+                for _ in range(a.repeat):
+                    row = reform(policy, event)
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+        g.write_json(a, {"rows": rows})
+        return 0 if all(r["reformed_within_10"] for r in rows) else 1
     if a.inside:
         print(json.dumps(scenario("no fault" if a.inside in NETEM else a.inside,
                                   a.seconds, a.rate)))
@@ -142,7 +307,7 @@ def main(argv=None):
         # it (as scripts/rdma-vm installs what the RDMA guest needs).
         print("faults: installing nftables (apt-get) for the loss scenarios", file=sys.stderr)
         subprocess.run(["apt-get", "install", "-y", "-q", "nftables"], capture_output=True)
-    for name in SCENARIOS + list(NETEM):
+    for name in SCENARIOS + list(DELAY_STAGE) + list(NETEM):
         if a.only and a.only not in name:
             continue
         if name in NETEM:
@@ -151,9 +316,7 @@ def main(argv=None):
             row = scenario(name, a.seconds, a.rate)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    g.write_json(a, {"rows": rows})
     bad = [r for r in rows if r.get("unaccounted") or r.get("duplicates") or r.get("error")]
     return 1 if bad else 0
 

@@ -20,7 +20,6 @@ Prints one JSON object with the counts, the rates and the failures (expected: no
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import random
@@ -31,6 +30,7 @@ import time
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from malcolm import _argparse as g
 from malcolm.net import _wire as native
 from malcolm.net import wire
 
@@ -182,16 +182,24 @@ def stage_server(n_inputs):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--inputs", type=int, default=1_000_000)
-    ap.add_argument("--batch", type=int, default=100)
-    ap.add_argument("--check-every", type=int, default=20)
-    ap.add_argument("--server-inputs", type=int, default=200_000)
+    ap = g.parser(__doc__, """
+        .venv/bin/python bench/fuzz_wire.py --inputs 1000000 --server-inputs 300000
+        .venv/bin/python bench/fuzz_wire.py --inputs 10000 --server-inputs 0""")
+    ap.add_argument("--inputs", type=int, default=1_000_000,
+                    help="inputs to the decoder (default 1000000)")
+    ap.add_argument("--batch", type=int, default=100,
+                    help="inputs per hypothesis example (default 100)")
+    ap.add_argument("--check-every", type=int, default=20,
+                    help="compare with the Python decoder every Nth input (default 20)")
+    ap.add_argument("--server-inputs", type=int, default=200_000,
+                    help="datagrams sent to a live server's heartbeat path; 0: none "
+                         "(default 200000)")
     a = ap.parse_args(argv)
     out = {"decoder": stage_decoder(a.inputs, a.batch, a.check_every)}
     if a.server_inputs:
         out["heartbeat_path"] = stage_server(a.server_inputs)
-    print(json.dumps(out, indent=1))
+    from malcolm._metadata import run_metadata
+    print(json.dumps(dict(out, metadata=run_metadata(vars(a))), indent=1, default=str))
     bad = out["decoder"]["n_failures"] or (a.server_inputs and (
         out["heartbeat_path"]["stuck_threads"]
         or out["heartbeat_path"]["probe_tasks_lost"]

@@ -16,17 +16,17 @@ and, for the learnt policy against its frozen start on heterogeneous racks, the 
 scenarios where learning wins and the worst loss.
 
 Not part of CI (the full sweep takes 7-14 minutes on 2 shared cores); ``--quick`` runs a
-handful of small scenarios as a smoke test (< 60 s). Writes ``OUT/sweep.csv``,
-``OUT/sweep.txt`` (the markdown table; not ``.md``, which the docs site would take for a page)
-and ``OUT/sweep.png``::
+handful of small scenarios as a smoke test (< 60 s). Writes ``DIR/sweep.csv``,
+``DIR/sweep.txt`` (the markdown table; not ``.md``, which the docs site would take for a page)
+and ``DIR/sweep.png`` (``--outdir DIR``), and with ``--json [FILE|-]`` every run and the run
+metadata::
 
-    python3 bench/sweep.py --tasks-mult 2 --hetero-seeds 3 --out docs/figures   # committed
-    python3 bench/sweep.py --quick --out /tmp/sweep       # smoke test
+    python3 bench/sweep.py --tasks-mult 2 --hetero-seeds 3 --outdir docs/figures   # committed
+    python3 bench/sweep.py --quick --outdir /tmp/sweep       # smoke test
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import math
 import os
@@ -40,6 +40,8 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
+
+from malcolm import _argparse as g  # noqa: E402
 
 WORKLOADS = ("exp:50", "bimodal", "hyperexp1", "hyperexp2", "rocksdb1", "rocksdb2")
 POLICIES = (("malcolm", "malcolm"), ("frozen", "malcolm:learn=0"), ("jsq", "jsq"),
@@ -132,13 +134,19 @@ def summarize(scen, res):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--scenarios", type=int, default=60)
+    ap = g.parser(__doc__, """
+        python3 bench/sweep.py --quick
+        python3 bench/sweep.py --tasks-mult 2 --hetero-seeds 3 --outdir docs/figures
+        python3 bench/sweep.py --quick --procs 1 --json -""")
+    ap.add_argument("--scenarios", type=int, default=60, help="scenarios to draw (default 60)")
     ap.add_argument("--seed", type=int, default=2026, help="draws the scenarios (fixed)")
     ap.add_argument("--sim-seed", type=int, default=1, help="seed of every simulation")
-    ap.add_argument("--procs", type=int, default=2)
+    ap.add_argument("--procs", type=int, default=2, help="processes (default 2)")
     ap.add_argument("--quick", action="store_true", help="6 small scenarios, 20 000 tasks")
-    ap.add_argument("--out", default=os.path.join("out", "sweep"))
+    ap.add_argument("--outdir", default=os.path.join("out", "sweep"), metavar="DIR",
+                    help="directory of sweep.txt, sweep.csv and sweep.png (default out/sweep)")
+    g.hidden_alias(ap, "--out", "outdir")
+    g.add_json(ap, "every scenario and run")
     ap.add_argument("--malcolm", default="",
                     help="extra parameters for Malcolm (and its frozen copy), k=v,...")
     ap.add_argument("--tasks-mult", type=float, default=1.0, help="scale every task count")
@@ -146,6 +154,7 @@ def main(argv=None):
                     help="simulation seeds for Malcolm and frozen on heterogeneous racks; the "
                          "learnt-vs-frozen comparison uses the median p99 over them")
     a = ap.parse_args(argv)
+    g.json_stdout(a)
     if a.scenarios < 1 or a.procs < 1:
         ap.error("--scenarios and --procs must be >= 1")
     scen = draw_scenarios(6 if a.quick else a.scenarios, a.seed, a.quick)
@@ -170,13 +179,14 @@ def main(argv=None):
             res[(row["id"], row["policy"])] = row
             print(f"[{k + 1}/{len(jobs)} {time.time() - t0:6.0f}s] scenario {row['id']:3d} "
                   f"{row['policy']:>8} p99 {row['p99_us']:10.1f} µs", file=sys.stderr)
-    os.makedirs(a.out, exist_ok=True)
+    os.makedirs(a.outdir, exist_ok=True)
     write_outputs(a, scen, res, time.time() - t0)
+    g.write_json(a, {"scenarios": scen, "runs": list(res.values())})
 
 
 def write_outputs(a, scen, res, wall):
     summ = summarize(scen, res)
-    with open(os.path.join(a.out, "sweep.csv"), "w", newline="") as f:
+    with open(os.path.join(a.outdir, "sweep.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["id", "rack", "n", "kind", "skew", "workload", "load", "delay_us", "tasks",
                     *[f"p99_{k}" for k, _ in POLICIES], *[f"p50_{k}" for k, _ in POLICIES],
@@ -206,10 +216,10 @@ def write_outputs(a, scen, res, wall):
               f"{100 * lf['wins']:.0f}%, equal within 0.1% in {lf['ties']}; learnt/frozen "
               f"from {lf['best_ratio']:.3f} to {lf['worst_ratio']:.3f}."]
     text = "\n".join(lines) + "\n"
-    with open(os.path.join(a.out, "sweep.txt"), "w") as f:
+    with open(os.path.join(a.outdir, "sweep.txt"), "w") as f:
         f.write(text)
     print(text)
-    _plot(scen, res, os.path.join(a.out, "sweep.png"))
+    _plot(scen, res, os.path.join(a.outdir, "sweep.png"))
 
 
 def _plot(scen, res, path):

@@ -14,11 +14,9 @@ window before timing), on the CPU, in double precision, one thread, eager mode.
 torch is optional (``pip install torch==2.13.0`` installs a CPU build here); without it the
 script prints the native figures and says that torch is missing.
 
-    python3 bench/torch_compare.py [--iters 2000] [--json out.json]
+    python3 bench/torch_compare.py [--iters 2000] [--json [FILE|-]]
 """
 
-import argparse
-import json
 import os
 import sys
 import time
@@ -29,6 +27,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from malcolm.policy.actor_critic import THESIS, MalcolmPolicy, bench_policy  # noqa: E402
+
+from malcolm import _argparse as g  # noqa: E402
 
 SIZES = (4, 8, 16, 32)
 
@@ -145,12 +145,16 @@ def time_torch(torch, n, iters):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--iters", type=int, default=2000, help="torch calls per measurement")
-    ap.add_argument("--native-iters", type=int, default=200_000)
-    ap.add_argument("--json", help="also write the results to this file")
+    ap = g.parser(__doc__, """
+        python3 bench/torch_compare.py --iters 3000 --native-iters 200000
+        python3 bench/torch_compare.py --json out/figures/table6_1.json""")
+    ap.add_argument("--iters", type=int, default=2000,
+                    help="torch calls per measurement (default 2000)")
+    ap.add_argument("--native-iters", type=int, default=200_000,
+                    help="native calls per measurement (default 200000)")
+    g.add_json(ap, "the figures per N")
     a = ap.parse_args()
+    g.json_stdout(a)
     # Native figures first: importing torch starts its thread pools, which share the cores.
     native = {n: min((bench_policy(n, a.native_iters) for _ in range(5)),
                      key=lambda r: r[f"param_update_ns.{n}"]) for n in SIZES}
@@ -182,9 +186,7 @@ def main():
     if torch is not None:
         print(f"torch {torch.__version__}, {torch.get_num_threads()} thread, float64, eager; "
               "gradients checked equal to the native step before timing", file=sys.stderr)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
+    g.write_json(a, {str(n): row for n, row in out.items()})
 
 
 if __name__ == "__main__":

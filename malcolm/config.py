@@ -48,6 +48,10 @@ RACK_KEYS = {
     "est_alpha": (float, EST_ALPHA), "prior_service_us": (float, EST_PRIOR_SERVICE_US),
     "shm_capacity": (int, 1024),
     "peer_timeout_ms": (float, -1.0), "key_file": (str, None), "max_wait_ms": (float, 200.0),
+    # network emulation in every endpoint's transport (malcolm/net/delay.pyx): what netem
+    # would add per hop, for dilated runs and fault tests; 0 on a real network
+    "hop_delay_us": (float, 0.0), "hop_jitter_us": (float, 0.0), "hop_reorder": (float, 0.0),
+    "hop_loss": (float, 0.0),
 }
 # Closed ranges of the numeric keys (NaN and infinities are refused everywhere). The bounds
 # are what the runtime can honour: a window under 1 µs would make the policy thread spin
@@ -58,7 +62,8 @@ RACK_RANGES = {
     "steal_timeout_us": (1.0, 60_000_000.0), "max_service_ms": (0.001, 3_600_000.0),
     "grace_s": (0.0, 3600.0), "est_alpha": (1e-6, 1.0), "prior_service_us": (0.001, 1e9),
     "shm_capacity": (2, 1 << 20), "peer_timeout_ms": (1.0, 3_600_000.0),
-    "max_wait_ms": (0.0, 3_600_000.0),
+    "max_wait_ms": (0.0, 3_600_000.0), "hop_delay_us": (0.0, 60_000_000.0),
+    "hop_jitter_us": (0.0, 60_000_000.0), "hop_reorder": (0.0, 1.0), "hop_loss": (0.0, 1.0),
 }
 SERVER_KEYS = {"address", "workers", "handler", "transport", "cpus"}
 
@@ -99,6 +104,10 @@ class RackConfig:
     peer_timeout_ms: float
     key_file: str | None
     max_wait_ms: float
+    hop_delay_us: float
+    hop_jitter_us: float
+    hop_reorder: float
+    hop_loss: float
     policy: str
     policy_params: dict
     seed: int
@@ -108,6 +117,13 @@ class RackConfig:
     def addresses(self):
         """Server addresses by index, in the transport's Python form."""
         return [s.address for s in self.servers]
+
+    @property
+    def hop(self):
+        """The emulated network (``malcolm.net.delay.wrap``'s keywords), or None."""
+        h = {"delay_us": self.hop_delay_us, "jitter_us": self.hop_jitter_us,
+             "reorder": self.hop_reorder, "loss": self.hop_loss}
+        return h if any(h.values()) else None
 
 
 def _typed(where, key, value, typ):
@@ -396,6 +412,9 @@ def build_server(cfg: RackConfig, k: int, handler=None):
     opts = {"capacity": cfg.shm_capacity} if cfg.transport == "shm" else {}
     policy = make_policy(cfg.policy, len(cfg.servers), k, cfg.seed, **cfg.policy_params)
     tr = open_transport(cfg.transport, s.address, **opts)
+    if cfg.hop:
+        from malcolm.net.delay import wrap
+        tr = wrap(tr, seed=cfg.seed * 64 + k + 1, **cfg.hop)
     try:
         return Server(tr, cfg.addresses, k, policy, handler=handler or s.handler,
                       workers=s.workers, capacity=cfg.capacity, n_types=cfg.task_types,

@@ -187,3 +187,75 @@ def test_rack_file_option_and_its_deprecated_positional(tmp_path):
     assert r.exit_code == 2 and "--rack FILE" in r.output
     r = CliRunner().invoke(main, ["rack", "up", "--rack", path, "--duration", "nan"])
     assert r.exit_code == 2 and "--duration" in r.output
+
+
+_UNIT_SUFFIX = ("-ns", "-us", "-µs", "-ms", "-seconds", "-secs")
+
+
+@pytest.mark.parametrize("path, cmd", COMMANDS, ids=lambda x: " ".join(x[1:])
+                         if isinstance(x, tuple) else "")
+def test_no_unit_in_a_visible_flag_name(path, cmd):
+    """Units belong in the value (``--spin 50us``), not in the name; the first release's
+    ``--spin-us``, ``--gateway-ns``, ``--window-us`` stay only as hidden aliases."""
+    for p in cmd.params:
+        if isinstance(p, click.Option) and not p.hidden:
+            for o in p.opts:
+                assert not o.endswith(_UNIT_SUFFIX), (path, o)
+    # commands with positional arguments and --json use the unambiguous parser
+    if _param(cmd, "--json") is not None and any(isinstance(p, click.Argument)
+                                                  for p in cmd.params):
+        from malcolm.commands.types import JsonArgsCommand
+        assert isinstance(cmd, JsonArgsCommand), path
+
+
+def test_renamed_duration_flags_and_their_hidden_aliases():
+    base = ["sim", "--servers", "2x2", "--policy", "jsq", "--tasks", "2000", "--json"]
+    new = CliRunner().invoke(main, base[:-1] + ["--gateway-cost", "0.3us", "--json"])
+    old = CliRunner().invoke(main, base[:-1] + ["--gateway-ns", "300", "--json"])
+    assert new.exit_code == old.exit_code == 0, new.output + old.output
+    cfg = [json.loads(r.output)["runs"][0]["config"] for r in (new, old)]
+    assert cfg[0]["gateway_ns"] == cfg[1]["gateway_ns"] == 300.0
+    cmd = dict((" ".join(p[1:]), c) for p, c in COMMANDS)["loadgen"]
+    assert _param(cmd, "--spin").type.unit == "us" and _param(cmd, "--spin-us").hidden
+    r = CliRunner().invoke(main, ["loadgen", "--server", "127.0.0.1:1", "--spin", "1 parsec"])
+    assert r.exit_code == 2 and "'--spin'" in r.output
+
+
+def test_json_before_a_positional_argument(tmp_path, monkeypatch):
+    """``--json WORD`` on a command with arguments: WORD is the FILE only when it looks like
+    one (``-``, a ``/``, ``.json``); ``--json=WORD`` always is."""
+    monkeypatch.chdir(tmp_path)
+    run = lambda *a: CliRunner().invoke(main, ["list", "policies", *a])  # noqa: E731
+    r = run("--json", "jbt")
+    assert r.exit_code == 0, r.output
+    assert [p["name"] for p in json.loads(r.output)] == ["jbt"]
+    assert not (tmp_path / "jbt").exists()
+    assert json.loads(run("--json", "-", "jbt").output)[0]["name"] == "jbt"
+    assert run("--json", "out.json", "jbt").exit_code == 0
+    assert [p["name"] for p in json.loads((tmp_path / "out.json").read_text())] == ["jbt"]
+    assert run("--json", "./o2", "jsq").exit_code == 0 and (tmp_path / "o2").exists()
+    assert run("--json=o3", "jsq").exit_code == 0 and (tmp_path / "o3").exists()
+    assert run("jsq", "--", "--json").exit_code != 0        # after --, an argument
+    # commands without arguments keep taking any word as the FILE
+    r = CliRunner().invoke(main, ["list", "workloads", "--json", "wl"])
+    assert r.exit_code == 0 and json.loads((tmp_path / "wl").read_text())
+
+
+def test_serve_stats_json_carries_the_run_metadata(tmp_path):
+    import subprocess
+    import sys
+
+    from malcolm.net.ports import free_udp_ports
+    rack = tmp_path / "rack.toml"
+    port = free_udp_ports(1)[0]
+    r = CliRunner().invoke(main, ["rack", "gen", "--hosts", "127.0.0.1", "--per-host", "1",
+                                  "--port", str(port), "--workers", "1", "-o", str(rack)])
+    assert r.exit_code == 0, r.output
+    stats = tmp_path / "stats.json"
+    p = subprocess.run([sys.executable, "-m", "malcolm", "serve", "--rack", str(rack), "--id",
+                        "0", "--duration", "300ms", "--interval", "100ms", "--stats-json",
+                        str(stats)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    d = json.loads(stats.read_text())
+    assert "responses" in d and d["metadata"]["config"]["stats_json"] == str(stats)
+    assert d["metadata"]["config"]["duration"] == 0.3 and d["metadata"]["host"]

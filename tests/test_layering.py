@@ -3,8 +3,8 @@ layer above its own, and the simulator and the server runtime never import each 
 
 Layers, lowest first (docs/design.md):
 
-    core     _core, _native, _workload, workloads, _units, _metadata, the package root, data,
-             self-tests
+    core     _core, _native, _workload, workloads, _units, _argparse, _metadata, the package
+             root, data, self-tests
     policy   malcolm.policy: the interface, the policies, the window driver
     engines  malcolm.sim | malcolm.net, malcolm.workers (siblings: sim never sees net)
     runtime  malcolm.runtime, malcolm.config
@@ -20,8 +20,8 @@ PKG = os.path.join(ROOT, "malcolm")
 
 LAYERS = [
     ("core", ("malcolm", "malcolm._core", "malcolm._native", "malcolm._workload",
-              "malcolm._metadata", "malcolm._units", "malcolm.workloads", "malcolm._selftest",
-              "malcolm._microbench", "malcolm.data",
+              "malcolm._metadata", "malcolm._units", "malcolm._argparse", "malcolm.workloads",
+              "malcolm._selftest", "malcolm._microbench", "malcolm.data",
               "malcolm._version")),
     ("policy", ("malcolm.policy",)),
     ("engines", ("malcolm.sim", "malcolm.net", "malcolm.workers")),

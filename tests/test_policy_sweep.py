@@ -1,6 +1,7 @@
 """The robustness sweep's smoke mode (``bench/sweep.py --quick``): it runs, and writes a table,
 a CSV with one row per scenario and a plot. The full sweep is a benchmark, not a test."""
 
+import json
 import os
 import sys
 
@@ -15,13 +16,17 @@ import sweep  # noqa: E402
 
 
 def test_quick_sweep_writes_table_csv_and_plot(tmp_path):
-    sweep.main(["--quick", "--procs", "1", "--out", str(tmp_path)])
+    sweep.main(["--quick", "--procs", "1", "--outdir", str(tmp_path), "--json",
+                str(tmp_path / "sweep.json")])
     md = (tmp_path / "sweep.txt").read_text()
     for label in ("malcolm", "frozen", "jsq", "jbt", "po2"):
         assert f"| {label} |" in md
     rows = (tmp_path / "sweep.csv").read_text().splitlines()
     assert len(rows) == 1 + 6 and rows[0].startswith("id,rack")
     assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    d = json.loads((tmp_path / "sweep.json").read_text())
+    assert len(d["scenarios"]) == 6 and len(d["runs"]) == 6 * 6
+    assert d["metadata"]["config"]["quick"] is True
 
 
 def test_scenarios_are_fixed_by_the_seed_and_cover_the_ranges():

@@ -149,6 +149,7 @@ def test_a_good_file_passes_check(tmp_path, monkeypatch):
     (["loadgen", "--server", "127.0.0.1:1", "--seed", "-1"], "--seed"),
     (["loadgen", "--server", ""], "--server"),
     (["loadgen", "--server", ",,"], "--server"),
+    (["loadgen", "--server", "127.0.0.1:1", "--spin", "nan"], "--spin"),
     (["loadgen", "--server", "127.0.0.1:1", "--spin-us", "nan"], "--spin-us"),
     (["loadgen", "--server", "127.0.0.1:1", "--max-timeouts", "200%"], "--max-timeouts"),
     (["loadgen", "--server", "127.0.0.1:1", "--key-file", "/nonexistent"], "rack key"),

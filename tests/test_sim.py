@@ -447,7 +447,7 @@ def test_cli_runtime_mechanics(tmp_path):
     runner = CliRunner()
     res = runner.invoke(main, ["sim", "--servers", "4x2", "--policy", "jsq", "--workload",
                                f"empirical:{f}", "--load", "1.1", "--tasks", "5000",
-                               "--gateway-ns", "300", "--capacity", "4",
+                               "--gateway-cost", "300ns", "--capacity", "4",
                                "--steals-in-flight", "1", "--json"])
     assert res.exit_code == 0, res.output
     d = json.loads(res.output)["runs"][0]

@@ -17,8 +17,10 @@ SAMPLES = [
     ("task", dict(client_id=7, request_id=2**40 + 5, task_type=3, service_ns=25_000,
                   send_ns=123456789, payload=b"abc")),
     ("task", dict(client_id=0, request_id=0)),
+    ("task", dict(client_id=1, request_id=2, budget_us=2**32 - 1)),
     ("move", dict(src=2, client_id=9, request_id=11, reply=REPLY, task_type=1,
-                  service_ns=5, send_ns=-3, payload=b"x" * 1024, origin=2, flags=1, seq=0)),
+                  service_ns=5, send_ns=-3, payload=b"x" * 1024, origin=2, flags=1, seq=0,
+                  budget_us=12345)),
     ("move", dict(src=1, client_id=9, request_id=12, reply=REPLY, flags=3, seq=77,
                   steal_reply=True)),
     ("steal_request", dict(src=3, seq=4, sent_ns=99)),
@@ -72,6 +74,24 @@ def test_decoded_fields_round_trip():
     assert native.decode(native.encode_steal_empty(1, 8, epoch=5, auth_seq=6)) == {
         "kind": "steal_reply", "src": 1, "length": 16 + wire.AUTH_LEN, "seq": 8,
         "empty": True, "epoch": 5, "auth_seq": 6}
+
+
+def test_the_clients_deadline_travels_in_a_task_and_a_move():
+    """Wire version 3: a task carries its client's deadline as a relative budget (µs), and a
+    forwarded or stolen task what is left of it; a version-2 task is refused."""
+    assert wire.VERSION == 3
+    t = native.encode_task(7, 8, budget_us=250_000)
+    assert len(t) == 48 + wire.AUTH_LEN
+    assert native.decode(t)["budget_us"] == wire.decode(t)["budget_us"] == 250_000
+    assert native.decode(native.encode_task(7, 8))["budget_us"] == 0      # none
+    m = native.encode_move(1, 2, 3, REPLY, budget_us=99, origin=4, flags=1, seq=5)
+    assert len(m) == 80 + wire.AUTH_LEN
+    d = native.decode(m)
+    assert (d["budget_us"], d["origin"], d["flags"], d["seq"], d["reply"]) == \
+        (99, 4, 1, 5, REPLY)
+    old = bytearray(t)
+    old[2] = 2
+    assert _code(_reseal(old))[1] == _code_py(_reseal(old))[1] == "unsupported version"
 
 
 def _code(data, key=None):

@@ -1,12 +1,13 @@
 """Shared plumbing of the thesis-figure scripts: run a grid of simulations, write CSV + PNG.
 
-Each script is runnable as ``python3 bench/figures/figX_Y.py [--out DIR] [--tasks N]
-[--quick]`` from the repository root and writes ``DIR/figX_Y.csv`` and ``DIR/figX_Y.png``.
+Each script is runnable as ``python3 bench/figures/figX_Y.py [--outdir DIR] [--tasks N]
+[--quick] [--json [FILE|-]]`` from the repository root and writes ``DIR/figX_Y.csv`` and
+``DIR/figX_Y.png`` (a one-figure script: ``--plot FILE`` for another PNG path). The options
+are spelled as the ``malcolm`` CLI spells them (:mod:`malcolm._argparse`, docs/cli.md).
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import glob
 import os
@@ -39,14 +40,77 @@ FIELDS = ("series", "workload", "load", "p50_us", "p99_us", "p999_us", "p9999_us
           "throughput", "offered", "migrations", "generated", "sim_time_s", "wall_s")
 
 
-def parser(description, tasks):
-    ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("--out", default=os.path.join("out", "figures"),
-                    help="output directory (default out/figures)")
-    ap.add_argument("--tasks", type=int, default=tasks, help="tasks per point")
-    ap.add_argument("--seed", type=int, default=1)
+def parser(description, tasks, name, examples="", plot=True, grid=False):
+    """The options every figure script shares: ``--outdir``, ``--tasks``, ``--seed``,
+    ``--quick``, ``--json [FILE|-]``; ``plot``: ``--plot FILE`` (the one PNG); ``grid``:
+    ``--load LOADS`` to replace the script's grid of loads. ``name`` is the script's stem."""
+    from malcolm import _argparse as g
+    ex = f"python3 bench/figures/{name}.py --quick\n" \
+         f"python3 bench/figures/{name}.py --outdir docs/figures\n" + examples.strip() + \
+         f"\npython3 bench/figures/{name}.py --quick --json {name}.json"
+    ap = g.parser(description, ex)
+    ap.add_argument("--outdir", default=os.path.join("out", "figures"), metavar="DIR",
+                    help="directory of the CSV and PNG files, named after the figure "
+                         "(default out/figures)")
+    g.hidden_alias(ap, "--out", "outdir")
+    if plot:
+        ap.add_argument("--plot", default=None, metavar="FILE",
+                        help=f"the plot (PNG); default DIR/{name}.png")
+    if grid:
+        ap.add_argument("--load", type=g.loads, action="extend", default=None,
+                        metavar="LOADS",
+                        help="loads to run instead of the figure's grid: 0.5,0.7 or "
+                             "0.5:0.95:0.05 (START:STOP:STEP); repeatable")
+    if tasks is not None:
+        ap.add_argument("--tasks", type=int, default=tasks,
+                        help=f"tasks per point (default {tasks})")
+    ap.add_argument("--seed", type=int, default=1,
+                    help="seed of every simulation: the same seed gives the same runs "
+                         "(default 1)")
     ap.add_argument("--quick", action="store_true", help="fewer loads and tasks")
+    g.add_json(ap, "every row")
     return ap
+
+
+def parse(ap):
+    """Parse the command line; with ``--json -`` the prints go to stderr from here on."""
+    from malcolm import _argparse as g
+    a = ap.parse_args()
+    if getattr(a, "tasks", None) is not None and a.tasks < 1:
+        ap.error("--tasks must be >= 1")
+    g.json_stdout(a)
+    return a
+
+
+def racks(a, figs=("fig7_1", "fig7_2"), suffix=""):
+    """The racks of a two-rack figure script: ``(figure name, spec, title)`` per ``--servers``
+    (default: both presets; a hidden ``--rack homo|hetero|both`` of the first release too).
+    The presets keep the thesis's figure names; another spec is named after itself."""
+    from malcolm._argparse import PRESETS
+    old = getattr(a, "rack_old", None)
+    specs = a.servers or ([PRESETS[k] for k in ("homo", "hetero") if old in (k, "both")]
+                          if old else [PRESETS["homo"], PRESETS["hetero"]])
+    out = []
+    for spec in dict.fromkeys(specs):
+        if spec == PRESETS["homo"]:
+            out.append((figs[0] + suffix, spec, f"homogeneous {spec}"))
+        elif spec == PRESETS["hetero"]:
+            out.append((figs[1] + suffix, spec, f"heterogeneous {spec.replace(',', ' + ')}"))
+        else:
+            tag = spec.replace(",", "+").replace("@", "at")
+            out.append((f"{figs[0]}_{figs[1].split('_')[1]}{suffix}_{tag}", spec, spec))
+    return out
+
+
+def png(a, name):
+    """The PNG path of figure ``name``: ``--plot`` if given, else in ``--outdir``."""
+    return getattr(a, "plot", None) or os.path.join(a.outdir, f"{name}.png")
+
+
+def write_json(a, **obj):
+    """``--json``: ``obj`` and the run metadata."""
+    from malcolm import _argparse as g
+    g.write_json(a, obj)
 
 
 def run_grid(points, quiet=False):

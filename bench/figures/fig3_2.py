@@ -8,15 +8,17 @@ context-switch cost, which favours PS as in the thesis). Workloads: HyperExp-1 =
 
 import os
 
-from common import parser, plot_panels, run_grid, write_csv
+from common import parse, parser, plot_panels, png, run_grid, write_csv, write_json
 
 RACK = "1x16"
 
 
 def main():
-    ap = parser(__doc__, tasks=1_000_000)
-    a = ap.parse_args()
+    ap = parser(__doc__, tasks=1_000_000, name="fig3_2", grid=True,
+                examples="python3 bench/figures/fig3_2.py --load 0.5:0.9:0.1 --tasks 100000")
+    a = parse(ap)
     loads = [0.5, 0.7, 0.8, 0.9] if a.quick else [0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95]
+    loads = a.load or loads
     tasks = min(a.tasks, 200_000) if a.quick else a.tasks
     points = []
     for wl in ("fig3.2a", "fig3.2b"):
@@ -26,8 +28,9 @@ def main():
             points.append(("FCFS", dict(base, policy="cfcfs")))
             points.append(("PS", dict(base, policy="random", sched="ps", quantum_us=0.0)))
     rows = run_grid(points)
-    write_csv(rows, os.path.join(a.out, "fig3_2.csv"))
-    plot_panels(rows, os.path.join(a.out, "fig3_2.png"),
+    write_csv(rows, os.path.join(a.outdir, "fig3_2.csv"))
+    write_json(a, figure="fig3_2", rows=rows)
+    plot_panels(rows, png(a, "fig3_2"),
                 [("(a) HyperExp-1 p99", lambda r: r["workload"] == "fig3.2a", "p99_us"),
                  ("(b) HyperExp-1 p99.99", lambda r: r["workload"] == "fig3.2a", "p9999_us"),
                  ("(c) HyperExp-2 p99", lambda r: r["workload"] == "fig3.2b", "p99_us"),

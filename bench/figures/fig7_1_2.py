@@ -18,17 +18,17 @@ Writes ``fig7_1.{csv,png}``, ``fig7_2.{csv,png}`` and ``fig7_1_2_summary.csv`` (
 load at which each policy keeps p99 <= 10x the mean service time, and the highest with p99
 within 1.5x of the ideal cFCFS's p99 at the lowest load).
 
-    python3 bench/figures/fig7_1_2.py [--out out/figures] [--quick] [--rack homo|hetero|both]
+    python3 bench/figures/fig7_1_2.py [--outdir out/figures] [--quick] [--servers homo|hetero|SPEC]
 """
 
 import csv
 import os
 import sys
 
-from common import parser, run_grid, write_rows_csv
+from common import parse, parser, racks, run_grid, write_json, write_rows_csv
 
-RACKS = {"homo": ("fig7_1", "8x8", "homogeneous 8x8"),
-         "hetero": ("fig7_2", "2x14,9x4", "heterogeneous 2x14 + 9x4")}
+from malcolm import _argparse as g
+
 WORKLOADS = ("exp:50", "bimodal", "hyperexp1", "hyperexp2")
 MEAN_US = {"exp:50": 50.0, "bimodal": 95.0, "hyperexp1": 275.0, "hyperexp2": 387.5}
 
@@ -56,14 +56,15 @@ def max_load(rows, limit):
     return {k: v[0] for k, v in out.items()}
 
 
-def plot(rows, path, title):
+def plot(rows, path, title, wls=WORKLOADS):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(WORKLOADS), figsize=(5 * len(WORKLOADS), 3.9))
-    for ax, wl in zip(axes, WORKLOADS, strict=True):
+    fig, axes = plt.subplots(1, len(wls), figsize=(5 * len(wls), 3.9), squeeze=False)
+    axes = axes[0]
+    for ax, wl in zip(axes, wls, strict=True):
         sel = [r for r in rows if r["workload"] == wl]
         for s in dict.fromkeys(r["series"] for r in sel):
             pts = sorted((r["load"], r["p99_us"]) for r in sel if r["series"] == s)
@@ -85,26 +86,40 @@ def plot(rows, path, title):
 
 
 def main():
-    ap = parser(__doc__, tasks=400_000)
-    ap.add_argument("--rack", choices=("homo", "hetero", "both"), default="both")
-    ap.add_argument("--warmup", type=float, default=0.5)
-    ap.add_argument("--workloads", default=",".join(WORKLOADS))
-    a = ap.parse_args()
+    ap = parser(__doc__, tasks=400_000, name="fig7_1_2", plot=False, grid=True, examples="""
+        python3 bench/figures/fig7_1_2.py --quick --servers hetero --workload exp:50
+        python3 bench/figures/fig7_1_2.py --servers 4x8,4x2 --load 0.6:0.9:0.1""")
+    ap.add_argument("--servers", action="append", type=g.servers, default=None,
+                    metavar="SPEC", help="the rack: homo (8x8, Fig 7.1), hetero (2x14,9x4, "
+                                         "Fig 7.2) or a spec; repeatable (default: both)")
+    ap.add_argument("--warmup-fraction", dest="warmup", type=float, default=0.5,
+                    metavar="F", help="fraction of the tasks not measured (default 0.5)")
+    ap.add_argument("--workload", action="append", default=None,
+                    help=f"workload; repeatable (default {', '.join(WORKLOADS)})")
+    g.hidden_alias(ap, "--rack", "rack_old", choices=("homo", "hetero", "both"))
+    g.hidden_alias(ap, "--warmup", "warmup", type=float)
+    g.hidden_alias(ap, "--workloads", "workloads_old")
+    a = parse(ap)
     loads = [0.6, 0.8, 0.9] if a.quick else [0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95]
+    loads = a.load or loads
     tasks = min(a.tasks, 100_000) if a.quick else a.tasks
-    wls = [w for w in a.workloads.split(",") if w]
-    os.makedirs(a.out, exist_ok=True)
-    summary = []
-    for key in (("homo", "hetero") if a.rack == "both" else (a.rack,)):
-        name, rack, title = RACKS[key]
+    wls = a.workload or [w for w in getattr(a, "workloads_old", "").split(",") if w] \
+        or list(WORKLOADS)
+    unknown = [w for w in wls if w not in MEAN_US]
+    if unknown:
+        ap.error(f"--workload {unknown[0]}: one of {', '.join(WORKLOADS)}")
+    os.makedirs(a.outdir, exist_ok=True)
+    summary, runs = [], []
+    for name, rack, title in racks(a):
         points = [(label, dict(rack=rack, policy=pol, workload=wl, load=ld, tasks=tasks,
                                seed=a.seed, warmup=a.warmup))
                   for wl in wls for label, pol in policies(wl) for ld in loads]
         rows = run_grid(points)
-        write_rows_csv(os.path.join(a.out, f"{name}.csv"), rows, rack=rack)
-        plot(rows, os.path.join(a.out, f"{name}.png"),
+        write_rows_csv(os.path.join(a.outdir, f"{name}.csv"), rows, rack=rack)
+        runs.append(dict(figure=name, rack=rack, rows=rows))
+        plot(rows, os.path.join(a.outdir, f"{name}.png"),
              f"{name.replace('fig', 'Fig ').replace('_', '.')}: p99 vs load, {title} "
-             f"({tasks} tasks/point, first {a.warmup:.0%} not measured)")
+             f"({tasks} tasks/point, first {a.warmup:.0%} not measured)", wls)
         # the issue's criterion, and one that HyperExp-2 (p99 > 10x mean even for the ideal
         # cFCFS) can meet: within 1.5x of cFCFS's p99 at the lowest load
         ideal = {wl: min(r["p99_us"] for r in rows
@@ -115,8 +130,9 @@ def main():
         for (s, wl), ld in ten.items():
             summary.append(dict(rack=rack, series=s, workload=wl, max_load_p99_10x=ld,
                                 max_load_p99_1_5x_ideal=near[(s, wl)]))
+    write_json(a, runs=runs, summary=summary)
     fields = ["rack", "series", "workload", "max_load_p99_10x", "max_load_p99_1_5x_ideal"]
-    with open(os.path.join(a.out, "fig7_1_2_summary.csv"), "w", newline="") as f:
+    with open(os.path.join(a.outdir, "fig7_1_2_summary.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         w.writerows(summary)

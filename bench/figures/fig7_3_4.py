@@ -11,17 +11,16 @@ delay, 100 µs window, first ``--warmup`` of the tasks not measured).
 
 Writes ``fig7_3.{csv,png}`` and ``fig7_4.{csv,png}``.
 
-    python3 bench/figures/fig7_3_4.py [--out out/figures] [--quick] [--rack homo|hetero|both]
+    python3 bench/figures/fig7_3_4.py [--outdir out/figures] [--quick] [--servers homo|hetero|SPEC]
 """
 
 import os
 
-from common import parser, plot_panels, run_grid, write_rows_csv
+from common import parse, parser, plot_panels, racks, run_grid, write_json, write_rows_csv
 
+from malcolm import _argparse as g
 from malcolm.workloads import parse_workload
 
-RACKS = {"homo": ("fig7_3", "8x8", "homogeneous 8x8"),
-         "hetero": ("fig7_4", "2x14,9x4", "heterogeneous 2x14 + 9x4")}
 WORKLOADS = ("rocksdb1-measured", "rocksdb2-measured")
 
 
@@ -32,25 +31,33 @@ def policies(wl):
 
 
 def main():
-    ap = parser(__doc__, tasks=400_000)
-    ap.add_argument("--rack", choices=("homo", "hetero", "both"), default="both")
-    ap.add_argument("--warmup", type=float, default=0.5)
-    a = ap.parse_args()
+    ap = parser(__doc__, tasks=400_000, name="fig7_3_4", plot=False, grid=True, examples="""
+        python3 bench/figures/fig7_3_4.py --servers hetero --seed 2""")
+    ap.add_argument("--servers", action="append", type=g.servers, default=None,
+                    metavar="SPEC", help="the rack: homo (8x8, Fig 7.3), hetero (2x14,9x4, "
+                                         "Fig 7.4) or a spec; repeatable (default: both)")
+    ap.add_argument("--warmup-fraction", dest="warmup", type=float, default=0.5,
+                    metavar="F", help="fraction of the tasks not measured (default 0.5)")
+    g.hidden_alias(ap, "--rack", "rack_old", choices=("homo", "hetero", "both"))
+    g.hidden_alias(ap, "--warmup", "warmup", type=float)
+    a = parse(ap)
     loads = [0.6, 0.8, 0.9] if a.quick else [0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95]
+    loads = a.load or loads
     tasks = min(a.tasks, 100_000) if a.quick else a.tasks
-    os.makedirs(a.out, exist_ok=True)
-    for key in (("homo", "hetero") if a.rack == "both" else (a.rack,)):
-        name, rack, title = RACKS[key]
+    os.makedirs(a.outdir, exist_ok=True)
+    runs = []
+    for name, rack, title in racks(a, ("fig7_3", "fig7_4")):
         points = [(label, dict(rack=rack, policy=pol, workload=wl, load=ld, tasks=tasks,
                                seed=a.seed, warmup=a.warmup))
                   for wl in WORKLOADS for label, pol in policies(wl) for ld in loads]
         rows = run_grid(points)
-        write_rows_csv(os.path.join(a.out, f"{name}.csv"), rows, rack=rack)
+        write_rows_csv(os.path.join(a.outdir, f"{name}.csv"), rows, rack=rack)
+        runs.append(dict(figure=name, rack=rack, rows=rows))
         panels = [(wl, lambda r, wl=wl: r["workload"] == wl, None) for wl in WORKLOADS]
-        plot_panels(rows, os.path.join(a.out, f"{name}.png"), panels,
+        plot_panels(rows, os.path.join(a.outdir, f"{name}.png"), panels,
                     title=f"{name.replace('fig', 'Fig ').replace('_', '.')} (simulator): p99 vs "
                           f"load, {title}, measured RocksDB service times ({tasks} tasks/point)")
-
+    write_json(a, runs=runs)
 
 if __name__ == "__main__":
     main()

@@ -11,8 +11,8 @@ saturates far below its nominal capacity, and the figures say so.
 
 Writes ``fig7_3_rack.{csv,png}``, ``fig7_4_rack.{csv,png}`` and the run's JSON.
 
-    python3 bench/figures/fig7_3_4_rack.py [--out DIR] [--db PATH] [--app rocksdb1]
-        [--loads 0.05,0.1,0.2,0.3] [--duration 2] [--rack homo|hetero|both]
+    python3 bench/figures/fig7_3_4_rack.py [--outdir DIR] [--db PATH] [--app rocksdb1]
+        [--load 0.05,0.1,0.2,0.3] [--duration 2s] [--servers homo|hetero|SPEC]
 """
 
 import argparse
@@ -27,11 +27,25 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from malcolm import _argparse as g  # noqa: E402
 from malcolm.net.ports import free_udp_ports  # noqa: E402
 from malcolm.workloads import parse_workload  # noqa: E402
 
+# this script's presets: racks small enough for a few cores
 RACKS = {"homo": ("fig7_3_rack", [1, 1, 1], "homogeneous 3 x 1 worker"),
          "hetero": ("fig7_4_rack", [2, 1, 1], "heterogeneous 1 x 2 + 2 x 1 workers")}
+
+
+def servers(text):
+    """``--servers``: homo, hetero or COUNTxWORKERS,... -> (figure name, workers, title)."""
+    if text in RACKS:
+        return RACKS[text]
+    spec = g.servers(text)
+    if "@" in spec:
+        raise argparse.ArgumentTypeError("a real rack has no server speeds (@SPEED)")
+    workers = [int(w) for grp in spec.split(",") for n, w in [grp.split("x")]
+               for _ in range(int(n))]
+    return (f"fig7_3_4_rack_{spec.replace(',', '+')}", workers, spec)
 # name: (server [policy] table, client policy)
 POLICIES = {"Malcolm": ({"name": "malcolm", "seed": 1}, None), "JSQ": ({"name": "jsq"}, None),
             "JBT": ({"name": "jbt"}, None),
@@ -52,16 +66,38 @@ def rack_toml(policy, workers, db, window_us):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=os.path.join("out", "figures"))
-    ap.add_argument("--db", default=os.path.join(tempfile.gettempdir(), "malcolm-kv-1m"))
-    ap.add_argument("--app", default="rocksdb1", choices=("rocksdb1", "rocksdb2"))
-    ap.add_argument("--loads", default="0.05,0.1,0.2,0.3")
-    ap.add_argument("--duration", type=float, default=2.0)
-    ap.add_argument("--warmup", type=float, default=0.5)
-    ap.add_argument("--window-us", type=float, default=1000.0)
-    ap.add_argument("--rack", choices=("homo", "hetero", "both"), default="both")
+    ap = g.parser(__doc__, """
+        python3 bench/figures/fig7_3_4_rack.py --servers hetero --load 0.1,0.2 --duration 1s
+        python3 bench/figures/fig7_3_4_rack.py --servers 2x2 --app rocksdb2 --json -""")
+    ap.add_argument("--outdir", default=os.path.join("out", "figures"), metavar="DIR",
+                    help="directory of the CSV, PNG and JSON files (default out/figures)")
+    ap.add_argument("--db", default=os.path.join(tempfile.gettempdir(), "malcolm-kv-1m"),
+                    help="the RocksDB dictionary (built if missing)")
+    ap.add_argument("--app", default="rocksdb1", choices=("rocksdb1", "rocksdb2"),
+                    help="the request mix (default rocksdb1)")
+    ap.add_argument("--load", type=g.loads, action="extend", default=None, metavar="LOADS",
+                    help="loads, fractions of the nominal capacity: 0.05,0.1 or "
+                         "0.1:0.3:0.1 (default 0.05,0.1,0.2,0.3); repeatable")
+    ap.add_argument("--duration", type=g.duration("s", positive=True), default=2.0,
+                    metavar="DURATION", help="measured time per load (bare number: s; "
+                                             "default 2s)")
+    ap.add_argument("--warmup", type=g.duration("s"), default=0.5, metavar="DURATION",
+                    help="time before each measurement (bare number: s; default 500ms)")
+    ap.add_argument("--window", dest="window_us", type=g.duration("us", positive=True),
+                    default=1000.0, metavar="DURATION",
+                    help="the rack's window (bare number: µs; default 1ms)")
+    ap.add_argument("--servers", action="append", type=servers, default=None, metavar="SPEC",
+                    help="the rack: homo (3 x 1 worker), hetero (1 x 2 + 2 x 1) or "
+                         "COUNTxWORKERS,...; repeatable (default: both presets)")
+    g.add_json(ap, "every row")
+    g.hidden_alias(ap, "--out", "outdir")
+    g.hidden_alias(ap, "--loads", "load", type=g.loads, action="extend")
+    g.hidden_alias(ap, "--window-us", "window_us", type=g.duration("us", positive=True))
+    g.hidden_alias(ap, "--rack", "rack_old", choices=("homo", "hetero", "both"))
     a = ap.parse_args()
+    g.json_stdout(a)
+    old = getattr(a, "rack_old", None)
+    racks = a.servers or [RACKS[k] for k in ("homo", "hetero") if old in (None, k, "both")]
     from malcolm.commands.rack import LocalRack
     from malcolm.loadgen import apps
     from malcolm.loadgen.run import LoadSpec, Target, run_load
@@ -72,11 +108,10 @@ def main():
     db = rdb.open_handler(f"path={a.db}")
     app = apps.parse_app(a.app, db.n_keys, db.value_size)
     mean_us = parse_workload(f"{a.app}-measured").mean_us
-    loads = [float(x) for x in a.loads.split(",")]
-    os.makedirs(a.out, exist_ok=True)
+    loads = a.load or [0.05, 0.1, 0.2, 0.3]
+    os.makedirs(a.outdir, exist_ok=True)
     everything = []
-    for key in (("homo", "hetero") if a.rack == "both" else (a.rack,)):
-        name, workers, title = RACKS[key]
+    for name, workers, title in racks:
         capacity = sum(workers) / (mean_us * 1e-6)
         rows = []
         for label, (pol, client_pol) in POLICIES.items():
@@ -111,17 +146,17 @@ def main():
                               f"p50 {row['p50_us']:8.1f} µs p99 {row['p99_us']:9.1f} µs, "
                               f"{row['checked']} checked, {row['wrong_values']} wrong, "
                               f"{row['timed_out']} timed out", file=sys.stderr)
-        with open(os.path.join(a.out, f"{name}.csv"), "w", newline="") as f:
+        with open(os.path.join(a.outdir, f"{name}.csv"), "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
-        _plot(rows, os.path.join(a.out, f"{name}.png"),
+        _plot(rows, os.path.join(a.outdir, f"{name}.png"),
               f"{name.replace('fig', 'Fig ').replace('_', '.', 1)}: real rack, {title}, "
               f"{a.app} (nominal capacity {capacity:.0f}/s)")
         everything.append({"figure": name, "workers": workers, "capacity": capacity,
                            "rows": rows})
-    with open(os.path.join(a.out, "fig7_3_4_rack.json"), "w") as f:
-        json.dump({"args": vars(a), "runs": everything}, f, indent=1)
+    g.write_json(a, {"runs": everything}, os.path.join(a.outdir, "fig7_3_4_rack.json"))
+    g.write_json(a, {"runs": everything})
 
 
 def _plot(rows, path, title):

@@ -8,7 +8,7 @@ curve includes its learning.
 
 Writes ``fig7_5.csv`` (t_ms, policy, fast_load_us, slow_load_us) and ``fig7_5.png``.
 
-    python3 bench/figures/fig7_5.py [--out out/figures] [--quick]
+    python3 bench/figures/fig7_5.py [--outdir out/figures] [--quick] [--json FILE]
 """
 
 import csv
@@ -16,7 +16,7 @@ import os
 import sys
 
 import numpy as np
-from common import parser
+from common import parse, parser, png, write_json
 
 from malcolm.sim import simulate
 
@@ -36,9 +36,11 @@ def smooth(t_us, y, bin_ms):
 
 
 def main():
-    ap = parser(__doc__, tasks=800_000)
-    ap.add_argument("--load", type=float, default=0.85)
-    a = ap.parse_args()
+    ap = parser(__doc__, tasks=800_000, name="fig7_5", examples="""
+        python3 bench/figures/fig7_5.py --load 0.7 --plot fig7_5-70.png""")
+    ap.add_argument("--load", type=float, default=0.85,
+                    help="load, a fraction of the rack's capacity (default 0.85)")
+    a = parse(ap)
     tasks = min(a.tasks, 150_000) if a.quick else a.tasks
     rows = []
     curves = {}
@@ -60,11 +62,12 @@ def main():
         print(f"{label:>12}: p99 {r.p99_us:9.1f} µs; 2nd half mean load fast "
               f"{fast[half:].mean():8.1f} µs, slow {slow[half:].mean():8.1f} µs",
               file=sys.stderr)
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "fig7_5.csv"), "w", newline="") as f:
+    os.makedirs(a.outdir, exist_ok=True)
+    with open(os.path.join(a.outdir, "fig7_5.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
+    write_json(a, rack=RACK, rows=rows)
 
     import matplotlib
 
@@ -84,7 +87,7 @@ def main():
     fig.suptitle(f"Fig 7.5: load of fast vs slow servers, rack {RACK}, Exp(50), "
                  f"{a.load:.0%} load")
     fig.tight_layout()
-    fig.savefig(os.path.join(a.out, "fig7_5.png"), dpi=110)
+    fig.savefig(png(a, "fig7_5"), dpi=110)
     plt.close(fig)
 
 

@@ -7,15 +7,16 @@ interval at 16 windows, so a longer window also means slower learning per second
 
 Writes ``fig7_8.csv`` and ``fig7_8.png``.
 
-    python3 bench/figures/fig7_8.py [--out out/figures] [--quick]
+    python3 bench/figures/fig7_8.py [--outdir out/figures] [--quick] [--json FILE]
 """
 
 import csv
 import os
 import sys
 
-from common import parser
+from common import parse, parser, png, write_json
 
+from malcolm import _argparse as g
 from malcolm.sim import simulate
 
 POLICIES = [("Malcolm", "malcolm"), ("Malcolm frozen at init", "malcolm:learn=0"), ("JBT", "jbt"),
@@ -23,10 +24,14 @@ POLICIES = [("Malcolm", "malcolm"), ("Malcolm frozen at init", "malcolm:learn=0"
 
 
 def main():
-    ap = parser(__doc__, tasks=400_000)
-    ap.add_argument("--load", type=float, default=0.85)
-    ap.add_argument("--warmup", type=float, default=0.5)
-    a = ap.parse_args()
+    ap = parser(__doc__, tasks=400_000, name="fig7_8", examples="""
+        python3 bench/figures/fig7_8.py --load 0.7 --warmup-fraction 0.3""")
+    ap.add_argument("--load", type=float, default=0.85,
+                    help="load, a fraction of the rack's capacity (default 0.85)")
+    ap.add_argument("--warmup-fraction", dest="warmup", type=float, default=0.5,
+                    metavar="F", help="fraction of the tasks not measured (default 0.5)")
+    g.hidden_alias(ap, "--warmup", "warmup", type=float)
+    a = parse(ap)
     windows = [100, 300, 1000] if a.quick else [100, 200, 300, 500, 700, 1000]
     tasks = min(a.tasks, 100_000) if a.quick else a.tasks
     rows = []
@@ -39,11 +44,12 @@ def main():
                              migrations=r.migrations / max(r.generated, 1),
                              steals=r.steals / max(r.generated, 1)))
             print(f"{label:>8} window {w:5d} µs: p99 {r.p99_us:9.1f} µs", file=sys.stderr)
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "fig7_8.csv"), "w", newline="") as f:
+    os.makedirs(a.outdir, exist_ok=True)
+    with open(os.path.join(a.outdir, "fig7_8.csv"), "w", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=list(rows[0]))
         wr.writeheader()
         wr.writerows(rows)
+    write_json(a, rows=rows)
 
     import matplotlib
 
@@ -61,7 +67,7 @@ def main():
     ax.grid(alpha=0.3, which="both")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(os.path.join(a.out, "fig7_8.png"), dpi=110)
+    fig.savefig(png(a, "fig7_8"), dpi=110)
     plt.close(fig)
 
 

@@ -19,7 +19,7 @@ the types' mean loads is back within 1.5x its pre-change mean (plus 1 µs) and s
 
 Writes ``fig7_9.csv`` (curves), ``fig7_9_reconverge.csv`` and ``fig7_9.png``.
 
-    python3 bench/figures/fig7_9.py [--out out/figures] [--quick] [--policy malcolm]
+    python3 bench/figures/fig7_9.py [--outdir out/figures] [--quick] [--policy malcolm]
 """
 
 import csv
@@ -27,8 +27,9 @@ import os
 import sys
 
 import numpy as np
-from common import parser
+from common import parse, parser, png, write_json
 
+from malcolm import _argparse as g
 from malcolm.sim import simulate
 from malcolm.sim.run import Change
 
@@ -77,14 +78,19 @@ def reconverge_ms(tm, spread, t_change_ms, hold_ms=50):
 
 
 def main():
-    ap = parser(__doc__, tasks=0)
-    ap.add_argument("--t-change", type=float, default=500.0, help="ms")
-    ap.add_argument("--duration", type=float, default=1000.0, help="ms of arrivals")
+    ap = parser(__doc__, tasks=None, name="fig7_9", examples="""
+        python3 bench/figures/fig7_9.py --quick --rate-mult 1.6 --seed 2
+        python3 bench/figures/fig7_9.py --t-change 300ms --duration 600ms --policy malcolm""")
+    ap.add_argument("--t-change", type=g.duration("ms"), default=500.0, metavar="DURATION",
+                    help="time of the change (bare number: ms; default 500ms)")
+    ap.add_argument("--duration", type=g.duration("ms", positive=True), default=1000.0,
+                    metavar="DURATION",
+                    help="time of arrivals (bare number: ms; default 1s)")
     ap.add_argument("--rate-mult", type=float, default=1.0,
                     help="scale the thesis rates (540/360 KTPS = 37.5%%/25%% of capacity)")
     ap.add_argument("--policy", action="append", default=None,
                     help="policies (repeatable; default malcolm, malcolm:learn=0, jsq, jbt)")
-    a = ap.parse_args()
+    a = parse(ap)
     pols = a.policy or ["malcolm", "malcolm:learn=0", "jsq", "jbt"]
     if a.quick:
         a.t_change, a.duration = 200.0, 400.0
@@ -117,12 +123,13 @@ def main():
                                  **{f"{k}_load_us": v[i] for k, v in per.items()}))
             print(f"{name:>28} {pol:>8}: re-converged after {rc:.0f} ms; p99 "
                   f"{r.p99_us:.0f} µs", file=sys.stderr)
-    os.makedirs(a.out, exist_ok=True)
+    os.makedirs(a.outdir, exist_ok=True)
     for fname, data in (("fig7_9.csv", rows), ("fig7_9_reconverge.csv", recon)):
-        with open(os.path.join(a.out, fname), "w", newline="") as f:
+        with open(os.path.join(a.outdir, fname), "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(data[0]))
             w.writeheader()
             w.writerows(data)
+    write_json(a, rack=RACK, reconverge=recon, rows=rows)
 
     import matplotlib
 
@@ -150,7 +157,7 @@ def main():
     fig.suptitle(f"Fig 7.9: adaptivity, rack {RACK}, Exp(50), rates x{a.rate_mult:g} "
                  f"of the thesis's")
     fig.tight_layout()
-    fig.savefig(os.path.join(a.out, "fig7_9.png"), dpi=100)
+    fig.savefig(png(a, "fig7_9"), dpi=100)
     plt.close(fig)
 
 

@@ -13,7 +13,7 @@ the run's last 10% for the rest of the run: the time to settle from a cold start
 
 Writes ``learning_curve.csv`` and ``learning_curve.png``.
 
-    python3 bench/figures/learning_curve.py [--out out/figures] [--quick] [--rack 2x14,9x4]
+    python3 bench/figures/learning_curve.py [--outdir out/figures] [--quick] [--servers 2x14,9x4]
 """
 
 import csv
@@ -21,8 +21,9 @@ import os
 import sys
 
 import numpy as np
-from common import parser
+from common import parse, parser, png, write_json
 
+from malcolm import _argparse as g
 from malcolm.sim import simulate
 
 
@@ -41,11 +42,20 @@ def settle_ms(tm, imb, bin_ms):
 
 
 def main():
-    ap = parser(__doc__, tasks=2_000_000)
-    ap.add_argument("--rack", default="2x14,9x4")
-    ap.add_argument("--load", type=float, default=0.85)
-    ap.add_argument("--bin-ms", type=float, default=10.0)
-    a = ap.parse_args()
+    ap = parser(__doc__, tasks=2_000_000, name="learning_curve", examples="""
+        python3 bench/figures/learning_curve.py --quick --seed 2
+        python3 bench/figures/learning_curve.py --servers homo --load 0.7 --bin 5ms""")
+    ap.add_argument("--servers", type=g.servers, default="2x14,9x4", metavar="SPEC",
+                    help="the rack: a spec (2x14,9x4) or a preset, homo (8x8) or hetero "
+                         "(2x14,9x4; the default)")
+    ap.add_argument("--load", type=float, default=0.85,
+                    help="load, a fraction of the rack's capacity (default 0.85)")
+    ap.add_argument("--bin", dest="bin_ms", type=g.duration("ms", positive=True), default=10.0,
+                    metavar="DURATION", help="width of a bin (bare number: ms; default 10ms)")
+    g.hidden_alias(ap, "--rack", "servers", type=g.servers)
+    g.hidden_alias(ap, "--bin-ms", "bin_ms", type=g.duration("ms", positive=True))
+    a = parse(ap)
+    a.rack = a.servers
     tasks = min(a.tasks, 300_000) if a.quick else a.tasks
     series = [("Malcolm (learning)", "malcolm"), ("Malcolm frozen at init", "malcolm:learn=0"),
               ("JSQ", "jsq")]
@@ -84,12 +94,13 @@ def main():
               f"p99 {np.nanmean(p99[:q]):8.1f} µs; last 10% imbalance "
               f"{np.nanmean(imb_bin[-q:]):8.1f} µs, p99 {np.nanmean(p99[-q:]):8.1f} µs",
               file=sys.stderr)
-    os.makedirs(a.out, exist_ok=True)
+    os.makedirs(a.outdir, exist_ok=True)
     for name, data in (("learning_curve.csv", rows), ("learning_curve_settle.csv", settle)):
-        with open(os.path.join(a.out, name), "w", newline="") as f:
+        with open(os.path.join(a.outdir, name), "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(data[0]))
             w.writeheader()
             w.writerows(data)
+    write_json(a, settle=settle, rows=rows)
 
     import matplotlib
 
@@ -110,7 +121,7 @@ def main():
     ax1.set_title(f"Learning curve: rack {a.rack}, Exp(50), {a.load:.0%} load, "
                   f"seed {a.seed}")
     fig.tight_layout()
-    fig.savefig(os.path.join(a.out, "learning_curve.png"), dpi=110)
+    fig.savefig(png(a, "learning_curve"), dpi=110)
     plt.close(fig)
 
 

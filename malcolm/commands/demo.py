@@ -147,13 +147,19 @@ Examples:
 @click.option("--dilate", "dilate_text", default=None,
               help="Time dilation K (service times, windows, timeouts x K), or 'auto': the "
                    "smallest K at which this machine keeps time. Default auto (--quick: 50).")
+@click.option("--hop-delay", "hop_delay_us", type=Duration("us", min=0), default=None,
+              help="Per-hop network delay added by the transports, at rack scale (x K in "
+                   "real time); bare number: µs. Default 2 µs (half the thesis's measured "
+                   "round trip) when K > 1, none at K = 1.")
+@click.option("--hop-delay-us", "hop_delay_us_old", type=float, default=None,
+              hidden=True)
 @click.option("--compare-sim", is_flag=True,
               help="Run the simulator's twin of every point with the measured costs.")
 @click.option("--logdir", default=None, type=click.Path(file_okay=False),
               help="Keep the servers' output here (default: a temporary directory).")
 def demo(quick, png, png_old, json_out, policy_list, policies, load_list, loads, repeat,
          duration, warmup, workload, window_us, window_us_old, workers_text, dilate_text,
-         compare_sim, logdir):
+         hop_delay_us, hop_delay_us_old, compare_sim, logdir):
     """Run a small heterogeneous rack here and compare Malcolm with JSQ, client po2 and
     frozen Malcolm, at microsecond scale (dilated to what this machine can time).
 
@@ -165,6 +171,8 @@ def demo(quick, png, png_old, json_out, policy_list, policies, load_list, loads,
     # the spellings of the first release, kept as hidden aliases
     png = png_old or png
     window_us = window_us_old if window_us_old is not None else window_us
+    if hop_delay_us_old is not None:
+        hop_delay_us = hop_delay_us_old
     if policies:
         policy_list = tuple(policy_list) + tuple(p for p in policies.split(",") if p.strip())
     if loads:
@@ -188,7 +196,8 @@ def demo(quick, png, png_old, json_out, policy_list, policies, load_list, loads,
                          warmup_s=cfg["warmup"] if warmup is None else warmup,
                          window_us=window_us, dilate=_dilate(dilate_text or cfg["dilate"]),
                          compare_sim=compare_sim, echo=echo, logdir=logdir, stop=stop,
-                         sim_tasks=40_000 if quick else 100_000, rack_class=LocalRack)
+                         sim_tasks=40_000 if quick else 100_000, rack_class=LocalRack,
+                         **({} if hop_delay_us is None else {"hop_delay_us": hop_delay_us}))
     except ExperimentError as e:
         raise click.UsageError(str(e)) from None
     old_int = signal.signal(signal.SIGINT, lambda *a: stop.set())

@@ -16,7 +16,7 @@ import textwrap
 
 import click
 
-from malcolm.commands.types import json_option, write_json
+from malcolm.commands.types import JsonArgsCommand, json_option, write_json
 
 EXAMPLES_POLICIES = """
 \b
@@ -117,7 +117,7 @@ def _wrap(text: str, indent: int, width: int) -> str:
                          subsequent_indent=" " * indent)
 
 
-@list_.command(epilog=EXAMPLES_POLICIES)
+@list_.command(cls=JsonArgsCommand, epilog=EXAMPLES_POLICIES)
 @click.argument("names", nargs=-1)
 @json_option("the listing")
 def policies(names, json_out):

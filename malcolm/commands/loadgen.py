@@ -64,9 +64,10 @@ from malcolm.commands.types import Duration, Rate, json_option, write_json, writ
               show_default=True,
               help="busy: clients spin while idle (best latency, burns a core each); "
                    "adaptive: block until a response or the next send is near.")
-@click.option("--spin-us", default=50.0, show_default=True, type=Duration("us"),
+@click.option("--spin", "spin_us", default=50.0, show_default=True, type=Duration("us"),
               help="adaptive: spin this long before each send instead of blocking (more "
                    "CPU, fewer late sends); bare number: µs.")
+@click.option("--spin-us", "spin_us_old", default=None, hidden=True, type=Duration("us"))
 @click.option("--raw", is_flag=True,
               help="Keep every latency sample and compute exact percentiles.")
 @click.option("--raw-max", default=10_000_000, show_default=True,
@@ -111,7 +112,7 @@ from malcolm.commands.types import Duration, Rate, json_option, write_json, writ
                    "Default: MALCOLM_RACK_KEY_FILE.")
 def loadgen(rack_path, servers, transport, rates, arrivals, payload_size, payload_content,
             check_echo, workload, duration, warmup, threads, timeout, shares, changes, policy,
-            poll, spin_us, raw, raw_max, lag_threshold, seed, bind, json_out, csv_out,
+            poll, spin_us, spin_us_old, raw, raw_max, lag_threshold, seed, bind, json_out, csv_out,
             hdr_out, raw_out, app, app_keys, app_value_size, key_dist, bad_fraction,
             max_timeouts, key_file):
     """Send open-loop load to a rack and report latency and accounting.
@@ -138,6 +139,8 @@ def loadgen(rack_path, servers, transport, rates, arrivals, payload_size, payloa
       malcolm loadgen --rack rack.toml --rate 10k --change 2s:rate=2x --change 4s:rate=1x
       malcolm loadgen --rack rack.toml --rate 10k --policy po2
     """
+    if spin_us_old is not None:         # the first release's spelling, kept hidden
+        spin_us = spin_us_old
     from malcolm.loadgen.run import (
         HEADER,
         LoadgenError,

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from malcolm.commands.types import json_option, write_json
+from malcolm.commands.types import JsonArgsCommand, json_option, write_json
 
 
 def _rdb():
@@ -94,7 +94,7 @@ def get(path, keys):
         click.echo(f"{k}: {v.hex()} {ok}")
 
 
-@rocksdb.command(epilog="""
+@rocksdb.command(cls=JsonArgsCommand, epilog="""
 \b
 Examples:
   malcolm rocksdb calibrate /tmp/kv

@@ -57,7 +57,9 @@ Examples:
 @click.option("--interval", default=1.0, show_default=True, type=Duration("s"),
               help="Time between stat lines (bare number: seconds; 10ms..1h).")
 @click.option("--stats-json", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-              help="Write the final statistics (and every interval's) to this JSON file.")
+              help="Write the statistics to this JSON file every interval, and the final "
+                   "report at the end; each carries the run metadata (host, version, commit, "
+                   "parameters) under 'metadata'.")
 @click.option("--duration", type=Duration("s"), default=None,
               help="Stop after this long (bare number: seconds). Default: run until a signal.")
 @click.option("--handler", default=None, help="Override the rack file's handler.")
@@ -79,9 +81,12 @@ def serve(rack_path, server_id, stats, interval, stats_json, duration, handler):
     if not (math.isfinite(interval) and 0.01 <= interval <= 3600):
         raise click.BadParameter(f"{interval} must be in 0.01..3600 seconds",
                                  param_hint="--interval")
+    meta = None
     if stats_json:
+        from malcolm._metadata import run_metadata
+        meta = run_metadata(click.get_current_context().params)
         try:                            # fail now, not after the run
-            _write_json(stats_json, {"starting": True})
+            _write_json(stats_json, {"starting": True, "metadata": meta})
         except OSError as e:
             raise click.BadParameter(f"cannot write {stats_json}: {e.strerror}",
                                      param_hint="--stats-json") from None
@@ -128,7 +133,7 @@ def serve(rack_path, server_id, stats, interval, stats_json, duration, handler):
         if stats and now > t_prev:
             click.echo(_format_line(k, cur, prev, now - t_prev), err=True)
         if stats_json:
-            _write_json_logged(stats_json, cur)
+            _write_json_logged(stats_json, dict(cur, metadata=meta))
         prev, t_prev = cur, now
         if t_end is not None and now >= t_end:
             break
@@ -144,7 +149,7 @@ def serve(rack_path, server_id, stats, interval, stats_json, duration, handler):
         click.echo(f"malcolm serve: threads that did not stop: {report['stuck_threads']}",
                    err=True)
     if stats_json:
-        _write_json_logged(stats_json, report)
+        _write_json_logged(stats_json, dict(report, metadata=meta))
     sys.stdout.flush()
     sys.stderr.flush()
     # Leave without the interpreter's teardown: it restores the default signal handlers,

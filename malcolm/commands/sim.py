@@ -168,9 +168,11 @@ Examples:
 @click.option("--ewma", default=None, type=float,
               help="Weight (0..1) of a new sample in the load estimator's averages (default: "
                    "the runtime's, malcolm.policy.defaults.EST_ALPHA).")
-@click.option("--gateway-ns", default=0.0, show_default=True, type=Duration("ns"),
+@click.option("--gateway-cost", "gateway_ns", default=0.0, show_default=True,
+              type=Duration("ns"),
               help="Gateway CPU time per message (bare number: ns): each server's gateway "
                    "handles received and originated messages one at a time (0: free).")
+@click.option("--gateway-ns", "gateway_ns_old", default=None, hidden=True, type=Duration("ns"))
 @click.option("--capacity", default=None, type=click.IntRange(1),
               help="Tasks a server holds at most (waiting + running); beyond it a task is "
                    "dropped and answered at once. Default: unbounded.")
@@ -182,8 +184,8 @@ Examples:
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Write a p99-versus-load plot (PNG) to FILE.")
 def sim(rack, rack_file, policies, workloads, loads, tasks, seed, delay, jitter, window, sched,
-        quantum, shares, loss, clients, warmup, warmup_old, phase, ewma, gateway_ns, capacity,
-        steals_in_flight, steal_timeout, json_out, plot):
+        quantum, shares, loss, clients, warmup, warmup_old, phase, ewma, gateway_ns,
+        gateway_ns_old, capacity, steals_in_flight, steal_timeout, json_out, plot):
     """Simulate a rack: p50/p99/p99.9 latency, throughput, migrations and steals.
 
     Sweeps run every combination of --policy, --workload and --load. With --json the result
@@ -192,6 +194,8 @@ def sim(rack, rack_file, policies, workloads, loads, tasks, seed, delay, jitter,
     from malcolm.policy.registry import parse_policy
     if warmup_old is not None:          # the first release's spelling, kept hidden
         warmup = warmup_old
+    if gateway_ns_old is not None:      # likewise
+        gateway_ns = gateway_ns_old
     if rack_file:
         ctx = click.get_current_context()
         default = click.core.ParameterSource.DEFAULT

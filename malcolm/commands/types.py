@@ -4,6 +4,8 @@
   option's own unit, which its help names.
 * :class:`Rate`: ``20000``, ``20k``, ``1.5M``, optionally ending in ``/s``; per second.
 * :func:`json_option`: ``--json [FILE|-]``; ``--json`` alone or ``--json -`` is stdout.
+* :class:`JsonArgsCommand`: a command with positional arguments and ``--json``, where
+  ``--json`` takes the next word as FILE only when it looks like one (see there).
 * :func:`write_json`: writes what a ``--json`` or ``--csv`` asked for, one line on failure.
 
 Bad input gives click's one-line usage error (``Invalid value for '--duration': ...``), never
@@ -93,6 +95,32 @@ def json_option(what: str = "the result"):
                         metavar="[FILE|-]",
                         help=f"Write {what} as JSON to FILE; '-' or no value: to stdout "
                              "(replacing the text output).")
+
+
+class JsonArgsCommand(click.Command):
+    """A command that takes positional arguments and ``--json [FILE|-]``.
+
+    ``--json WORD`` would otherwise swallow a positional argument as its FILE (``malcolm
+    list policies --json jbt`` writing the whole list to a file named ``jbt``). Here
+    ``--json`` takes the next word as FILE only when it is ``-``, names a path (holds a
+    ``/``) or ends in ``.json``; any other word is an argument and ``--json`` means stdout.
+    ``--json=FILE`` always names FILE.
+    """
+
+    def parse_args(self, ctx, args):
+        out, i = [], 0
+        while i < len(args):
+            a = args[i]
+            out.append(a)
+            if a == "--":
+                out += args[i + 1:]
+                break
+            if a == "--json" and i + 1 < len(args):
+                nxt = args[i + 1]
+                if not (nxt.startswith("-") or "/" in nxt or nxt.endswith(".json")):
+                    out.append("-")
+            i += 1
+        return super().parse_args(ctx, out)
 
 
 def jsonable(v):

@@ -103,6 +103,7 @@ cdef inline uint32_t _put_task(MsgBuf* b, uint64_t rid, int64_t now) noexcept no
     t.request_id = rid
     t.service_ns = 0
     t.send_ns = now
+    t.budget_us = 0
     return wire_seal(b.data, wire_put_task(b.data, b.cap, &t), &_ZERO, 1, rid + 1)
 
 

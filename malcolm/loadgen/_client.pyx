@@ -18,7 +18,7 @@ Each :class:`LoadClient` owns a transport endpoint and runs, without the GIL, a 
 Requests are tracked in a power-of-two window indexed by request id (ids are sequential per
 client), which is enough to detect timeouts in order of intended send time.
 """
-from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport UINT32_MAX, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free
 from libc.string cimport memset
 
@@ -438,7 +438,7 @@ cdef class LoadClient:
         cdef MsgBuf* b
         cdef int s, tt
         cdef uint64_t slot
-        cdef int64_t lag
+        cdef int64_t lag, left
         if self.next_id - self.oldest >= self.cap:
             # The window is full (should not happen with the default size): give up on the
             # oldest outstanding task rather than lose track of it.
@@ -469,6 +469,10 @@ cdef class LoadClient:
             t.service_ns = 0            # the handler does real work: nothing to request
         t.request_id = self.next_id
         t.send_ns = intended
+        # our deadline travels with the task (wire v3): what is left of the timeout, so that
+        # a server refuses at once ('overloaded') a task it could not start in time
+        left = (self.timeout_ns - (now - intended)) // 1000
+        t.budget_us = <uint32_t>(1 if left < 1 else (left if left < UINT32_MAX else UINT32_MAX))
         slot = self.next_id & self.mask
         self.req_t[slot] = intended
         if self.check_echo:

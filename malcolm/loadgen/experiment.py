@@ -12,6 +12,14 @@ One experiment is a rack shape (workers per server), a workload, policies and lo
   at the highest load kept time (generator on schedule, handler on its service time).
   The generator's lateness threshold is ``K`` x 50 µs: one nominal mean service time late,
   whatever the scale.
+* **Network delay** scales with ``K`` too: every endpoint's transport (servers and load
+  generator) holds each message for ``K x hop_delay_us`` (``malcolm/net/delay.pyx``; this
+  VM's kernel has no netem), so the ratio of per-hop delay to service time is the real
+  rack's. The default :data:`HOP_DELAY_US` is the thesis's measured one-way delay (Table 7.1:
+  eRPC round trips of 3.8-4.2 µs median, about 2 µs a hop), which is also the simulator's
+  default ``delay_us``; the ``--compare-sim`` twin gets exactly the injected delay. At
+  ``K = 1`` nothing is injected by default: the network is real time already (loopback
+  one-way delays of 5-7 µs on the 16-core VM, above the 2 µs).
 * **Racks**: one per policy and repeat, all started together and paused (SIGSTOP) while
   another policy runs, so the policies take turns at each load (ABCABC...) without sharing
   the CPUs; a rack goes through the loads in order, as one deployment would, and every
@@ -51,6 +59,10 @@ NICE = -10                      # the rack's and the generator's threads, where 
 # 25-50 µs real, which at K = 1 is what the spin saves and at K = 100 is 0.5 µs of rack
 # time, while spinning 50 µs after every event would cost the 2-core machine half a core.
 SPIN_US = 50.0
+# Per-hop one-way delay of the real rack (µs, rack time): half the median eRPC round trip
+# between machines in the thesis (Table 7.1: 4.2 µs, 3.8-3.9 on one machine), rounded to the
+# simulator's default delay_us = 2.0 so that both clocks see the same network by default.
+HOP_DELAY_US = 2.0
 
 
 def raise_priority(pid):
@@ -93,10 +105,13 @@ def split_policy(spec):
 
 
 def rack_toml(policy, servers, *, window_us, poll="adaptive", handler="bench",
-              steal_timeout_us=2000.0, name="exp", cpus=None, spin_us=50.0):
-    """A rack file: ``servers`` is a list of (address, workers)."""
+              steal_timeout_us=2000.0, name="exp", cpus=None, spin_us=50.0,
+              hop_delay_us=0.0):
+    """A rack file: ``servers`` is a list of (address, workers); ``hop_delay_us`` (real µs)
+    is the delay every endpoint's transport adds to each message it sends."""
     lines = ["[rack]", f'name = "{name}"', 'transport = "udp"', f'poll = "{poll}"',
              f"window_us = {window_us!r}", f"spin_us = {spin_us!r}",
+             f"hop_delay_us = {float(hop_delay_us)!r}",
              f'handler = "{handler}"', "capacity = 4096",
              f"steal_timeout_us = {steal_timeout_us!r}", "grace_s = 1.0", "", "[policy]"]
     for k, v in policy.items():
@@ -114,27 +129,6 @@ def _toml(v):
     if isinstance(v, (int, float)):
         return repr(v)
     return json.dumps(str(v))
-
-
-def netem_status():
-    """Whether per-hop delay can be added with netem here (a sentence either way)."""
-    import shutil
-    import subprocess
-    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
-        return False, "netem needs root and the ip/tc tools"
-    ns = f"malcolm-probe-{os.getpid()}"
-    try:
-        subprocess.run(["ip", "netns", "add", ns], check=True, capture_output=True, timeout=10)
-        r = subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo",
-                            "root", "netem", "delay", "10us"], capture_output=True, text=True,
-                           timeout=10)
-        if r.returncode:
-            return False, f"netem unavailable ({r.stderr.strip() or 'tc failed'})"
-        return True, "netem available"
-    except (subprocess.SubprocessError, OSError) as e:
-        return False, f"cannot create a network namespace ({e})"
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
 
 
 # ---------------------------------------------------------------- a rack of one policy
@@ -163,7 +157,10 @@ class PolicyRack:
             f.write(rack_toml(section, self.servers, window_us=exp.window_us * k,
                               poll=exp.layout.poll, handler=exp.handler,
                               steal_timeout_us=2000.0 * k, name=tag[:8],
-                              cpus=exp.layout.server_cpus, spin_us=SPIN_US / k))
+                              cpus=exp.layout.server_cpus, spin_us=SPIN_US / k,
+                              hop_delay_us=exp.hop_us(k) * k))
+        # the load generator is an endpoint of the same network: its sends wait too
+        self.hop = {"delay_us": exp.hop_us(k) * k} if exp.hop_us(k) > 0 else None
         self.logdir = os.path.join(exp.logdir or tmp, f"logs-{tag}")
         os.makedirs(self.logdir, exist_ok=True)
         from malcolm.config import ConfigError
@@ -267,6 +264,10 @@ class Experiment:
     dilate : float or "auto"
     compare_sim : bool
         Run :func:`malcolm.sim.twin.runtime_twin` next to each point.
+    hop_delay_us : float or None
+        Per-hop one-way delay added by the transports, µs at rack scale (x ``dilate`` in
+        real time); 0 adds none (the loopback's own delay only). None: :data:`HOP_DELAY_US`
+        when dilated (K > 1), none at K = 1.
     rack_class : type
         Runs a rack file's servers as processes: ``malcolm.commands.rack.LocalRack`` (passed
         in by the command, so that this tool does not import the command layer).
@@ -276,7 +277,7 @@ class Experiment:
                  loads=(0.5, 0.7, 0.85), repeat=1, duration_s=2.0, warmup_s=0.5,
                  window_us=100.0, dilate="auto", compare_sim=False, handler="bench",
                  echo=print, logdir=None, stop=None, sim_tasks=100_000,
-                 calib_duration_s=1.0, rack_class=None):
+                 calib_duration_s=1.0, rack_class=None, hop_delay_us=None):
         from malcolm.workloads import parse_workload
         self.workers = list(workers)
         self.total_workers = sum(max(1, w) for w in self.workers)
@@ -294,6 +295,10 @@ class Experiment:
         self.repeat = repeat
         self.duration_s, self.warmup_s = duration_s, warmup_s
         self.window_us = window_us
+        if hop_delay_us is not None and not (math.isfinite(hop_delay_us)
+                                             and 0 <= hop_delay_us <= 10_000):
+            raise ExperimentError(f"hop delay {hop_delay_us!r} µs must be in 0..10000")
+        self.hop_delay_arg = hop_delay_us
         self.dilate_arg = dilate
         self.dilate = 1.0
         self.compare_sim = compare_sim
@@ -314,6 +319,13 @@ class Experiment:
         self.prioritized = os.geteuid() == 0
 
     # ------------------------------------------------------------ helpers
+    def hop_us(self, k=None):
+        """The per-hop delay injected at dilation ``k`` (µs of rack time)."""
+        k = self.dilate if k is None else k
+        if self.hop_delay_arg is not None:
+            return float(self.hop_delay_arg)
+        return HOP_DELAY_US if k > 1 else 0.0
+
     def capacity(self, k=None):
         """Tasks/s the rack serves at dilation ``k`` with nominal service times."""
         k = self.dilate if k is None else k
@@ -321,7 +333,7 @@ class Experiment:
 
     def _spec(self, rack, k, threads, cpus, duration, warmup, seed=7):
         from malcolm.loadgen.run import LoadSpec, Target
-        return LoadSpec(Target("udp", rack.addresses, rack.path),
+        return LoadSpec(Target("udp", rack.addresses, rack.path, hop=rack.hop),
                         workload=M.dilate_workload(self.wl, k), duration_s=duration,
                         warmup_s=warmup, threads=threads, timeout_s=max(1.0, 0.02 * k),
                         policy=rack.client_policy, busy=self.layout.poll == "busy",
@@ -404,7 +416,8 @@ class Experiment:
         measured with the native client as the runs are (its polling, its wake-ups)."""
         from malcolm.loadgen.run import LoadSpec, Target, run_load
         n = len(rack.addresses)
-        spec = LoadSpec(Target("udp", rack.addresses, rack.path), workload="mix:1:const:0.001",
+        spec = LoadSpec(Target("udp", rack.addresses, rack.path, hop=rack.hop),
+                        workload="mix:1:const:0.001",
                         duration_s=0.3, warmup_s=0.1, threads=1,
                         busy=self.layout.poll == "busy", cpus=self.layout.client_cpus,
                         shares=[1.0] + [0.0] * (n - 1),
@@ -418,9 +431,6 @@ class Experiment:
         if self.rack_class is None:
             raise ExperimentError("no rack_class: pass malcolm.commands.rack.LocalRack")
         t_start = time.monotonic()
-        ok, why = netem_status()
-        self.net_delay = (f"per-hop delay: none added ({why}; this runner has no delay stage "
-                          "of its own): the network delay is the loopback's, measured below")
         with tempfile.TemporaryDirectory(prefix="malcolm-demo-") as tmp:
             if self.dilate_arg == "auto":
                 self.echo("dilation: auto, calibrating at the highest load")
@@ -431,6 +441,12 @@ class Experiment:
             else:
                 self.dilate = float(self.dilate_arg)
             k = self.dilate
+            hop = self.hop_us(k)
+            self.net_delay = (
+                f"per-hop delay: {hop:g} µs at rack scale, added by every endpoint's "
+                f"transport ({hop * k:g} µs real), on top of the loopback's own" if hop > 0
+                else "per-hop delay: none added (K = 1 or --hop-delay 0): the loopback's "
+                     "own, measured below")
             self.layout = M.layout(self.workers, self.cpus, max(self.loads) * self.capacity())
             self.echo(f"dilation K={k:g}: {self.wl.mean_us:g} µs tasks run as "
                       f"{self.wl.mean_us * k:g} µs, {self.window_us:g} µs windows as "
@@ -451,6 +467,7 @@ class Experiment:
                 "window_us": self.window_us, "capacity_per_s": self.capacity(),
                 "layout": self.layout.reason, "poll": self.layout.poll,
                 "net_delay": self.net_delay, "one_way_delay_us": self.delay_us / k,
+                "hop_delay_us": self.hop_us(k),
                 "service_factor": self.svc_factor, "repeat": self.repeat,
                 "ci": "order-statistic interval of the median (distribution-free); its "
                       "coverage is given per row (93.75% for 5 repeats)",
@@ -608,8 +625,15 @@ class Experiment:
                 for lo, hi, c in d["service_buckets"]:
                     buckets[(lo, hi)] = buckets.get((lo, hi), 0) + c
         samples = _samples(buckets, 20_000, k)
+        # The twin's network: the injected per-hop delay, exactly (the loopback's own share
+        # of the measured one-way delay is mostly gateway and wake-up time, which the twin
+        # charges as gateway_ns); without injection, the measured one-way delay.
+        if self.hop_us(k) > 0:
+            delay = self.hop_us(k)
+        else:
+            delay = self.delay_us / k if math.isfinite(self.delay_us) else 2.0
         return RuntimeCosts(
-            delay_us=self.delay_us / k if math.isfinite(self.delay_us) else 2.0,
+            delay_us=delay,
             gateway_ns=busy / msgs / k if msgs else 0.0,
             hb_loss=min(1.0, max(0.0, 1.0 - seen / sent)) if sent else 0.0,
             capacity=4096, steal_timeout_us=2000.0, service_us=samples or None)

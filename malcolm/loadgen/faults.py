@@ -32,8 +32,9 @@ class _Servers:
     """The rack's ``malcolm serve`` processes (the layering keeps tools from the CLI's
     ``LocalRack``; this is the part of it faults need)."""
 
-    def __init__(self, path, n, logdir, grace_s):
+    def __init__(self, path, n, logdir, grace_s, interval=1.0):
         self.path, self.n, self.logdir, self.grace_s = path, n, logdir, grace_s
+        self.interval = interval
         self.procs = {}
 
     def out_path(self, k):
@@ -48,15 +49,16 @@ class _Servers:
         with open(self.out_path(k), "w") as out:
             self.procs[k] = subprocess.Popen(
                 [sys.executable, "-m", "malcolm", "serve", "--rack", self.path, "--id",
-                 str(k), "--stats-json", self.stats_path(k)],
+                 str(k), "--stats-json", self.stats_path(k), "--interval", str(self.interval)],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         if wait:
             self.wait_ready([k], timeout)
 
-    def up(self):
-        for k in range(self.n):
+    def up(self, ids=None):
+        ids = range(self.n) if ids is None else ids
+        for k in ids:
             self.start(k, wait=False)
-        self.wait_ready(range(self.n))
+        self.wait_ready(ids)
 
     def wait_ready(self, ids, timeout=30.0):
         t_end = time.monotonic() + timeout
@@ -103,12 +105,23 @@ class FaultRack:
         Where the rack file, key, server output and statistics go.
     policy : str
         The rack's ``[policy]`` section body, e.g. ``'name = "jsq"'``.
-    service : str
-        Handler; tasks of the load are ``exp:MEAN`` µs.
+    extra : str
+        More ``[rack]`` lines.
+    hop : dict, optional
+        The network to emulate in every endpoint's transport (``malcolm.net.delay``):
+        ``{"delay_us": 1000, "jitter_us": 500, "reorder": 0.25, "loss": 0.05}`` (any
+        subset). Where the kernel has no netem this is how delay, reordering and loss are
+        injected; the load generator's sends go through it too.
+    window_us : float
+        The policy window.
+    interval : float
+        Seconds between the servers' statistics snapshots (``serve --interval``).
+    peer_timeout_ms : float or None
+        ``[rack] peer_timeout_ms``; None leaves the rack's default (20 windows, >= 100 ms).
     """
 
     def __init__(self, workdir, n=3, policy='name = "jsq"', keyed=True, workers=1,
-                 extra=""):
+                 extra="", hop=None, window_us=1000.0, interval=1.0, peer_timeout_ms=100.0):
         from malcolm.config import load_rack, read_key, write_key
         os.makedirs(workdir, exist_ok=True)
         self.dir = workdir
@@ -122,26 +135,30 @@ class FaultRack:
             key_line = f'key_file = "{kp}"'
         self.ports = free_ports(n)
         servers = "".join(f'[[server]]\naddress = "127.0.0.1:{p}"\n' for p in self.ports)
+        hop_lines = "\n".join(f"hop_{k} = {float(v)!r}" for k, v in (hop or {}).items())
         self.path = os.path.join(workdir, "rack.toml")
         with open(self.path, "w") as f:
             f.write(f"""[rack]
 name = "faults"
-window_us = 1000
+window_us = {float(window_us)!r}
 handler = "sleep"
 workers = {workers}
 grace_s = 1.0
-peer_timeout_ms = 100
+{"" if peer_timeout_ms is None else f"peer_timeout_ms = {float(peer_timeout_ms)!r}"}
 {key_line}
+{hop_lines}
 {extra}
 [policy]
 {policy}
 {servers}""")
         self.addresses = [("127.0.0.1", p) for p in self.ports]
         cfg = load_rack(self.path)          # a bad file fails here, with its reason
-        self.lr = _Servers(self.path, n, workdir, cfg.grace_s)
+        self.hop = cfg.hop
+        self.lr = _Servers(self.path, n, workdir, cfg.grace_s, interval)
 
-    def up(self):
-        self.lr.up()
+    def up(self, ids=None):
+        """Start the servers (``ids``: only those; the others can join later)."""
+        self.lr.up(ids)
         return self
 
     def down(self):
@@ -163,14 +180,15 @@ peer_timeout_ms = 100
 
     # ------------------------------------------------------------ load
     def load(self, rate, seconds, faults=(), workload="exp:200", timeout_s=1.0,
-             servers=None, warmup_s=0.2):
+             servers=None, warmup_s=0.2, shares=None):
         """Run the load generator for ``seconds`` at ``rate`` while the ``faults`` run:
         each a ``(at_s, callable)`` started in its own thread ``at_s`` after the start.
         Returns the generator's report with ``faults``: what each injector returned."""
         from malcolm.loadgen.run import LoadSpec, Target, run_load
-        target = Target("udp", list(servers or self.addresses), "--server", key=self.key)
+        target = Target("udp", list(servers or self.addresses), "--server", key=self.key,
+                        hop=self.hop)
         spec = LoadSpec(target=target, workload=workload, duration_s=seconds,
-                        warmup_s=warmup_s, timeout_s=timeout_s)
+                        warmup_s=warmup_s, timeout_s=timeout_s, shares=shares)
         results = {}
         threads = []
         t0 = time.monotonic()

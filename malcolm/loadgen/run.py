@@ -138,6 +138,8 @@ class Target:
     source: str          # the rack file, or "--server"
     workers: int | None = None      # the rack's worker threads (from a rack file), for loads
     key: bytes | None = None        # the rack's 16-byte MAC key (None: unauthenticated rack)
+    hop: dict | None = None         # the rack's emulated network (RackConfig.hop): the client
+    #                                 is an endpoint of the rack, its hops are delayed too
 
 
 def resolve_target(rack=None, servers=(), transport=None, key_file=None) -> Target:
@@ -156,7 +158,7 @@ def resolve_target(rack=None, servers=(), transport=None, key_file=None) -> Targ
             raise LoadgenError(f"--transport {transport} but the rack {rack} uses "
                                f"{cfg.transport}")
         return Target(cfg.transport, list(cfg.addresses), rack,
-                      sum(max(1, s.workers) for s in cfg.servers), key=key)
+                      sum(max(1, s.workers) for s in cfg.servers), key=key, hop=cfg.hop)
     if not servers:
         raise LoadgenError("no servers: give --rack RACK.toml or --server HOST:PORT "
                            "(repeatable, or comma-separated)")
@@ -232,7 +234,7 @@ class LoadSpec:
         if not 0 <= self.seed < 2 ** 63:
             raise LoadgenError(f"--seed {self.seed} must be in 0..2**63-1")
         if not (math.isfinite(self.spin_us) and 0 <= self.spin_us <= 1e6):
-            raise LoadgenError(f"--spin-us {self.spin_us} must be in 0..1000000")
+            raise LoadgenError(f"--spin {self.spin_us} must be in 0..1000000")
         if not (math.isfinite(self.lag_threshold_us) and self.lag_threshold_us > 0):
             raise LoadgenError(f"--lag-threshold {self.lag_threshold_us} must be > 0")
         if self.raw and not 1 <= self.raw_max <= 1 << 31:
@@ -311,6 +313,9 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
         for i in range(spec.threads):
             sched = (arr or traffic.Arrivals()).for_thread(i, spec.threads, rate)
             tr = _open(spec.target.transport, spec.bind, i, spec.target.servers)
+            if spec.target.hop:
+                from malcolm.net.delay import wrap
+                tr = wrap(tr, seed=spec.seed * 64 + 63 - i, **spec.target.hop)
             trs.append(tr)
             try:
                 servers = [tr.parse(s) for s in spec.target.servers]
@@ -365,9 +370,14 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
                                + (f"; still running: {', '.join(alive)}" if alive else ""))
         results = [c.results() for c in clients]
     finally:
+        emu = [tr.stats() for tr in trs if hasattr(tr, "stats")]
         for tr in trs:
             tr.close()
     rep = report(spec, rate, results, wl)
+    if emu:         # the client side of the emulated network (malcolm.net.delay)
+        rep["net_emulation"] = dict(emu[0], **{k: sum(e[k] for e in emu) for k in (
+            "delayed", "net_lost", "reordered", "early")},
+            max_late_us=max(e["max_late_us"] for e in emu))
     if spec.app:
         rep["workload"] = spec.app.describe()
         rep["app"] = spec.app.report([a.results() for a in kv])

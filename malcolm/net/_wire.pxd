@@ -30,11 +30,11 @@ cdef extern from "net/_netc.h" nogil:
 
 cdef enum:
     WIRE_MAGIC = 0x4C4D          # bytes "ML"
-    WIRE_VERSION = 2
+    WIRE_VERSION = 3             # 3: a task carries the client's deadline (budget_us)
     HDR_LEN = 8
     AUTH_LEN = 24                # trailer on every message: u64 epoch, u64 seq, u64 MAC
-    TASK_LEN = 40                # fixed part of a task
-    MOVE_LEN = 72                # fixed part of a forwarded or stolen task
+    TASK_LEN = 48                # fixed part of a task
+    MOVE_LEN = 80                # fixed part of a forwarded or stolen task
     STEAL_REQ_LEN = 24
     STEAL_EMPTY_LEN = 16
     RESP_LEN = 56                # fixed part of a response
@@ -135,6 +135,7 @@ ctypedef struct WireTask:
     uint16_t origin              # the server the client sent it to
     uint16_t flags               # TaskFlag bits
     uint32_t seq                 # steal sequence number (steal replies)
+    uint32_t budget_us           # the client's deadline, relative: µs left to answer (0: none)
     const uint8_t* payload
 
 

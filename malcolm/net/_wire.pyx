@@ -147,6 +147,7 @@ cdef inline void _get_core(const uint8_t* buf, WireTask* t) noexcept nogil:
     t.request_id = mc_ld64(buf + 16)
     t.service_ns = <int64_t>mc_ld64(buf + 24)
     t.send_ns = <int64_t>mc_ld64(buf + 32)
+    t.budget_us = mc_ld32(buf + 40)       # 44..48 reserved (written 0, not checked)
 
 
 cdef inline void _put_core(uint8_t* buf, const WireTask* t) noexcept nogil:
@@ -156,6 +157,8 @@ cdef inline void _put_core(uint8_t* buf, const WireTask* t) noexcept nogil:
     mc_st64(buf + 16, t.request_id)
     mc_st64(buf + 24, <uint64_t>t.service_ns)
     mc_st64(buf + 32, <uint64_t>t.send_ns)
+    mc_st32(buf + 40, t.budget_us)
+    mc_st32(buf + 44, 0)
 
 
 cdef int wire_get_task(const uint8_t* buf, uint32_t n, WireTask* t) noexcept nogil:
@@ -182,13 +185,13 @@ cdef int wire_get_move(const uint8_t* buf, uint32_t n, WireTask* t) noexcept nog
     if n < MOVE_LEN:
         return E_LENGTH
     _get_core(buf, t)
-    t.reply.family = mc_ld16(buf + 40)
-    t.reply.port = mc_ld16(buf + 42)
-    t.reply.extra = mc_ld32(buf + 44)
-    memcpy(t.reply.addr, buf + 48, 16)
-    t.origin = mc_ld16(buf + 64)
-    t.flags = mc_ld16(buf + 66)
-    t.seq = mc_ld32(buf + 68)
+    t.reply.family = mc_ld16(buf + 48)
+    t.reply.port = mc_ld16(buf + 50)
+    t.reply.extra = mc_ld32(buf + 52)
+    memcpy(t.reply.addr, buf + 56, 16)
+    t.origin = mc_ld16(buf + 72)
+    t.flags = mc_ld16(buf + 74)
+    t.seq = mc_ld32(buf + 76)
     t.payload = buf + MOVE_LEN
     if t.payload_len > MAX_PAYLOAD:
         return E_PAYLOAD
@@ -294,13 +297,13 @@ cdef uint32_t wire_put_move(uint8_t* buf, uint32_t cap, uint16_t src, uint8_t ki
         return 0
     _put_hdr(buf, kind, src, n)
     _put_core(buf, t)
-    mc_st16(buf + 40, t.reply.family)
-    mc_st16(buf + 42, t.reply.port)
-    mc_st32(buf + 44, t.reply.extra)
-    memcpy(buf + 48, t.reply.addr, 16)
-    mc_st16(buf + 64, t.origin)
-    mc_st16(buf + 66, t.flags)
-    mc_st32(buf + 68, t.seq)
+    mc_st16(buf + 48, t.reply.family)
+    mc_st16(buf + 50, t.reply.port)
+    mc_st32(buf + 52, t.reply.extra)
+    memcpy(buf + 56, t.reply.addr, 16)
+    mc_st16(buf + 72, t.origin)
+    mc_st16(buf + 74, t.flags)
+    mc_st32(buf + 76, t.seq)
     if t.payload_len:
         memcpy(buf + MOVE_LEN, t.payload, t.payload_len)
     return n
@@ -471,7 +474,7 @@ cdef object _addr_to(const NetAddr* a):
 
 
 cdef WireTask _task_from(client_id, request_id, task_type, service_ns, send_ns, payload,
-                         reply, origin, flags, seq) except *:
+                         reply, origin, flags, seq, budget_us=0) except *:
     cdef WireTask t
     memset(&t, 0, sizeof(WireTask))
     t.client_id = client_id
@@ -484,16 +487,17 @@ cdef WireTask _task_from(client_id, request_id, task_type, service_ns, send_ns, 
     t.origin = origin
     t.flags = flags
     t.seq = seq
+    t.budget_us = budget_us
     return t
 
 
 def encode_task(uint32_t client_id, uint64_t request_id, uint16_t task_type=0,
                 int64_t service_ns=0, int64_t send_ns=0, bytes payload=b"", key=None,
-                uint64_t epoch=1, auth_seq=None):
-    """Encode a TASK as a client sends it."""
+                uint64_t epoch=1, auth_seq=None, uint32_t budget_us=0):
+    """Encode a TASK as a client sends it (``budget_us``: its deadline, relative; 0 none)."""
     cdef uint8_t buf[MAX_MSG]
     cdef WireTask t = _task_from(client_id, request_id, task_type, service_ns, send_ns,
-                                 payload, None, 0, 0, 0)
+                                 payload, None, 0, 0, 0, budget_us)
     t.payload = <const uint8_t*>(<const char*>payload)
     cdef uint32_t n = wire_put_task(buf, MAX_MSG, &t)
     if n == 0:
@@ -505,11 +509,11 @@ def encode_move(uint16_t src, uint32_t client_id, uint64_t request_id, reply,
                 uint16_t task_type=0, int64_t service_ns=0, int64_t send_ns=0,
                 bytes payload=b"", uint16_t origin=0, uint16_t flags=F_MIGRATED,
                 uint32_t seq=0, bint steal_reply=False, key=None, uint64_t epoch=1,
-                auth_seq=None):
+                auth_seq=None, uint32_t budget_us=0):
     """Encode a FORWARD (or a STEAL_REPLY with a task); ``reply`` is (family, port, extra, addr)."""
     cdef uint8_t buf[MAX_MSG]
     cdef WireTask t = _task_from(client_id, request_id, task_type, service_ns, send_ns,
-                                 payload, reply, origin, flags, seq)
+                                 payload, reply, origin, flags, seq, budget_us)
     t.payload = <const uint8_t*>(<const char*>payload)
     cdef uint32_t n = wire_put_move(buf, MAX_MSG, src,
                                     K_STEAL_REPLY if steal_reply else K_FORWARD, &t)
@@ -627,7 +631,7 @@ def decode(const uint8_t[::1] data not None, key=None):
         if rc < 0:
             _raise(rc)
         out.update(client_id=t.client_id, request_id=t.request_id, task_type=t.task_type,
-                   service_ns=t.service_ns, send_ns=t.send_ns,
+                   service_ns=t.service_ns, send_ns=t.send_ns, budget_us=t.budget_us,
                    payload=bytes(t.payload[:t.payload_len]))
         if h.kind != K_TASK:
             out.update(reply=_addr_to(&t.reply), origin=t.origin, flags=t.flags, seq=t.seq,

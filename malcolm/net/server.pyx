@@ -27,7 +27,7 @@ the client's accounting reports them lost.
 import logging
 import threading
 
-from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport UINT32_MAX, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free
 from libc.string cimport memcpy, memset
 
@@ -75,6 +75,7 @@ cdef enum:
     IDLE_WAIT_NS = 5_000_000     # longest block in adaptive mode: bounds the reaction to stop
     INLINE_BUDGET_NS = 5_000     # workers=0: the longest run of tasks between two polls
     CLIENT_SLOTS = 4096          # clients whose replay windows are kept (direct-mapped)
+    SUSPECT_WINDOWS = 5          # windows without a message before a peer gets no more tasks
 
 
 ctypedef struct TaskSlot:
@@ -86,6 +87,7 @@ ctypedef struct TaskSlot:
     int64_t service_ns
     int64_t send_ns
     int64_t arrive_ns
+    int64_t deadline_ns         # answer TIMED_OUT if not started by then (0: no deadline)
     int64_t measured_ns
     uint16_t origin
     uint8_t status
@@ -220,6 +222,9 @@ cdef class Server:
     cdef uint32_t capacity
     cdef int64_t window_ns, spin_ns, timeout_ns, steal_timeout_ns, max_service_ns
     cdef int64_t peer_timeout_ns
+    cdef int64_t suspect_ns         # silent this long: no migrations to it, no steals from it
+    cdef uint64_t mig_to[MAX_SERVERS]       # tasks migrated to each peer
+    cdef int64_t mig_last_ns[MAX_SERVERS]   # when the last one went (0: never)
     cdef int64_t max_wait_ns        # admission control: 0 off
     cdef double adm_rate            # service rate (tasks/ns) for admission, once per batch
     cdef int64_t peer_seen[MAX_SERVERS]    # last message from each peer (gateway clock)
@@ -325,6 +330,12 @@ cdef class Server:
         if peer_timeout_ms < 0:
             peer_timeout_ms = max(100.0, 20 * window_us / 1000.0)
         self.peer_timeout_ns = <int64_t>(peer_timeout_ms * 1e6)
+        # Tasks and steal requests stop going to a peer after SUSPECT_WINDOWS windows
+        # without a message from it (it sends a heartbeat every window), so the policy's
+        # effective choices re-form within a few windows of a failure (issue 13: within 10);
+        # leaving the membership (a counted event) still takes peer_timeout_ms, which keeps
+        # a peer that is only slow for a moment from flapping in and out of the rack.
+        self.suspect_ns = min(self.peer_timeout_ns, SUSPECT_WINDOWS * self.window_ns)
         for i, p in enumerate(peers):
             addr_parse(transport.kind, p, &self.peers[i])
         self._set_clients(clients)
@@ -539,6 +550,18 @@ cdef class Server:
         d["rate_per_us"] = est_rate(&self.est) * 1000.0
         d["load_us"] = est_load(&self.est, <double>self.in_server) / 1000.0
         d["send_failed"] = self.tr.n_send_failed
+        # per peer: migrations to it and the last one's time (CLOCK_MONOTONIC ns, as
+        # time.monotonic_ns()): how fast the survivors stop sending to a failed server
+        d["migrated_to"] = [int(self.mig_to[j]) for j in range(self.n)]
+        d["last_migrated_to_ns"] = [int(self.mig_last_ns[j]) for j in range(self.n)]
+        d["suspect_ms"] = self.suspect_ns / 1e6
+        d["mono_ns"] = mc_now_ns()                  # when this snapshot was taken
+        d["started_ns"] = self.started_ns
+        if hasattr(self.policy_obj, "probs_migrate"):
+            d["probs_migrate"] = [float(x) for x in self.policy_obj.probs_migrate]
+        emu = getattr(<object>self.tr, "stats", None)      # malcolm.net.delay, if emulated
+        if emu is not None:
+            d["net_emulation"] = emu()
         d["uptime_s"] = (mc_now_ns() - self.started_ns) / 1e9 if self.started_ns else 0.0
         d["last_bad"] = (wire_error_name(self.last_bad_code).decode(),
                          addr_py(&self.last_bad_addr)) if self.last_bad_code else None
@@ -656,7 +679,7 @@ cdef class Server:
         cdef malcolm_task t
         cdef int64_t t1 = t0
         cdef int rc
-        if self.timeout_ns > 0 and t0 - s.arrive_ns > self.timeout_ns:
+        if s.deadline_ns > 0 and t0 > s.deadline_ns:
             s.status = ST_TIMED_OUT
             s.out_len = 0
             s.measured_ns = 0
@@ -818,13 +841,26 @@ cdef class Server:
     cdef bint _enqueue(self, const WireTask* t, const NetAddr* reply, uint16_t flags,
                        uint16_t origin, int64_t now) noexcept nogil:
         """Keep a task: copy it into a slot and queue it. False when no slot is free or the
-        queued work is over ``max_wait_ns`` (a stolen task is always kept: it was asked for)."""
+        queued work is over ``max_wait_ns`` or the client's own deadline (a stolen task is always
+        kept: it was asked for)."""
         cdef uint64_t idx
         cdef TaskSlot* s
         cdef double waiting
-        if self.max_wait_ns > 0 and not (flags & F_STOLEN):
+        # The task's deadline: the client's own (budget_us, relative, on the wire) or the
+        # rack's task_timeout_ms, whichever comes first. Admission allows a wait of at most
+        # max_wait_ms and half the client's budget: the other half is for the service, the
+        # way back and the error of the rate estimate, so an admitted task is answered in time.
+        cdef int64_t deadline = 0, allowed = self.max_wait_ns
+        cdef int64_t budget = <int64_t>t.budget_us * 1000
+        if budget > 0:
+            deadline = now + budget
+            if allowed == 0 or budget // 2 < allowed:
+                allowed = budget // 2
+        if self.timeout_ns > 0 and (deadline == 0 or now + self.timeout_ns < deadline):
+            deadline = now + self.timeout_ns
+        if allowed > 0 and not (flags & F_STOLEN):
             waiting = <double>mpmc_size(self.runq)
-            if waiting > 0 and waiting > self.adm_rate * <double>self.max_wait_ns:
+            if waiting > 0 and waiting > self.adm_rate * <double>allowed:
                 self._respond_now(t, reply, ST_OVERLOADED, flags)
                 return False
         # A slot is 2 kB; reusing the one freed last keeps it in cache (a FIFO free list
@@ -843,6 +879,7 @@ cdef class Server:
         s.service_ns = t.service_ns
         s.send_ns = t.send_ns
         s.arrive_ns = now
+        s.deadline_ns = deadline
         s.origin = origin
         s.payload_len = t.payload_len
         if t.payload_len:
@@ -856,6 +893,7 @@ cdef class Server:
                          uint32_t seq) noexcept nogil:
         cdef WireTask t
         cdef MsgBuf* b
+        cdef int64_t left
         t.client_id = s.client_id
         t.task_type = s.task_type
         t.payload_len = s.payload_len
@@ -866,6 +904,11 @@ cdef class Server:
         t.origin = s.origin
         t.flags = flags
         t.seq = seq
+        t.budget_us = 0
+        if s.deadline_ns > 0:       # what is left of the deadline travels with the task
+            left = (s.deadline_ns - mc_now_ns()) // 1000
+            t.budget_us = <uint32_t>(1 if left < 1 else (left if left < UINT32_MAX
+                                                         else UINT32_MAX))
         t.payload = s.payload
         b = self.tr.tx_next(&self.peers[dst])
         b.len = self._seal(b, wire_put_move(b.data, b.cap, self.me, kind, &t), dst)
@@ -931,7 +974,7 @@ cdef class Server:
                 return 0
             dst = self.policy.decide_arrival(now, t.task_type)
             if 0 <= dst < self.n and dst != self.me and now - self.peer_seen[dst] > \
-                    self.peer_timeout_ns:
+                    self.suspect_ns:
                 self.c.kept_for_silent += 1
                 dst = self.me
             if 0 <= dst < self.n and dst != self.me:
@@ -942,6 +985,8 @@ cdef class Server:
                 b = self.tr.tx_next(&self.peers[dst])
                 b.len = self._seal(b, wire_put_move(b.data, b.cap, self.me, K_FORWARD, &t), dst)
                 self.c.migrated_out += 1
+                self.mig_to[dst] += 1
+                self.mig_last_ns[dst] = now
                 self.policy.migrations += 1
                 return 1
             if self._enqueue(&t, &m.peer, 0, self.me, now):
@@ -1119,7 +1164,7 @@ cdef class Server:
                 continue
             v = self.policy.decide_steal(now)
             if 0 <= v < self.n and v != self.me:
-                if now - self.peer_seen[v] > self.peer_timeout_ns:
+                if now - self.peer_seen[v] > self.suspect_ns:
                     self.c.steals_to_silent += 1
                     continue
                 if self.steal_pending and now < self.steal_deadline:
@@ -1184,7 +1229,7 @@ cdef class Server:
             if not self.draining and mc_load_acq(&self.stop_gateway):
                 self.draining = True
             n = self.tr.rx_poll(BATCH)
-            if n and self.max_wait_ns > 0:
+            if n:       # admission (max_wait_ms, or a client's deadline) needs the rate
                 self.adm_rate = est_rate(&self.est)     # once per batch: a division per
             tasks = 0                                   # worker and task type
             hb_tail = self.hb_tail

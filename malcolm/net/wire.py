@@ -9,7 +9,7 @@ Every message starts with an 8-byte header and ends with a 24-byte trailer::
 
     off size field
     0   2    magic    0x4C4D (bytes "ML")
-    2   1    version  2
+    2   1    version  3 (3: tasks carry the client's deadline, ``budget_us``)
     3   1    kind     1 task, 2 response, 3 forward, 4 steal request, 5 steal reply, 6 heartbeat
     4   2    src      sender's server index in the rack; 0xFFFF for a client
     6   2    length   whole message in bytes, trailer included; must equal the bytes received
@@ -24,12 +24,15 @@ rack without one uses the all-zero key, which detects corruption but authenticat
 
 Kinds (offsets from the start of the message)::
 
-    TASK (40 + payload)            client -> server
+    TASK (48 + payload)            client -> server
       8 u32 client_id   12 u16 task_type   14 u16 payload_len   16 u64 request_id
-     24 i64 service_ns (requested, >= 0)   32 i64 send_ns (intended send time)   40 payload
-    FORWARD (72 + payload)         server -> server, a migrated task
-      8..40 as TASK, then 40 addr reply (24 bytes, see below)   64 u16 origin
-     66 u16 flags (1 migrated, 2 stolen)   68 u32 seq   72 payload
+     24 i64 service_ns (requested, >= 0)   32 i64 send_ns (intended send time)
+     40 u32 budget_us (the client's deadline: µs it will wait from now; 0 none)   44 u32 0
+     48 payload
+    FORWARD (80 + payload)         server -> server, a migrated task
+      8..48 as TASK (budget_us: what is left of it at the sender), then 48 addr reply
+     (24 bytes, see below)   72 u16 origin   74 u16 flags (1 migrated, 2 stolen)
+     76 u32 seq   80 payload
     STEAL_REQ (24)                 thief -> victim
       8 u32 seq   12 u32 0   16 i64 sent_ns
     STEAL_REPLY                    victim -> thief: 16 bytes (8 u32 seq, 12 u32 0) when it has
@@ -72,7 +75,7 @@ ReplayWindow = _native.ReplayWindow
 new_epoch = _native.new_epoch
 
 MAGIC = 0x4C4D
-VERSION = 2
+VERSION = 3
 AUTH_LEN = 24
 ZERO_KEY = bytes(16)
 E_MAC, E_REPLAY, E_EPOCH, E_STALE = -12, -13, -14, -15
@@ -108,7 +111,7 @@ MIGRATED = 1
 STOLEN = 2
 
 _HDR = struct.Struct("<HBBHH")
-_CORE = struct.Struct("<IHHQqq")
+_CORE = struct.Struct("<IHHQqqII")
 _ADDR = struct.Struct("<HHI16s")
 _MOVE_TAIL = struct.Struct("<HHI")
 _RESP = struct.Struct("<IHHQqqdIHBB")
@@ -182,31 +185,31 @@ def seal(body: bytes, key=None, epoch=1, auth_seq=None) -> bytes:
 
 
 def encode_task(client_id, request_id, task_type=0, service_ns=0, send_ns=0, payload=b"",
-                key=None, epoch=1, auth_seq=None):
+                key=None, epoch=1, auth_seq=None, budget_us=0):
     """Encode a TASK as a client sends it (``key``, ``epoch``, ``auth_seq``: the trailer)."""
     if len(payload) > MAX_PAYLOAD:
         raise ValueError(f"payload of {len(payload)} bytes is over {MAX_PAYLOAD}")
-    n = 40 + len(payload)
+    n = 48 + len(payload)
     return seal(_hdr(Kind.TASK, CLIENT_SRC, n)
                 + _CORE.pack(client_id, task_type, len(payload), request_id, service_ns,
-                             send_ns)
+                             send_ns, budget_us, 0)
                 + payload, key, epoch, auth_seq)
 
 
 def encode_move(src, client_id, request_id, reply, task_type=0, service_ns=0, send_ns=0,
                 payload=b"", origin=0, flags=MIGRATED, seq=0, steal_reply=False, key=None,
-                epoch=1, auth_seq=None):
+                epoch=1, auth_seq=None, budget_us=0):
     """Encode a FORWARD, or a STEAL_REPLY carrying a task.
 
     ``reply`` is the client's address as (family, port, extra, addr16)."""
     if len(payload) > MAX_PAYLOAD:
         raise ValueError(f"payload of {len(payload)} bytes is over {MAX_PAYLOAD}")
-    n = 72 + len(payload)
+    n = 80 + len(payload)
     fam, port, extra, raw = reply
     kind = Kind.STEAL_REPLY if steal_reply else Kind.FORWARD
     return seal(_hdr(kind, src, n)
                 + _CORE.pack(client_id, task_type, len(payload), request_id, service_ns,
-                             send_ns)
+                             send_ns, budget_us, 0)
                 + _ADDR.pack(fam, port, extra, bytes(raw).ljust(16, b"\0"))
                 + _MOVE_TAIL.pack(origin, flags, seq) + payload, key, epoch, auth_seq)
 
@@ -278,19 +281,19 @@ def decode(data: bytes, key=None) -> dict:
         out.update(seq=struct.unpack_from("<I", data, 8)[0], empty=True)
         return out
     if kind in (Kind.TASK, Kind.FORWARD, Kind.STEAL_REPLY):
-        fixed = 40 if kind == Kind.TASK else 72
+        fixed = 48 if kind == Kind.TASK else 80
         if n < fixed:
             bad(-5)
-        cid, tt, plen, rid, svc, sent = _CORE.unpack_from(data, 8)
+        cid, tt, plen, rid, svc, sent, budget, _ = _CORE.unpack_from(data, 8)
         if plen > MAX_PAYLOAD:
             bad(-6)
         if n != fixed + plen:
             bad(-5)
         out.update(client_id=cid, request_id=rid, task_type=tt, service_ns=svc, send_ns=sent,
-                   payload=bytes(data[fixed:]))
+                   budget_us=budget, payload=bytes(data[fixed:]))
         if kind != Kind.TASK:
-            fam, port, extra, raw = _ADDR.unpack_from(data, 40)
-            origin, flags, seq = _MOVE_TAIL.unpack_from(data, 64)
+            fam, port, extra, raw = _ADDR.unpack_from(data, 48)
+            origin, flags, seq = _MOVE_TAIL.unpack_from(data, 72)
             if svc < 0 or fam == 0 or flags & ~3:
                 bad(-7)
             out.update(reply=(fam, port, extra, raw), origin=origin, flags=flags, seq=seq,

@@ -1,0 +1,181 @@
+"""The CLI's grammar for the ``argparse`` scripts below it (``bench/``): the same spellings as
+``malcolm`` itself (docs/cli.md), so that a flag means one thing everywhere.
+
+* :func:`duration`: ``5s``, ``500ms``, ``50us``; a bare number is in the option's unit.
+* :func:`rate`: ``20000``, ``20k``, ``1.5M``, ``20k/s``.
+* :func:`loads`: ``0.5,0.7`` or ``0.5:0.95:0.05`` (START:STOP:STEP, STOP included).
+* :func:`servers`: a servers spec (``2x14,9x4``) or a named preset (``homo``, ``hetero``).
+* :func:`add_json`: ``--json [FILE|-]``; :func:`write_json` adds the run metadata.
+* :func:`parser`: an ``ArgumentParser`` whose ``--help`` ends with ``Examples:``.
+
+A bad value is argparse's one-line usage error naming the option (exit status 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+
+from malcolm._units import parse_duration, parse_rate
+
+__all__ = ["PRESETS", "add_json", "duration", "hidden_alias", "json_stdout", "loads",
+           "parser", "rate", "servers", "write_json"]
+
+# The racks of the thesis's evaluation (Ch. 7), by name.
+PRESETS = {"homo": "8x8", "hetero": "2x14,9x4"}
+_SPEC = re.compile(r"\d+x\d+(@[0-9.]+)?(,\d+x\d+(@[0-9.]+)?)*")
+
+
+def parser(doc: str, examples: str, **kw) -> argparse.ArgumentParser:
+    """An ``ArgumentParser`` whose help ends with examples.
+
+    Parameters
+    ----------
+    doc : str
+        The script's docstring; its first paragraph (without RST markup) describes it.
+    examples : str
+        Command lines, one a line, shown under ``Examples:``.
+    **kw
+        Passed to :class:`argparse.ArgumentParser`.
+    """
+    lines = "\n".join("  " + ln.strip() for ln in examples.strip().splitlines())
+    desc = doc.strip().split("\n\n")[0].replace("``", "")      # no RST markup in --help
+    return argparse.ArgumentParser(description=desc,
+                                   epilog=f"Examples:\n{lines}\n",
+                                   formatter_class=argparse.RawDescriptionHelpFormatter, **kw)
+
+
+def duration(unit: str = "s", positive: bool = False):
+    """An argparse ``type``: a duration, as a float in ``unit``.
+
+    Parameters
+    ----------
+    unit : str
+        ``"ns"``, ``"us"``, ``"ms"``, ``"s"``...: the unit of a bare number and of the value.
+    positive : bool
+        Refuse 0.
+    """
+    def convert(text):
+        try:
+            v = parse_duration(text, unit)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        if positive and v <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+        return v
+    convert.__name__ = "duration"
+    return convert
+
+
+def rate(text) -> float:
+    """An argparse ``type``: a rate per second."""
+    try:
+        return parse_rate(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def loads(text) -> list[float]:
+    """An argparse ``type``: loads ``0.5,0.7`` or ``0.5:0.95:0.05`` (STOP included)."""
+    out = []
+    for part in (p.strip() for p in str(text).split(",")):
+        if not part:
+            continue
+        try:
+            if part.count(":") == 2:
+                a, b, s = (float(x) for x in part.split(":"))
+                if s <= 0 or b < a:
+                    raise ValueError
+                k = int(math.floor((b - a) / s + 1e-9))
+                out += [round(a + i * s, 10) for i in range(k + 1)]
+            else:
+                out.append(float(part))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{part!r} is not a load (examples: 0.5,0.7 or 0.5:0.95:0.05)") from None
+    if not out or not all(math.isfinite(x) and x > 0 for x in out):
+        raise argparse.ArgumentTypeError(f"{text!r}: loads must be > 0")
+    return out
+
+
+def servers(text) -> str:
+    """An argparse ``type``: a servers spec (``2x14,9x4``, ``2x14@2.0,9x4``) or a preset name
+    (:data:`PRESETS`), returned as a spec."""
+    t = str(text).strip()
+    if t in PRESETS:
+        return PRESETS[t]
+    if not _SPEC.fullmatch(t):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a servers spec (COUNTxWORKERS[@SPEED],...: 8x8, 2x14,9x4) "
+            f"nor a preset ({', '.join(f'{k}={v}' for k, v in PRESETS.items())})")
+    return t
+
+
+def hidden_alias(ap: argparse.ArgumentParser, old: str, dest: str, **kw) -> None:
+    """The first release's spelling ``old`` of the option stored in ``dest``, kept working
+    but left out of ``--help``."""
+    ap.add_argument(old, dest=dest, help=argparse.SUPPRESS, default=argparse.SUPPRESS, **kw)
+
+
+def add_json(ap: argparse.ArgumentParser, what: str = "the results") -> None:
+    """``--json [FILE|-]``: ``what`` and the run metadata as JSON to FILE; ``-`` or no value
+    to stdout (the text output then goes to stderr)."""
+    ap.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE|-",
+                    help=f"write {what} and the run metadata as JSON to FILE; '-' or no "
+                         "value: to stdout (the text then goes to stderr)")
+
+
+_real_stdout = []
+
+
+def json_stdout(a: argparse.Namespace) -> None:
+    """Call after parsing: with ``--json -`` the script's own prints go to stderr, so that
+    stdout holds only the JSON."""
+    if getattr(a, "json", None) == "-" and not _real_stdout:
+        _real_stdout.append(sys.stdout)
+        sys.stdout = sys.stderr
+
+
+def write_json(a: argparse.Namespace, obj: dict, dest: str | None = None) -> None:
+    """Write ``obj`` with a ``metadata`` object as JSON.
+
+    Parameters
+    ----------
+    a : argparse.Namespace
+        The parsed arguments: the metadata's ``config`` (every parameter), and ``a.json``.
+    obj : dict
+        The results; NaN and infinities are written as ``null``.
+    dest : str, optional
+        A file to write; default ``a.json`` (``"-"``: stdout; nothing when unset).
+    """
+    dest = dest or getattr(a, "json", None)
+    if not dest:
+        return
+    from malcolm._metadata import run_metadata
+    obj = dict(obj, metadata=run_metadata(vars(a)))
+    text = json.dumps(_clean(obj), indent=1, allow_nan=False, default=str)
+    if dest == "-":
+        print(text, file=_real_stdout[0] if _real_stdout else sys.stdout, flush=True)
+        return
+    os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
+    tmp = f"{dest}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text + "\n")
+    os.replace(tmp, dest)
+
+
+def _clean(v):
+    """A JSON-safe copy: numpy values become plain ones, NaN and infinities ``null``."""
+    if hasattr(v, "tolist"):                # numpy scalars and arrays
+        v = v.tolist()
+    if isinstance(v, dict):
+        return {str(k): _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
