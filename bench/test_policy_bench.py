@@ -7,7 +7,7 @@ per round; ``extra_info`` holds the best per-operation costs in ns over the roun
 
 import pytest
 
-ac = pytest.importorskip("malcolm.policy.actor_critic")
+ac = pytest.importorskip("malcolm.bench.policy")
 
 SIZES = (4, 8, 16, 32)
 ITERS = 50_000

@@ -26,7 +26,9 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from malcolm.policy.actor_critic import THESIS, MalcolmPolicy, bench_policy  # noqa: E402
+from malcolm.bench.policy import bench_policy  # noqa: E402
+from malcolm.policy._testing import sample_many, step  # noqa: E402
+from malcolm.policy.actor_critic import THESIS, MalcolmPolicy  # noqa: E402
 
 from malcolm import _argparse as g  # noqa: E402
 
@@ -100,16 +102,16 @@ def check_against_native(torch, n):
     rng = np.random.default_rng(2)
     la = rng.uniform(0, 4, n)
     lb = rng.uniform(0, 4, n)
-    p.py_step(0, la[0] * S, list(la * S))
-    km = p.py_sample_many("arrival", 40).astype(float)
-    ks = p.py_sample_many("steal", 40).astype(float)
+    step(p, 0, la[0] * S, list(la * S))
+    km = sample_many(p, "arrival", 40).astype(float)
+    ks = sample_many(p, "steal", 40).astype(float)
     p.migrations += int(km.sum() - km[0])
     p.steals += int(ks.sum() - ks[0])
     _, _, grads = torch_step_fns(torch, n, p)
     g, delta = grads(torch.tensor(la, dtype=torch.float64), torch.tensor(lb, dtype=torch.float64),
                      torch.tensor(km, dtype=torch.float64), torch.tensor(ks, dtype=torch.float64),
                      km.sum() - km[0], ks.sum() - ks[0])
-    p.py_step(1, lb[0] * S, list(lb * S))
+    step(p, 1, lb[0] * S, list(lb * S))
     native = p.grad_cache
     d = p.n_theta
     nn = n * n

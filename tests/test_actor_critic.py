@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 ac = pytest.importorskip("malcolm.policy.actor_critic")
+hooks = pytest.importorskip("malcolm.policy._testing")
 MalcolmPolicy = ac.MalcolmPolicy
 
 S = 50_000.0          # the thesis-mode load_scale, ns
@@ -70,7 +71,7 @@ def test_window_gradients_match_numpy_reference_and_finite_differences(kind):
     assert p.n_theta == (5 if kind == "symmetric" else 2 * n + 2)
     # window A: own load and three heartbeats with cumulative counts (baselines)
     loads_a = np.array([3.0, 5.0, 1.0, 2.5]) * S
-    p.py_step(0, loads_a[me], list(loads_a), peer_migrations=[7, 0, 2, 0],
+    hooks.step(p, 0, loads_a[me], list(loads_a), peer_migrations=[7, 0, 2, 0],
               peer_steals=[1, 0, 0, 4])
     theta = p.theta
     Wm, Bm, Ws, Bs = p.W_migrate, p.B_migrate, p.W_steal, p.B_steal
@@ -83,8 +84,8 @@ def test_window_gradients_match_numpy_reference_and_finite_differences(kind):
     assert np.all(p.grad_cache == 0.0), "the first window has no transition to learn from"
 
     # the gateway decides during window B
-    km = p.py_sample_many("arrival", 60)
-    ks = p.py_sample_many("steal", 25)
+    km = hooks.sample_many(p, "arrival", 60)
+    ks = hooks.sample_many(p, "steal", 25)
     # the driver counts what actually moved (a steal request may find nothing)
     own_mig = km.sum() - km[me]
     own_stl = ks.sum() - ks[me] - 2
@@ -92,7 +93,7 @@ def test_window_gradients_match_numpy_reference_and_finite_differences(kind):
     p.steals += own_stl
     # window B: peer 2's heartbeat is lost; the others report new cumulative counts
     loads_b = np.array([2.0, 4.0, 1.0, 6.0]) * S
-    p.py_step(1, loads_b[me], [loads_b[0], None, None, loads_b[3]],
+    hooks.step(p, 1, loads_b[me], [loads_b[0], None, None, loads_b[3]],
               peer_migrations=[10, 0, 0, 4], peer_steals=[1, 0, 0, 9])
     u_b = np.array([2.0, 4.0, 1.0, 6.0])
     u_b[2] = 1.0      # stale: the last load heard from peer 2 (same value here)
@@ -146,16 +147,16 @@ def test_gradients_are_cached_and_averaged_over_the_batch():
     p = make(n, me, batch_windows=3, init="zero", critic_lr=0.1, actor_lr=0.1,
              weight_decay=0.0)
     rng = np.random.default_rng(0)
-    p.py_step(0, 1.0 * S, [None, 2.0 * S, 3.0 * S])
+    hooks.step(p, 0, 1.0 * S, [None, 2.0 * S, 3.0 * S])
     for w in range(1, 3):
-        p.py_sample_many("arrival", 10)
-        p.py_step(w, rng.uniform(0, 4) * S, [None, rng.uniform(0, 4) * S, 0.5 * S])
+        hooks.sample_many(p, "arrival", 10)
+        hooks.step(p, w, rng.uniform(0, 4) * S, [None, rng.uniform(0, 4) * S, 0.5 * S])
     assert p.batches == 0
     g = p.grad_cache
     assert np.any(g != 0)
     params0 = p.params
-    p.py_sample_many("arrival", 10)
-    p.py_step(3, 2.0 * S, [None, 1.0 * S, 0.5 * S])
+    hooks.sample_many(p, "arrival", 10)
+    hooks.step(p, 3, 2.0 * S, [None, 1.0 * S, 0.5 * S])
     assert p.batches == 1 and p.adam_steps == 1
     assert np.all(p.grad_cache == 0)
     # the first Adam step moves every parameter with a non-zero gradient by ~lr
@@ -188,7 +189,7 @@ def test_adamw_matches_reference_over_several_steps():
     rng = np.random.default_rng(1)
     for t in range(1, 6):
         g = rng.normal(size=P.shape) * 10.0 ** rng.uniform(-3, 1, size=P.shape)
-        p.py_apply_adamw(g)
+        hooks.apply_adamw(p, g)
         Pc, mc, vc = adamw_ref(P[:d], g[:d], m[:d], v[:d], t, kw["critic_lr"], kw["beta1"],
                                kw["beta2"], kw["eps"], kw["weight_decay"])
         Pa, ma, va = adamw_ref(P[d:], g[d:], m[d:], v[d:], t, kw["actor_lr"], kw["beta1"],
@@ -213,33 +214,33 @@ def test_consensus_averages_own_and_latest_peer_thetas():
     own = p.theta
     t0, t1 = rng.normal(size=d), rng.normal(size=d)
     stale = rng.normal(size=d)
-    p.py_heartbeat_in(0, 0, 1.0 * S, theta=stale)
-    p.py_heartbeat_in(0, 0, 1.0 * S, theta=t0)           # newer one replaces it
-    p.py_heartbeat_in(0, 1, 1.0 * S, theta=t1)
-    p.py_heartbeat_in(0, 3, 1.0 * S, theta=np.ones(d - 1))  # wrong length: ignored
-    p.py_heartbeat_in(0, 1, 1.0 * S, theta=stale, seq=0)   # reordered, older: dropped
-    p.py_consensus()
+    p.py_observe_peer(0, 0, 1.0 * S, theta=stale)
+    p.py_observe_peer(0, 0, 1.0 * S, theta=t0)           # newer one replaces it
+    p.py_observe_peer(0, 1, 1.0 * S, theta=t1)
+    p.py_observe_peer(0, 3, 1.0 * S, theta=np.ones(d - 1))  # wrong length: ignored
+    p.py_observe_peer(0, 1, 1.0 * S, theta=stale, seq=0)   # reordered, older: dropped
+    hooks.consensus(p)
     np.testing.assert_allclose(p.theta, (own + t0 + t1) / 3, rtol=1e-12)
     assert p.consensus_rounds == 1
     # peer 3 never sent a usable theta: still excluded; the rest keep their latest
-    p.py_heartbeat_in(0, 3, 1.0 * S, theta=np.full(d, 4.0))
+    p.py_observe_peer(0, 3, 1.0 * S, theta=np.full(d, 4.0))
     before = p.theta
-    p.py_consensus()
+    hooks.consensus(p)
     np.testing.assert_allclose(p.theta, (before + t0 + t1 + 4.0) / 4, rtol=1e-12)
 
 
 def test_consensus_runs_every_c_windows():
     p = make(3, 0, consensus_every=2, learn=False)
     for w in range(5):
-        p.py_step(w, 1.0 * S, [None, 1.0 * S, 1.0 * S])
+        hooks.step(p, w, 1.0 * S, [None, 1.0 * S, 1.0 * S])
     assert p.consensus_rounds == 0, "a frozen policy does not average"
     p = make(3, 0, consensus_every=2, critic_lr=0.0, actor_lr=0.0, weight_decay=0.0)
     d = p.n_theta
     peer = [None, np.zeros(d), np.zeros(d)]
     own = p.theta
-    p.py_step(0, 1.0 * S, [None, 1.0 * S, 1.0 * S], peer_thetas=peer)
+    hooks.step(p, 0, 1.0 * S, [None, 1.0 * S, 1.0 * S], peer_thetas=peer)
     np.testing.assert_allclose(p.theta, own)
-    p.py_step(1, 1.0 * S, [None, 1.0 * S, 1.0 * S], peer_thetas=peer)
+    hooks.step(p, 1, 1.0 * S, [None, 1.0 * S, 1.0 * S], peer_thetas=peer)
     assert p.consensus_rounds == 1
     np.testing.assert_allclose(p.theta, own / 3, rtol=1e-12)
 
@@ -262,18 +263,18 @@ def test_heartbeat_carries_load_counts_and_theta():
 
 def test_peer_costs_use_cumulative_counts_across_lost_heartbeats():
     p = make(3, 0, migration_cost=1.0, steal_cost=10.0, init="zero")
-    p.py_step(0, 1.0 * S, [None, 1.0 * S, 1.0 * S], peer_migrations=[0, 5, 5],
+    hooks.step(p, 0, 1.0 * S, [None, 1.0 * S, 1.0 * S], peer_migrations=[0, 5, 5],
               peer_steals=[0, 1, 1])
-    p.py_step(1, 1.0 * S, [None, 1.0 * S, None], peer_migrations=[0, 6, 0],
+    hooks.step(p, 1, 1.0 * S, [None, 1.0 * S, None], peer_migrations=[0, 6, 0],
               peer_steals=[0, 1, 0])                       # peer 2 lost
     assert p.last_cost == pytest.approx(1.0)
-    p.py_step(2, 1.0 * S, [None, 1.0 * S, 1.0 * S], peer_migrations=[0, 6, 9],
+    hooks.step(p, 2, 1.0 * S, [None, 1.0 * S, 1.0 * S], peer_migrations=[0, 6, 9],
               peer_steals=[0, 1, 2])
     assert p.last_cost == pytest.approx(4.0 + 10.0)        # both windows of peer 2
     assert p.last_imbalance == 0.0
     p.migrations += 3                                      # own, as the driver counts them
     p.steals += 1
-    p.py_step(3, 1.0 * S, [None, 1.0 * S, 1.0 * S], peer_migrations=[0, 6, 9],
+    hooks.step(p, 3, 1.0 * S, [None, 1.0 * S, 1.0 * S], peer_migrations=[0, 6, 9],
               peer_steals=[0, 1, 2])
     assert p.last_cost == pytest.approx(3.0 + 10.0)
 
@@ -287,8 +288,8 @@ def test_sampled_decisions_follow_published_probabilities():
                  W_steal=np.zeros((n, n)), B_steal=np.log(ps))
     np.testing.assert_allclose(p.probs_migrate, pm, rtol=1e-12)
     draws = 200_000
-    km = p.py_sample_many("arrival", draws)
-    ks = p.py_sample_many("steal", draws)
+    km = hooks.sample_many(p, "arrival", draws)
+    ks = hooks.sample_many(p, "steal", draws)
     # 5 sigma of a binomial proportion is < 0.0055 here
     np.testing.assert_allclose(km / draws, pm, atol=0.0055)
     np.testing.assert_allclose(ks / draws, ps, atol=0.0055)
@@ -296,18 +297,18 @@ def test_sampled_decisions_follow_published_probabilities():
     W = np.diag([-1.0] * n)
     p.set_params(W_migrate=W, B_migrate=np.zeros(n))
     loads = np.array([1.0, 2.0, 3.0, 0.5, 4.0])
-    p.py_step(0, loads[2] * S, list(loads * S))
+    hooks.step(p, 0, loads[2] * S, list(loads * S))
     np.testing.assert_allclose(p.probs_migrate, softmax(-loads), rtol=1e-9)
-    km = p.py_sample_many("arrival", draws)
+    km = hooks.sample_many(p, "arrival", draws)
     np.testing.assert_allclose(km / draws, softmax(-loads), atol=0.0055)
 
 
 def test_loads_are_scaled_and_clipped():
     p = make(2, 0, load_scale=1000.0, load_clip=4.0, init="zero")
     p.set_params(W_migrate=np.array([[0.0, 0.0], [1.0, 0.0]]))
-    p.py_step(0, 1e9, [None, 0.0])                 # runaway own queue: input clipped to 4
+    hooks.step(p, 0, 1e9, [None, 0.0])                 # runaway own queue: input clipped to 4
     np.testing.assert_allclose(p.probs_migrate, softmax(np.array([0.0, 4.0])), rtol=1e-12)
-    p.py_step(1, float("nan"), [None, 0.0])        # a NaN load cannot poison the logits
+    hooks.step(p, 1, float("nan"), [None, 0.0])        # a NaN load cannot poison the logits
     np.testing.assert_allclose(p.probs_migrate, [0.5, 0.5])
 
 
@@ -331,8 +332,8 @@ def test_learns_to_migrate_when_own_load_is_much_higher(seed):
     for w in range(3000):
         if w % 10 == 0:
             x = state.copy() if w % 20 == 0 else state[::-1].copy()
-        p.py_step(w * 100_000, x[0] * S, [None, x[1] * S])
-        m = p.py_sample_many("arrival", 20)[1]
+        hooks.step(p, w * 100_000, x[0] * S, [None, x[1] * S])
+        m = hooks.sample_many(p, "arrival", 20)[1]
         x[0] = max(0.0, x[0] + 0.1 * (20 - m) - 1.0)
         x[1] = max(0.0, x[1] + 0.1 * m - 1.0)
     after = _migrate_prob(p, state)
@@ -345,8 +346,8 @@ def test_frozen_policy_does_not_change():
     p = MalcolmPolicy(2, 0, seed=4, batch_windows=1, learn=False)
     before = p.params
     for w in range(50):
-        p.py_step(w, 5.0 * S, [None, 0.0])
-        p.py_sample_many("arrival", 10)
+        hooks.step(p, w, 5.0 * S, [None, 0.0])
+        hooks.sample_many(p, "arrival", 10)
     np.testing.assert_array_equal(p.params, before)
     assert p.batches == 0
 
@@ -422,14 +423,14 @@ def test_decisions_never_see_a_torn_table_while_publishing():
     b_a = np.array([-60.0, 60.0, -60.0, -60.0])
     b_b = np.array([-60.0, -60.0, -60.0, 60.0])
     counts = {}
-    p.py_publish_flip(b_b, b_b, 1)
+    hooks.publish_flip(p, b_b, b_b, 1)
 
     def sample():
-        counts["k"] = p.py_sample_many("arrival", 2_000_000)
+        counts["k"] = hooks.sample_many(p, "arrival", 2_000_000)
 
     th = threading.Thread(target=sample)
     th.start()
-    p.py_publish_flip(b_a, b_b, 200_000)
+    hooks.publish_flip(p, b_a, b_b, 200_000)
     th.join(timeout=60)
     assert not th.is_alive()
     k = counts["k"]
@@ -446,18 +447,18 @@ def test_relative_actor_inputs_logits_and_gradients():
     assert p.config()["actor_input"] == "relative"
     # window A: peer 3 is never heard of
     loads_a = np.array([3.0, 5.0, 1.0, 0.0]) * S
-    p.py_step(0, loads_a[me], [loads_a[0], None, loads_a[2], None])
+    hooks.step(p, 0, loads_a[me], [loads_a[0], None, loads_a[2], None])
     Wm, Bm, Ws, Bs = p.W_migrate, p.B_migrate, p.W_steal, p.B_steal
     theta = p.theta
     z_a = np.array([3.0 - 5.0, 0.0, 1.0 - 5.0, 0.0])
     pim, pis = p.probs_migrate, p.probs_steal
     np.testing.assert_allclose(pim, softmax(Wm @ z_a + Bm), rtol=1e-9)
     np.testing.assert_allclose(pis, softmax(Ws @ z_a + Bs), rtol=1e-9)
-    km = p.py_sample_many("arrival", 50)
-    ks = p.py_sample_many("steal", 20)
+    km = hooks.sample_many(p, "arrival", 50)
+    ks = hooks.sample_many(p, "steal", 20)
     # window B: own load moves (every relative input moves), peer 3 appears
     loads_b = np.array([2.0, 4.0, 1.0, 6.0]) * S
-    p.py_step(1, loads_b[me], list(loads_b))
+    hooks.step(p, 1, loads_b[me], list(loads_b))
     z_b = np.array([2.0 - 4.0, 0.0, 1.0 - 4.0, 6.0 - 4.0])
     np.testing.assert_allclose(p.probs_migrate, softmax(Wm @ z_b + Bm), rtol=1e-9)
     known_a = [True, True, True, False]
@@ -510,15 +511,15 @@ def test_marginal_advantage_gradient_matches_brute_force_and_finite_differences(
     rates = cores / S                                   # tasks per ns at 50 µs a task
     s = 1.0 / (rates * S)                               # one task's load, in load_scale units
     loads_a = np.array([0.5, 2.0, 9.0, 1.0, 3.0]) * S   # 9 > load_clip: unclipped in A
-    p.py_step(0, loads_a[me], list(loads_a), rates=list(rates))
+    hooks.step(p, 0, loads_a[me], list(loads_a), rates=list(rates))
     Wm, Bm, Ws, Bs = p.W_migrate, p.B_migrate, p.W_steal, p.B_steal
     u_a = np.minimum(loads_a / S, 4.0)
     pim, pis = p.probs_migrate, p.probs_steal
     # Decisions in the window: the advantage must not depend on them (checked below).
-    p.py_sample_many("arrival", 40)
-    p.py_sample_many("steal", 40)
+    hooks.sample_many(p, "arrival", 40)
+    hooks.sample_many(p, "steal", 40)
     loads_b = np.array([1.0, 1.5, 7.0, 2.0, 0.2]) * S
-    p.py_step(1, loads_b[me], list(loads_b), rates=list(rates))
+    hooks.step(p, 1, loads_b[me], list(loads_b), rates=list(rates))
     v = (loads_a if kind == "marginal" else loads_b) / S
     am, ast = ref_marginal_advantages(v, s, me, mc, sc)
 
@@ -550,7 +551,7 @@ def test_marginal_advantage_gradient_matches_brute_force_and_finite_differences(
     # cached gradients exactly as they were (compared with the native values themselves,
     # so the check is bit-exact whatever rounding the build's FMA contraction gives)
     before = p.grad_cache[d:].copy()
-    p.py_step(2, loads_b[me], list(loads_b), rates=list(rates))
+    hooks.step(p, 2, loads_b[me], list(loads_b), rates=list(rates))
     assert np.array_equal(p.grad_cache[d:], before)
 
 
@@ -559,10 +560,10 @@ def test_marginal_advantage_without_rates_uses_unit_task():
     p = make(n, me, init="zero", entropy=0.0, migration_cost=0.0, steal_cost=0.0,
              advantage="marginal")
     loads = np.array([1.0, 3.0, 0.0]) * S
-    p.py_step(0, loads[me], list(loads))
-    p.py_sample_many("arrival", 10)
-    p.py_sample_many("steal", 10)
-    p.py_step(1, loads[me], list(loads))
+    hooks.step(p, 0, loads[me], list(loads))
+    hooks.sample_many(p, "arrival", 10)
+    hooks.sample_many(p, "steal", 10)
+    hooks.step(p, 1, loads[me], list(loads))
     am, ast = ref_marginal_advantages(loads / S, np.ones(n), me, 0.0, 0.0)
     pi = np.full(n, 1.0 / n)
     g = p.grad_cache[p.n_theta:]
@@ -585,3 +586,24 @@ def test_defaults_are_the_guarded_difference_policy():
     assert cfg["actor_input"] == "absolute" and cfg["advantage"] == "difference"
     assert cfg["actor"] == "sparse" and cfg["init"] == "safe" and cfg["consensus"] == "median"
     assert cfg["load_scale"] == 0.0 and cfg["hop_ns"] == -1.0      # derived, measured
+
+
+def test_agent_state_is_not_constructed_alone():
+    # AgentState holds MalcolmPolicy's memory but allocates nothing itself: constructing it
+    # alone must fail cleanly, not leave an object whose decide_* would read NULL tables.
+    from malcolm.policy.agent_state import AgentState
+    with pytest.raises(TypeError, match="construct MalcolmPolicy"):
+        AgentState(4, 0)
+
+
+def test_observe_peer_hook_sequence_and_theta_bound():
+    p = ac.MalcolmPolicy(3, 0, seed=1)
+    p.py_observe_peer(0, 1, 1000.0, seq=7)
+    p.py_observe_peer(0, 1, 5000.0, seq=6)        # older than 7: dropped
+    assert p.loads[1] == 1000.0
+    p.py_observe_peer(0, 1, 3000.0)               # no seq: newer than any before
+    assert p.loads[1] == 3000.0
+    with pytest.raises(ValueError, match="critic parameters"):
+        p.py_observe_peer(0, 1, 0.0, theta=np.zeros(257))
+    with pytest.raises(ValueError, match="out of range"):
+        p.py_observe_peer(0, 3, 0.0)

@@ -41,8 +41,8 @@ def test_jsq_goes_to_shortest_known_queue_and_counts_its_own_tasks():
 def test_stale_heartbeats_are_ignored():
 
     p = JSQPolicy(3, 0, seed=1)
-    p.py_observe_peer(0, 1, 0.0, queue_len=7.0)
-    p.py_observe_peer(0, 1, 0.0, queue_len=1.0)   # same seq 0: a duplicate, ignored
+    p.py_observe_peer(0, 1, 0.0, queue_len=7.0, seq=5)
+    p.py_observe_peer(0, 1, 0.0, queue_len=1.0, seq=5)   # same seq: a duplicate, ignored
     assert p.known()[1] == 7.0
 
 

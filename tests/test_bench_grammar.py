@@ -18,7 +18,8 @@ SCRIPTS = sorted(
     [p for p in glob.glob(os.path.join(ROOT, "bench", "figures", "*.py"))
      if not p.endswith("common.py")]
     + [os.path.join(ROOT, "bench", n) for n in ("sweep.py", "faults.py", "torch_compare.py",
-                                               "handler_accuracy.py", "fuzz_wire.py")])
+                                               "handler_accuracy.py", "fuzz_wire.py",
+                                               "learn_vs_frozen.py")])
 
 
 def _run(*args, cwd=ROOT, timeout=120):

@@ -131,8 +131,8 @@ def test_cffi_argument_may_hold_colons(cffi_mod, tmp_path):
 
 def test_bad_input_from_a_handler_reaches_the_client(where, tmp_path):
     """A handler's MALCOLM_BAD_INPUT is answered "bad input" and counted by the server."""
-    from malcolm.net.server import Server
     from malcolm.net.transport import open_transport
+    from malcolm.runtime.server import Server
 
     from malcolm.net import wire
     from malcolm.net.client import Client

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 ac = pytest.importorskip("malcolm.policy.actor_critic")
+hooks = pytest.importorskip("malcolm.policy._testing")
 MalcolmPolicy = ac.MalcolmPolicy
 
 T = 50_000.0        # one task's service time in these tests, ns
@@ -19,13 +20,25 @@ def rates_of(workers):
     return np.asarray(workers, float) / T          # tasks per ns
 
 
+def capacity_prior(rates, me):
+    """The migrate logits' capacity prior (actor_critic._publish): accepting log(r_me / mean),
+    peer j log(c r_j^2 / (R + (n-1) r_j)), c making the peers' weights sum to (R - r_me) / mean."""
+    r = np.asarray(rates, float)
+    n, R, rbar = len(r), r.sum(), r.mean()
+    spare = r ** 2 / (R + (n - 1) * r)
+    c = (R - r[me]) / ((spare.sum() - spare[me]) * rbar)
+    out = np.log(c * spare)
+    out[me] = np.log(r[me] / rbar)
+    return out
+
+
 def feed(p, now, loads, rates, thetas=None, skip=()):
     """One window for agent ``p``: own load, a heartbeat from every peer, end of window."""
     p.py_observe_local(now, float(loads[p.me]), 0.0, float(rates[p.me]))
     for j in range(p.n):
         if j == p.me or j in skip:
             continue
-        p.py_heartbeat_in(now, j, float(loads[j]), rate=float(rates[j]),
+        p.py_observe_peer(now, j, float(loads[j]), rate=float(rates[j]),
                           theta=None if thetas is None else thetas[j])
     p.py_end_window(now)
 
@@ -66,9 +79,9 @@ def test_median_consensus_keeps_a_bad_peer_within_the_honest_range():
     own = p.theta
     honest = [own + 0.1, own - 0.2, own + 0.05]
     for j, t in zip((1, 2, 3), honest, strict=True):
-        p.py_heartbeat_in(0, j, 0.0, theta=t)
-    p.py_heartbeat_in(0, 4, 0.0, theta=np.full(d, 900.0 / np.sqrt(d)))     # norm 900 < 1000
-    p.py_consensus()
+        p.py_observe_peer(0, j, 0.0, theta=t)
+    p.py_observe_peer(0, 4, 0.0, theta=np.full(d, 900.0 / np.sqrt(d)))     # norm 900 < 1000
+    hooks.consensus(p)
     allv = np.array([own, *honest])
     th = p.theta
     assert np.all(th <= allv.max(0) + 1e-12) and np.all(th >= allv.min(0) - 1e-12)
@@ -76,9 +89,9 @@ def test_median_consensus_keeps_a_bad_peer_within_the_honest_range():
     # the thesis's mean would have been moved by about 900 / sqrt(d) / 5
     m = MalcolmPolicy(n, me, seed=2, consensus_every=0, consensus="mean")
     for j, t in zip((1, 2, 3), honest, strict=True):
-        m.py_heartbeat_in(0, j, 0.0, theta=t)
-    m.py_heartbeat_in(0, 4, 0.0, theta=np.full(d, 900.0 / np.sqrt(d)))
-    m.py_consensus()
+        m.py_observe_peer(0, j, 0.0, theta=t)
+    m.py_observe_peer(0, 4, 0.0, theta=np.full(d, 900.0 / np.sqrt(d)))
+    hooks.consensus(m)
     assert np.all(m.theta > allv.max(0) + 10.0)
 
 
@@ -93,9 +106,9 @@ def test_own_critic_stays_within_the_norm_bound():
 def test_absurd_heartbeat_fields_are_clamped():
     p = MalcolmPolicy(3, 0, seed=1)
     p.py_observe_local(0, 0.0, 0.0, 1.0 / T)
-    p.py_heartbeat_in(0, 1, float("inf"), migrations=0, rate=float("nan"))
-    p.py_heartbeat_in(0, 2, -5.0, rate=1e30)
-    p.py_heartbeat_in(1, 1, float("nan"), migrations=2**63, steals=2**62, rate=-1.0)
+    p.py_observe_peer(0, 1, float("inf"), migrations=0, rate=float("nan"))
+    p.py_observe_peer(0, 2, -5.0, rate=1e30)
+    p.py_observe_peer(1, 1, float("nan"), migrations=2**63, steals=2**62, rate=-1.0)
     p.py_end_window(1)
     assert p.hb_clamped >= 4
     assert np.all(np.isfinite(p.loads)) and np.all(p.loads >= 0) and p.loads.max() <= 1e12
@@ -108,19 +121,38 @@ def test_absurd_heartbeat_fields_are_clamped():
 def test_safe_start_follows_reported_capacities():
     n, me = 4, 1
     w = np.array([8.0, 2.0, 2.0, 4.0])
+    R = w.sum()
     p = MalcolmPolicy(n, me, seed=1, learn=False)
     feed(p, 0, np.zeros(n), rates_of(w))
     pm = p.probs_migrate
-    # peers in proportion to their service rates; accepting at weight r_me * n
-    expect = w.copy()
-    expect[me] = w[me] * n
-    np.testing.assert_allclose(pm, expect / expect.sum(), rtol=1e-9)
-    # the share of the rack's traffic a server keeps never exceeds its capacity share
-    # (arrivals spread evenly over the servers)
-    for k in range(n):
-        q = MalcolmPolicy(n, k, seed=1, learn=False)
-        feed(q, 0, np.zeros(n), rates_of(w))
-        assert q.probs_migrate[k] / n <= w[k] / w.sum() + 1e-12
+    # accepting: r_me n / (R + (n-1) r_me), at most the server's capacity share n r_me / R of
+    # its own arrivals; the rest to the peers in proportion to the capacity each has left
+    # after its own accepted arrivals, s_j ~ r_j^2 / (R + (n-1) r_j)
+    acc = w[me] * n / (R + (n - 1) * w[me])
+    spare = w ** 2 / (R + (n - 1) * w)
+    spare[me] = 0.0
+    expect = (1 - acc) * spare / spare.sum()
+    expect[me] = acc
+    np.testing.assert_allclose(pm, expect, rtol=1e-9)
+    # With arrivals spread evenly, what every server receives (kept + migrated to it) is its
+    # capacity share, to within 1.5% above and 3% below (the spare capacities approximate the
+    # exact flow). The old prior, peers in proportion to r_j, sent 1.15-1.36x the share to
+    # the small servers of these racks.
+    for rack in ([8, 2, 2, 4], [16, 1, 1, 1, 1, 1, 1, 1], [1, 8, 12, 15], [7, 7, 1]):
+        wr = np.asarray(rack, float)
+        m = len(wr)
+        inflow = np.zeros(m)
+        for k in range(m):
+            q = MalcolmPolicy(m, k, seed=1, learn=False)
+            feed(q, 0, np.zeros(m), rates_of(wr))
+            inflow += q.probs_migrate / m
+            assert q.probs_migrate[k] / m <= wr[k] / wr.sum() + 1e-12
+        ratio = inflow / (wr / wr.sum())
+        assert ratio.max() <= 1.015 and ratio.min() >= 0.97, ratio
+    # a homogeneous rack: the peers share the migrations evenly, as before
+    q = MalcolmPolicy(n, me, seed=1, learn=False)
+    feed(q, 0, np.zeros(n), rates_of([3, 3, 3, 3]))
+    np.testing.assert_allclose(q.probs_migrate, [1 / 7, 4 / 7, 1 / 7, 1 / 7], rtol=1e-12)
     # load_scale is derived from the rates: the rack's mean task interval
     assert p.load_scale == pytest.approx(1.0 / rates_of(w).mean(), rel=1e-9)
     assert p.config()["load_scale"] == 0.0
@@ -140,7 +172,7 @@ def test_overloaded_servers_are_masked_and_steals_only_from_busier_peers():
     assert p.masked >= 1
     # steal only from peers more loaded than us (3 and 4); never from 1, 2
     assert ps[1] == 0.0 and ps[2] == 0.0 and ps[3] > 0 and ps[4] > 0
-    counts = p.py_sample_many("arrival", 20_000)
+    counts = hooks.sample_many(p, "arrival", 20_000)
     assert counts[3] == 0
     # without the mask server 3 gets its share
     q = MalcolmPolicy(n, me, seed=1, learn=False, mask_factor=0.0)
@@ -159,9 +191,9 @@ def test_trust_region_bounds_every_actor_parameter():
         loads = rng.uniform(0, 20, n) * T / 2
         p.py_observe_local(w, loads[me], 0.0, rates[me])
         for j in (1, 2):
-            p.py_heartbeat_in(w, j, loads[j], rate=rates[j])
-        p.py_sample_many("arrival", 20)
-        p.py_sample_many("steal", 20)
+            p.py_observe_peer(w, j, loads[j], rate=rates[j])
+        hooks.sample_many(p, "arrival", 20)
+        hooks.sample_many(p, "steal", 20)
         p.py_end_window(w)
     d = p.n_theta
     dp = np.abs(p.params - p0)[d:]
@@ -185,8 +217,8 @@ def test_runaway_own_queue_resets_the_actors():
         loads = np.array([0.0, 3.0, 1.0, 2.0]) * T
         p.py_observe_local(w, loads[me], 0.0, rates[me])
         for j in range(1, n):
-            p.py_heartbeat_in(w, j, loads[j], rate=rates[j])
-        p.py_sample_many("arrival", 10)
+            p.py_observe_peer(w, j, loads[j], rate=rates[j])
+        hooks.sample_many(p, "arrival", 10)
         p.py_end_window(w)
     assert not np.array_equal(p.params[p.n_theta:], p0[p.n_theta:])
     assert p.resets == 0
@@ -206,8 +238,8 @@ def test_hop_cost_is_measured_from_heartbeats():
     assert p.hop_estimate_ns == 0.0
     for w in range(200):
         p.py_observe_local(w * 100_000, 0.0, 0.0, 1.0 / T)
-        p.py_heartbeat_in(w * 100_000, 1, 0.0, rate=1.0 / T, sent_ns=w * 100_000 - 7_000)
-        p.py_heartbeat_in(w * 100_000, 2, 0.0, rate=1.0 / T,
+        p.py_observe_peer(w * 100_000, 1, 0.0, rate=1.0 / T, sent_ns=w * 100_000 - 7_000)
+        p.py_observe_peer(w * 100_000, 2, 0.0, rate=1.0 / T,
                           sent_ns=w * 100_000 - 10**12)         # clock offset: ignored
         p.py_end_window(w * 100_000)
     assert p.hop_estimate_ns == pytest.approx(7_000.0, rel=1e-6)
@@ -217,7 +249,7 @@ def test_hop_cost_is_measured_from_heartbeats():
 
 # ---------------------------------------------------------------- sparse actor arithmetic
 def test_sparse_actor_gradient_matches_numpy_reference():
-    """Default actors: logit_i = B_i + W_ii z_i + W_i,me z_me (+ log capacity share, masked),
+    """Default actors: logit_i = B_i + W_ii z_i + W_i,me z_me (+ the capacity prior, masked),
     z = clip(u - mean u, +-4); the difference advantage and the KL-to-safe-start term."""
     n, me, beta, mc = 4, 2, 0.3, 0.01
     p = MalcolmPolicy(n, me, seed=1, batch_windows=10_000, consensus_every=0, hop_ns=0.0,
@@ -235,10 +267,10 @@ def test_sparse_actor_gradient_matches_numpy_reference():
     u = loads_a / ls
     z = np.clip(u - u.mean(), -4, 4)
     g_m = B + np.diag(W) * z + np.where(np.arange(n) != me, W[:, me] * z[me], 0.0)
-    prior = np.log(rates / rates.mean())
+    prior = capacity_prior(rates, me)
     pim = p.probs_migrate
     np.testing.assert_allclose(pim, softmax(g_m + prior), rtol=1e-9)
-    p.py_sample_many("arrival", 30)
+    hooks.sample_many(p, "arrival", 30)
     loads_b = np.array([2.0, 2.0, 3.0, 1.0]) * ls
     feed(p, 1, loads_b, rates)
     v = loads_b / ls

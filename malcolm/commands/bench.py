@@ -47,12 +47,12 @@ def micro_results(quick=False, policy=True):
     res = _microbench.core(SIZES, iters, rebuild_iters, repeats)
     if policy:
         try:
-            from malcolm.policy import actor_critic
+            from malcolm.bench import policy as policy_bench
         except ImportError as exc:
             click.echo(f"malcolm bench: policy benchmarks skipped: {exc}", err=True)
         else:
             for n in SIZES:
-                res.update(actor_critic.bench_policy(n, 20_000 if quick else 200_000))
+                res.update(policy_bench.bench_policy(n, 20_000 if quick else 200_000))
     return res
 
 

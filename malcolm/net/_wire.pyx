@@ -3,7 +3,7 @@
 from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
 
-from malcolm.policy.base cimport MAX_THETA, Heartbeat
+from malcolm.policy.base cimport MAX_THETA, Heartbeat, heartbeat_init
 
 
 cdef const char* _ERRNAMES[16]
@@ -567,20 +567,7 @@ def encode_heartbeat(uint16_t src, uint32_t seq=0, int64_t sent_ns=0, double loa
                      auth_seq=None):
     cdef uint8_t buf[MAX_MSG]
     cdef Heartbeat hb
-    cdef int k
-    if len(theta) > MAX_THETA:
-        raise ValueError(f"at most {MAX_THETA} critic parameters")
-    memset(&hb, 0, sizeof(Heartbeat))
-    hb.seq = seq
-    hb.sent_ns = sent_ns
-    hb.load = load
-    hb.queue_len = queue_len
-    hb.rate = rate
-    hb.migrations = migrations
-    hb.steals = steals
-    hb.n_theta = len(theta)
-    for k in range(hb.n_theta):
-        hb.theta[k] = theta[k]
+    heartbeat_init(&hb, src, seq, sent_ns, load, queue_len, rate, migrations, steals, theta)
     cdef uint32_t n = wire_put_heartbeat(buf, MAX_MSG, src, &hb)
     return _sealed(buf, n, key, epoch, auth_seq)
 

@@ -47,6 +47,11 @@ ctypedef struct Heartbeat:
     double theta[MAX_THETA]
 
 
+cdef int heartbeat_init(Heartbeat* hb, int src, uint32_t seq, int64_t sent_ns, double load,
+                        double queue_len, double rate, uint64_t migrations, uint64_t steals,
+                        object theta) except -1
+
+
 cdef class Policy:
     cdef readonly int n             # servers in the rack
     cdef readonly int me            # this server's index

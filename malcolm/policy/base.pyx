@@ -1,9 +1,40 @@
 # cython: language_level=3
 """Default implementations of the policy interface (see ``base.pxd`` for the contract)."""
-from libc.stdint cimport int64_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.string cimport memset
 
 from malcolm._core cimport rng_below, rng_seed
+
+
+cdef int heartbeat_init(Heartbeat* hb, int src, uint32_t seq, int64_t sent_ns, double load,
+                        double queue_len, double rate, uint64_t migrations, uint64_t steals,
+                        object theta) except -1:
+    """Fill ``hb`` from its fields (the one place a heartbeat is built from values).
+
+    ``theta``: the critic parameters (any sequence of numbers), or None for none; raises
+    ValueError over ``MAX_THETA``. Everything else, the unused theta tail included, is zero.
+    """
+    cdef int k, nt = 0 if theta is None else len(theta)
+    if nt > MAX_THETA:
+        raise ValueError(f"at most {MAX_THETA} critic parameters, got {nt}")
+    memset(hb, 0, sizeof(Heartbeat))
+    hb.src = src
+    hb.seq = seq
+    hb.sent_ns = sent_ns
+    hb.load = load
+    hb.queue_len = queue_len
+    hb.rate = rate
+    hb.migrations = migrations
+    hb.steals = steals
+    hb.n_theta = nt
+    for k in range(nt):
+        hb.theta[k] = theta[k]
+    return 0
+
+
+# The sequence number py_observe_peer gives a heartbeat when the caller names none: newer than
+# every one it delivered before, whatever the peer.
+cdef uint32_t _py_seq = 0
 
 
 cdef class Policy:
@@ -65,24 +96,24 @@ cdef class Policy:
         self.observe_local(now, load, queue_len, rate)
 
     def py_observe_peer(self, int64_t now, int src, double load, double queue_len=0.0,
-                        double rate=0.0, theta=None):
-        """Feed a heartbeat from peer ``src``."""
+                        double rate=0.0, theta=None, migrations=0, steals=0, seq=None,
+                        sent_ns=None):
+        """Deliver a heartbeat from peer ``src`` at ``now``, as the transport would.
+
+        It was sent at ``sent_ns`` (default ``now``) with sequence number ``seq`` (default:
+        newer than every heartbeat this method delivered before).
+        """
+        global _py_seq
         cdef Heartbeat hb
-        cdef int k
-        memset(&hb, 0, sizeof(Heartbeat))
         if not 0 <= src < self.n:
             raise ValueError(f"peer index {src} out of range 0..{self.n - 1}")
-        hb.src = src
-        hb.sent_ns = now
-        hb.load = load
-        hb.queue_len = queue_len
-        hb.rate = rate
-        if theta is not None:
-            if len(theta) > MAX_THETA:
-                raise ValueError(f"at most {MAX_THETA} critic parameters")
-            hb.n_theta = len(theta)
-            for k in range(hb.n_theta):
-                hb.theta[k] = theta[k]
+        if seq is None:
+            _py_seq += 1
+            seq = _py_seq
+        elif <int32_t>(<uint32_t>seq - _py_seq) > 0:
+            _py_seq = seq
+        heartbeat_init(&hb, src, seq, now if sent_ns is None else sent_ns, load, queue_len,
+                       rate, migrations, steals, theta)
         self.observe_peer(now, &hb)
 
     def py_end_window(self, int64_t now):

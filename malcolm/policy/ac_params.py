@@ -1,0 +1,144 @@
+"""Malcolm's policy parameters: the defaults, Algorithm 1's settings, and their validation.
+
+Pure Python, so that configuration code and ``malcolm list`` read them without the native
+build; ``malcolm.policy.actor_critic`` re-exports ``DEFAULTS`` and ``THESIS``.
+"""
+import math
+
+import numpy as np
+
+__all__ = ["DEFAULTS", "THESIS", "check_params"]
+
+DEFAULTS = dict(
+    window_ns=100_000,
+    batch_windows=16,
+    consensus_every=16,
+    gamma=0.9,
+    critic_lr=0.05,
+    actor_lr=0.003,
+    accept_lr=0.03,             # sparse actors: the own outcome's bias and weight
+    weight_decay=1e-4,
+    beta1=0.9,
+    beta2=0.999,
+    eps=1e-8,
+    migration_cost=0.01,
+    steal_cost=0.01,
+    entropy=0.3,
+    features="symmetric",
+    init="safe",
+    init_scale=0.02,
+    load_scale=0.0,             # 0: derived from the service rates heartbeats report
+    load_clip=32.0,
+    learn=True,
+    actor="sparse",             # "full": the thesis's dense n x n actor weights
+    actor_input="absolute",     # "full" only; "relative": inputs u_j - u_me (experimental)
+    # The per-agent difference advantage is the default; "td" is Algorithm 1's TD-error
+    # actor, kept for fidelity (see docs/policy.md, "Deviations").
+    advantage="difference",
+    hop_ns=-1.0,                # < 0: one-way delay measured from heartbeats
+    capacity_prior=True,        # migrate logits += the capacity prior (capacity shares)
+    mask_factor=2.0,            # 0 disables the overload mask
+    trust=8.0,                  # 0 disables the trust region around the initial actors
+    runaway_windows=20,         # 0 disables the runaway reset
+    theta_bound=1000.0,         # peers' critics with a larger norm are refused
+    consensus="median",         # "mean": the thesis's average (one bad peer moves it)
+)
+
+
+# Algorithm 1 as the thesis specifies it: TD-error actors with dense W, a fixed load_scale
+# (the workload's 50 µs mean), random start, entropy bonus, the mean for consensus, none of the
+# guards. ``MalcolmPolicy(n, me, **THESIS)``; the defaults differ for the reasons in
+# docs/policy.md ("The default policy").
+THESIS = dict(advantage="td", actor="full", entropy=0.1, init="random", load_scale=50_000.0,
+              load_clip=8.0, actor_lr=0.001, capacity_prior=False, mask_factor=0.0, trust=0.0,
+              runaway_windows=0, hop_ns=0.0, consensus="mean")
+
+
+def _as_bool(name, v):
+    truthy, falsy = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+    if isinstance(v, str) and v.strip().lower() in truthy + falsy:
+        return v.strip().lower() in truthy
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v in (0, 1):
+        return bool(v)      # what `malcolm:learn=0` on the command line gives
+    if not isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"MalcolmPolicy: {name} must be a bool (or 0/1), got {v!r}")
+    return bool(v)
+
+
+def check_params(params):
+    """Validate ``params`` against ``DEFAULTS``; return the full, typed configuration."""
+    unknown = sorted(set(params) - set(DEFAULTS))
+    if unknown:
+        raise TypeError(f"MalcolmPolicy: unknown parameter(s) {unknown}; "
+                        f"known: {sorted(DEFAULTS)}")
+    cfg = dict(DEFAULTS)
+    cfg.update(params)
+
+    def num(name, lo=None, hi=None, lo_open=False, hi_open=False):
+        v = cfg[name]
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"MalcolmPolicy: {name} must be a number, got {v!r}")
+        v = float(v)
+        if not math.isfinite(v):
+            raise ValueError(f"MalcolmPolicy: {name} must be finite, got {v}")
+        if lo is not None and (v <= lo if lo_open else v < lo):
+            raise ValueError(f"MalcolmPolicy: {name}={v} must be {'>' if lo_open else '>='} {lo}")
+        if hi is not None and (v >= hi if hi_open else v > hi):
+            raise ValueError(f"MalcolmPolicy: {name}={v} must be {'<' if hi_open else '<='} {hi}")
+        cfg[name] = v
+
+    def integer(name, lo):
+        v = cfg[name]
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            if isinstance(v, float) and v.is_integer():
+                v = int(v)
+            else:
+                raise TypeError(f"MalcolmPolicy: {name} must be an integer, got {v!r}")
+        if v < lo:
+            raise ValueError(f"MalcolmPolicy: {name}={v} must be >= {lo}")
+        cfg[name] = int(v)
+
+    integer("window_ns", 1)
+    integer("batch_windows", 1)
+    integer("consensus_every", 0)
+    num("gamma", 0.0, 1.0, hi_open=True)
+    num("critic_lr", 0.0)
+    num("actor_lr", 0.0)
+    num("accept_lr", 0.0)
+    num("weight_decay", 0.0)
+    num("beta1", 0.0, 1.0, hi_open=True)
+    num("beta2", 0.0, 1.0, hi_open=True)
+    num("eps", 0.0, lo_open=True)
+    num("migration_cost", 0.0)
+    num("steal_cost", 0.0)
+    num("entropy", 0.0)
+    num("init_scale", 0.0)
+    num("load_scale", 0.0)
+    num("load_clip", 0.0, lo_open=True)
+    num("hop_ns", -1.0)
+    num("mask_factor", 0.0)
+    num("trust", 0.0)
+    num("theta_bound", 0.0, lo_open=True)
+    integer("runaway_windows", 0)
+    if cfg["features"] not in ("symmetric", "per_server"):
+        raise ValueError("MalcolmPolicy: features must be 'symmetric' or 'per_server', "
+                         f"got {cfg['features']!r}")
+    if cfg["actor"] not in ("sparse", "full"):
+        raise ValueError(f"MalcolmPolicy: actor must be 'sparse' or 'full', got {cfg['actor']!r}")
+    if cfg["actor_input"] not in ("absolute", "relative"):
+        raise ValueError("MalcolmPolicy: actor_input must be 'absolute' or 'relative', "
+                         f"got {cfg['actor_input']!r}")
+    if cfg["advantage"] not in ("td", "marginal", "difference"):
+        raise ValueError("MalcolmPolicy: advantage must be 'td', 'marginal' or 'difference', "
+                         f"got {cfg['advantage']!r}")
+    if cfg["consensus"] not in ("median", "mean"):
+        raise ValueError("MalcolmPolicy: consensus must be 'median' or 'mean', "
+                         f"got {cfg['consensus']!r}")
+    if cfg["init"] not in ("safe", "random", "zero"):
+        raise ValueError("MalcolmPolicy: init must be 'safe', 'random' or 'zero', "
+                         f"got {cfg['init']!r}")
+    cfg["learn"] = _as_bool("learn", cfg["learn"])
+    cfg["capacity_prior"] = _as_bool("capacity_prior", cfg["capacity_prior"])
+    return cfg
+
+

@@ -1,0 +1,152 @@
+# cython: language_level=3
+"""The state of Malcolm's agent: memory, what it knows about the rack, derived quantities.
+
+See ``agent_state.pyx``; the learning agent is ``actor_critic.MalcolmPolicy``.
+"""
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+
+from malcolm._core cimport Categorical
+from malcolm.policy.base cimport Policy
+
+
+cdef enum:
+    # The sparse actors' inputs (deviations from the rack's mean load, in tasks of an average
+    # server) are clipped to +-ZCLIP; the trust region scales the weights' range by it.
+    ZCLIP = 4
+
+
+cdef class AgentState(Policy):
+    # configuration (read-only from Python)
+    cdef readonly int64_t window_ns
+    cdef readonly int batch_windows
+    cdef readonly int consensus_every
+    cdef readonly double gamma
+    cdef readonly double critic_lr
+    cdef readonly double actor_lr
+    cdef readonly double accept_lr
+    cdef readonly double weight_decay
+    cdef readonly double beta1
+    cdef readonly double beta2
+    cdef readonly double eps
+    cdef readonly double migration_cost
+    cdef readonly double steal_cost
+    cdef readonly double entropy
+    cdef readonly double load_scale    # ns per unit of scaled load (derived when auto_scale)
+    cdef readonly bint auto_scale      # load_scale=0: derived from the reported service rates
+    cdef readonly double load_clip
+    cdef readonly double hop_ns        # one-way hop cost in ns (measured when auto_hop)
+    cdef readonly bint auto_hop
+    cdef readonly double mask_factor   # never migrate to j with v_j > max(v_me, f * mean + s_j)
+    cdef readonly double trust         # actors stay within this (logit units) of the safe init
+    cdef readonly int runaway_windows  # own runaway queue this many windows -> reset actors
+    cdef readonly double theta_bound   # peers' critic norm bound for consensus
+    cdef readonly str consensus        # "median" (robust) or "mean" (the thesis)
+    cdef bint cons_median
+    cdef readonly bint capacity_prior  # migrate logits += log(rate_j / mean rate)
+    cdef readonly double init_scale
+    cdef readonly str init
+    cdef readonly str actor_input  # "absolute" (u) or "relative" (u_j - u_me)
+    cdef bint rel_input
+    cdef readonly str actor          # "sparse" (default, O(n)) or "full" (the thesis's W)
+    cdef bint sparse
+    cdef readonly str advantage    # "td" (delta * (k/K - pi)) or "marginal" (see docstring)
+    cdef bint marginal               # "marginal" or "difference"
+    cdef bint adv_next               # "difference": advantages at the end-of-window state
+    cdef public bint learn
+
+    # sizes
+    cdef readonly int n_theta       # critic features: 5, or 2n + 2 with per_server features
+    cdef readonly str features_kind
+    cdef bint symmetric
+    cdef readonly int n_params      # d + 2 (n*n + n)
+    cdef int off_wm, off_bm, off_ws, off_bs
+
+    # the two actors' distributions (policy thread writes, gateway samples)
+    cdef Categorical mig
+    cdef Categorical stl
+    cdef bint cats_ready
+
+    # parameters and AdamW state, one contiguous block each: [theta | Wm | Bm | Ws | Bs]
+    cdef double* P
+    cdef double* P0                      # the safe initial parameters (trust region centre)
+    cdef double* G                       # cached descent gradients of the current batch
+    cdef double* M
+    cdef double* V
+    cdef double b1t, b2t                 # beta1**t, beta2**t
+    cdef readonly uint64_t adam_steps
+
+    # what the agent knows about the rack, refreshed by observe_* (policy thread)
+    cdef double* x                       # loads in ns (last known)
+    cdef double* u                       # scaled, clipped loads: the actors' inputs
+    cdef uint8_t* known                  # a load for this server has been seen
+    cdef double queue_len, rate
+    cdef int64_t last_now
+
+    # state at the last publish: the window's decisions were drawn from these
+    cdef double* u_pub
+    cdef double* feat_prev
+    cdef double* feat_cur
+    cdef double* pm_pub
+    cdef double* ps_pub
+    cdef double* coef                    # per-outcome scratch of the actor gradient
+    # 3n: marginal advantages (migrate, steal) at the last publish, then each server's rate
+    # (tasks/ns)
+    cdef double* adv
+    cdef bint has_prev
+    cdef double* srt                     # known loads v = x / load_scale, sorted ascending
+    cdef double* pre                     # prefix sums of srt (n + 1)
+    cdef int nsrt
+    cdef int* ord                        # server indices in the last sorted order
+    cdef int* pos                        # pos[j]: j's index in srt (known j)
+    cdef bint sorted_ok                  # srt reflects the current loads
+    cdef double* g_pub                   # 2n: the learned logit parts at publish (mig, stl)
+    cdef double* logit                   # publish scratch: f + capacity prior, masked
+    cdef double* med                     # consensus scratch (n values per coordinate)
+    cdef double hop_est                  # EWMA of measured one-way heartbeat delays (ns)
+    cdef bint hop_seen
+    cdef int runaway_run                 # consecutive windows with a runaway own queue
+    cdef double runaway_last
+
+    # decisions taken by the gateway: cumulative counts per outcome (gateway writes only)
+    cdef uint64_t* cnt_mig
+    cdef uint64_t* cnt_stl
+    cdef uint64_t* seen_mig              # snapshot at the last end_window (policy thread)
+    cdef uint64_t* seen_stl
+    cdef uint64_t own_mig_seen, own_stl_seen   # Policy.migrations/steals at the last window
+
+    # peers, from heartbeats only
+    cdef double* peer_theta              # n x d, latest critic received from each peer
+    cdef uint8_t* peer_theta_ok
+    cdef uint8_t* peer_seen
+    cdef uint32_t* peer_seq
+    cdef uint64_t* peer_mig
+    cdef uint64_t* peer_stl
+    cdef uint64_t win_peer_mig, win_peer_stl
+    cdef uint32_t hb_seq
+
+    # learning diagnostics
+    cdef readonly uint64_t windows
+    cdef readonly uint64_t batches
+    cdef readonly uint64_t consensus_rounds
+    cdef readonly double last_td_error
+    cdef readonly double last_payoff
+    cdef readonly double last_imbalance
+    cdef readonly double last_cost
+    cdef readonly uint64_t resets              # runaway resets of the actors
+    cdef readonly uint64_t consensus_rejected  # peers' critics refused (non-finite, too large)
+    cdef readonly uint64_t hb_clamped          # heartbeat fields clamped to sane bounds
+    cdef readonly uint64_t masked              # migrate outcomes masked at publish (summed)
+    cdef readonly uint64_t trust_clips         # actor parameters clipped to the trust region
+    cdef int win_in_batch
+
+    cdef int _alloc(self, int d) except -1
+    cdef void _release(self) noexcept
+    cdef void _set_load(self, int j, double load) noexcept nogil
+    cdef void _actor_inputs(self, double* z) noexcept nogil
+    cdef void _marginal_advantages(self, bint do_mig, bint do_stl) noexcept nogil
+    cdef void _features(self, double* out) noexcept nogil
+    cdef void _sort_loads(self) noexcept nogil
+    cdef double _absdev(self, double a, int start) noexcept nogil
+    cdef void _push_params(self) noexcept nogil
+    cdef void _rescale(self) noexcept nogil
+    cdef double _hop_units(self) noexcept nogil

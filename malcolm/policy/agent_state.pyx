@@ -1,0 +1,528 @@
+# cython: language_level=3
+"""What one Malcolm agent holds and observes (the state under ``MalcolmPolicy``).
+
+``AgentState`` owns the agent's memory (parameter blocks, AdamW moments, the published
+distributions) and everything the agent learns about its rack: its own load, the heartbeats'
+loads, rates, counts and critics (with their sanity clamps), the sorted loads and what is
+derived from them in O(n) or O(log n): the critic's features and the one-decision
+advantages. How the agent learns, agrees with its peers, guards itself and publishes is in
+``actor_critic.pyx``; ``MalcolmPolicy`` is the only subclass.
+
+Threads: ``decide_*`` run on the gateway thread and touch only the published tables, the
+gateway's ``Rng`` and the gateway-owned per-outcome decision counters; all other methods run
+on the policy thread.
+"""
+from libc.math cimport fabs, sqrt
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdlib cimport free
+from libc.string cimport memcpy, memset
+
+from malcolm._core cimport (
+    cat_free, cat_init, cat_sample, cat_set_inputs, cat_set_params, cat_update,
+    mc_aligned_alloc, mc_load_relaxed, mc_store_relaxed,
+)
+from malcolm.policy.base cimport MAX_THETA, Heartbeat, Policy
+
+
+# Sane bounds on heartbeat-derived inputs (issue 13): 1000 s of queued work, 1e9 tasks in a
+# server, 1e9 tasks per second of service rate, 1e6 tasks moved between two heartbeats.
+cdef double LOAD_MAX_NS = 1e12
+cdef double QUEUE_MAX = 1e9
+cdef double RATE_MAX = 1.0
+cdef uint64_t COUNT_JUMP_MAX = 1000000
+
+
+cdef inline double* _dalloc(Py_ssize_t n) noexcept nogil:
+    cdef double* p = <double*>mc_aligned_alloc(64, sizeof(double) * (n if n > 0 else 1))
+    if p != NULL:
+        memset(p, 0, sizeof(double) * (n if n > 0 else 1))
+    return p
+
+
+cdef inline void* _zalloc(Py_ssize_t nbytes) noexcept nogil:
+    cdef void* p = mc_aligned_alloc(64, nbytes if nbytes > 0 else 8)
+    if p != NULL:
+        memset(p, 0, nbytes if nbytes > 0 else 8)
+    return p
+
+
+cdef class AgentState(Policy):
+    """The state of a Malcolm agent; construct ``MalcolmPolicy``, its only subclass."""
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("AgentState is the state of MalcolmPolicy: construct MalcolmPolicy")
+
+    cdef int _alloc(self, int d) except -1:
+        """Allocate every array for ``n`` servers and ``d`` critic features (all zero)."""
+        cdef int n = self.n, me = self.me, npar, i
+        self._release()
+        self.n_theta = d
+        self.off_wm = d
+        self.off_bm = d + n * n
+        self.off_ws = d + n * n + n
+        self.off_bs = d + 2 * n * n + n
+        npar = d + 2 * (n * n + n)
+        self.n_params = npar
+        self.P = _dalloc(npar)
+        self.P0 = _dalloc(npar)
+        self.logit = _dalloc(n)
+        self.med = _dalloc(n)
+        self.g_pub = _dalloc(2 * n)
+        self.srt = _dalloc(n)
+        self.pre = _dalloc(n + 1)
+        self.ord = <int*>_zalloc(sizeof(int) * n)
+        self.pos = <int*>_zalloc(sizeof(int) * n)
+        self.G = _dalloc(npar)
+        self.M = _dalloc(npar)
+        self.V = _dalloc(npar)
+        self.x = _dalloc(n)
+        self.u = _dalloc(n)
+        self.u_pub = _dalloc(n)
+        self.feat_prev = _dalloc(d)
+        self.feat_cur = _dalloc(d)
+        self.pm_pub = _dalloc(n)
+        self.ps_pub = _dalloc(n)
+        self.coef = _dalloc(n)
+        self.adv = _dalloc(3 * n)
+        self.peer_theta = _dalloc(n * d)
+        self.known = <uint8_t*>_zalloc(n)
+        self.peer_theta_ok = <uint8_t*>_zalloc(n)
+        self.peer_seen = <uint8_t*>_zalloc(n)
+        self.peer_seq = <uint32_t*>_zalloc(4 * n)
+        self.cnt_mig = <uint64_t*>_zalloc(8 * n)
+        self.cnt_stl = <uint64_t*>_zalloc(8 * n)
+        self.seen_mig = <uint64_t*>_zalloc(8 * n)
+        self.seen_stl = <uint64_t*>_zalloc(8 * n)
+        self.peer_mig = <uint64_t*>_zalloc(8 * n)
+        self.peer_stl = <uint64_t*>_zalloc(8 * n)
+        if (self.P == NULL or self.P0 == NULL or self.logit == NULL or self.med == NULL
+                or self.srt == NULL or self.g_pub == NULL or self.pre == NULL
+                or self.ord == NULL or self.pos == NULL
+                or self.G == NULL or self.M == NULL or self.V == NULL
+                or self.x == NULL or self.u == NULL or self.u_pub == NULL
+                or self.feat_prev == NULL or self.feat_cur == NULL or self.pm_pub == NULL
+                or self.ps_pub == NULL or self.coef == NULL or self.adv == NULL
+                or self.peer_theta == NULL or self.known == NULL
+                or self.peer_theta_ok == NULL or self.peer_seen == NULL or self.peer_seq == NULL
+                or self.cnt_mig == NULL or self.cnt_stl == NULL or self.seen_mig == NULL
+                or self.seen_stl == NULL or self.peer_mig == NULL or self.peer_stl == NULL):
+            self._release()
+            raise MemoryError("MalcolmPolicy: out of memory")
+        if cat_init(&self.mig, n, n) != 0 or cat_init(&self.stl, n, n) != 0:
+            self._release()
+            raise MemoryError("MalcolmPolicy: cannot allocate the actors' distributions")
+        self.cats_ready = True
+        self.b1t = 1.0
+        self.b2t = 1.0
+        self.adam_steps = 0
+        self.known[me] = 1        # our own load is always known (0 until observe_local)
+        for i in range(n):
+            self.ord[i] = i
+        return 0
+
+    def __dealloc__(self):
+        self._release()
+
+    cdef void _release(self) noexcept:
+        if self.cats_ready:
+            cat_free(&self.mig)
+            cat_free(&self.stl)
+            self.cats_ready = False
+        free(self.P)
+        free(self.P0)
+        free(self.logit)
+        free(self.med)
+        free(self.g_pub)
+        free(self.srt)
+        free(self.pre)
+        free(self.ord)
+        free(self.pos)
+        free(self.G)
+        free(self.M)
+        free(self.V)
+        free(self.x)
+        free(self.u)
+        free(self.u_pub)
+        free(self.feat_prev)
+        free(self.feat_cur)
+        free(self.pm_pub)
+        free(self.ps_pub)
+        free(self.coef)
+        free(self.adv)
+        free(self.peer_theta)
+        free(self.known)
+        free(self.peer_theta_ok)
+        free(self.peer_seen)
+        free(self.peer_seq)
+        free(self.cnt_mig)
+        free(self.cnt_stl)
+        free(self.seen_mig)
+        free(self.seen_stl)
+        free(self.peer_mig)
+        free(self.peer_stl)
+        self.P = self.P0 = self.logit = self.med = self.G = self.M = self.V = NULL
+        self.srt = self.pre = self.g_pub = NULL
+        self.ord = self.pos = NULL
+        self.x = self.u = self.u_pub = self.feat_prev = self.feat_cur = NULL
+        self.pm_pub = self.ps_pub = self.coef = self.adv = self.peer_theta = NULL
+        self.known = self.peer_theta_ok = self.peer_seen = NULL
+        self.peer_seq = NULL
+        self.cnt_mig = self.cnt_stl = self.seen_mig = self.seen_stl = NULL
+        self.peer_mig = self.peer_stl = NULL
+
+    # ------------------------------------------------------------ gateway thread (hot path)
+    cdef int decide_arrival(self, int64_t now, int task_type) noexcept nogil:
+        cdef int a = cat_sample(&self.mig, &self.rng)
+        mc_store_relaxed(&self.cnt_mig[a], self.cnt_mig[a] + 1)
+        return a
+
+    cdef int decide_steal(self, int64_t now) noexcept nogil:
+        cdef int a = cat_sample(&self.stl, &self.rng)
+        mc_store_relaxed(&self.cnt_stl[a], self.cnt_stl[a] + 1)
+        return -1 if a == self.me else a
+
+    # ------------------------------------------------------------ policy thread
+    cdef void _actor_inputs(self, double* z) noexcept nogil:
+        """The actors' current input vector.
+
+        sparse: z_j = u_j - mean of the known u (0 for unknown servers): deviations from the
+        rack's mean, so that a busy rack does not scale every logit with its load level.
+        full: u, or u_j - u_me for known peers (0 elsewhere) with actor_input="relative".
+        """
+        cdef int j, n = self.n, k = 0
+        cdef double ub = 0.0
+        if self.sparse:
+            for j in range(n):
+                if self.known[j]:
+                    ub += self.u[j]
+                    k += 1
+            ub /= k if k > 0 else 1
+            for j in range(n):
+                z[j] = self.u[j] - ub if self.known[j] else 0.0
+                # deviations beyond ZCLIP tasks carry no more information (the mask
+                # handles overloaded servers), and bounded inputs keep logits bounded
+                z[j] = ZCLIP if z[j] > ZCLIP else (-ZCLIP if z[j] < -ZCLIP else z[j])
+            return
+        if not self.rel_input:
+            memcpy(z, self.u, sizeof(double) * n)
+            return
+        for j in range(n):
+            z[j] = self.u[j] - self.u[self.me] if (j != self.me and self.known[j]) else 0.0
+
+    cdef void _sort_loads(self) noexcept nogil:
+        """srt <- the known loads v = x / load_scale (unclipped), sorted; pre <- prefix sums.
+
+        O(n log n); with it the imbalance and every one-decision change of it cost
+        O(log n) instead of O(n) (a 64-server rack was dominated by the O(n^2) loops).
+        """
+        cdef int j, k = 0, a, t, n = self.n
+        cdef double inv = 1.0 / self.load_scale, v
+        cdef int* o = self.ord
+        if self.sorted_ok:
+            return
+        # Insertion sort of the indices in last window's order: loads move little between
+        # windows, so this is close to O(n) (no comparison callbacks either).
+        for j in range(n):
+            if self.known[o[j]]:
+                t = o[j]
+                v = self.x[t]
+                a = k
+                while a > 0 and self.x[o[a - 1]] > v:
+                    o[a] = o[a - 1]
+                    a -= 1
+                o[a] = t
+                k += 1
+            else:
+                pass
+        # unknown servers keep their places after the known ones
+        a = k
+        for j in range(n):
+            if not self.known[j]:
+                o[a] = j
+                a += 1
+        for j in range(k):
+            self.srt[j] = self.x[o[j]] * inv
+            self.pos[o[j]] = j
+        self.pre[0] = 0.0
+        for j in range(k):
+            self.pre[j + 1] = self.pre[j] + self.srt[j]
+        self.nsrt = k
+        self.sorted_ok = True
+
+    cdef double _absdev(self, double a, int start) noexcept nogil:
+        """sum_k |a - v_k| over the known loads (needs _sort_loads).
+
+        ``start``: a guess of the number of v_k < a (a server's own sorted position): the
+        search walks from there, so a point near a known load costs O(1) steps, at worst
+        O(n); -1 for a binary search.
+        """
+        cdef int lo = 0, hi = self.nsrt, mid, k = self.nsrt
+        cdef const double* v = self.srt
+        if start < 0:
+            while lo < hi:              # lo <- the number of v_k < a
+                mid = (lo + hi) >> 1
+                if v[mid] < a:
+                    lo = mid + 1
+                else:
+                    hi = mid
+        else:
+            lo = start if start <= k else k
+            while lo > 0 and v[lo - 1] >= a:
+                lo -= 1
+            while lo < k and v[lo] < a:
+                lo += 1
+        return (a * lo - self.pre[lo]) + (self.pre[k] - self.pre[lo] - a * (k - lo))
+
+    cdef void _marginal_advantages(self, bint do_mig, bint do_stl) noexcept nogil:
+        """Per-outcome one-decision changes of the potential at the current state (adv).
+
+        With v = x / load_scale (known servers, unclipped) and s_j one task's load on j,
+        I(v + d) - I(v) for a d touching one or two servers, through
+        F(a) = sum_k |a - v_k| over the sorted loads: O(log n) per outcome. Outcomes the
+        published distribution gives probability 0 (masked) get no gradient and are skipped,
+        and so is an actor that took no decision in the window (``do_mig``, ``do_stl``).
+        """
+        cdef int n = self.n, me = self.me, i
+        cdef double* am = self.adv
+        cdef double* st = self.adv + n
+        cdef const double* rate = self.adv + 2 * n
+        cdef double sme, si, vi, vme, di, norm, inv = 1.0 / self.load_scale
+        cdef double hop = self._hop_units()
+        cdef double cmig = self.migration_cost + hop, cstl = self.steal_cost + hop
+        cdef double fme, fme_up
+        self._sort_loads()
+        norm = 2.0 / (self.nsrt - 1) if self.nsrt > 1 else 0.0
+        sme = 1.0 / (rate[me] * self.load_scale) if rate[me] > 0.0 else 1.0
+        vme = self.x[me] * inv
+        fme = self._absdev(vme, self.pos[me])
+        fme_up = self._absdev(vme + sme, self.pos[me])
+        # migrate: the task goes to i (i = me: accepted here).
+        # sum_{k != i} |vi + si - vk| - |vi - vk| = F(vi + si) - si - F(vi)
+        for i in range(n):
+            if not self.known[i] or (i != me and not (do_mig and self.pm_pub[i] > 0.0)):
+                am[i] = 0.0
+                continue          # never heard of: set below
+            si = 1.0 / (rate[i] * self.load_scale) if rate[i] > 0.0 else 1.0
+            vi = self.x[i] * inv
+            if i == me:
+                di = fme_up - si - fme
+            else:
+                di = (self._absdev(vi + si, self.pos[i]) - si
+                      - self._absdev(vi, self.pos[i]))
+            am[i] = -norm * di - (cmig if i != me else 0.0)
+        for i in range(n):
+            if not self.known[i]:
+                am[i] = am[me] - cmig      # no information: accepting, plus the cost
+        # steal: one task moves from i to me (i = me: nothing moves). Over k != i, me:
+        # sum |a - vk| = F(a) - |a - vi| - |a - vme|.
+        st[me] = 0.0
+        for i in range(n):
+            if i == me:
+                continue
+            if not do_stl or self.ps_pub[i] <= 0.0:
+                st[i] = 0.0
+                continue
+            if not self.known[i]:
+                st[i] = -cstl              # no information: nothing moves
+                continue
+            si = 1.0 / (rate[i] * self.load_scale) if rate[i] > 0.0 else 1.0
+            vi = self.x[i] * inv
+            di = ((self._absdev(vi - si, self.pos[i]) - si - fabs(vi - si - vme))
+                  - (self._absdev(vi, self.pos[i]) - fabs(vi - vme)))
+            di += ((fme_up - fabs(vme + sme - vi) - sme)
+                   - (fme - fabs(vme - vi)))
+            # the pair (i, me) itself
+            di += fabs((vi - si) - (vme + sme)) - fabs(vi - vme)
+            st[i] = -norm * di - cstl
+
+    cdef void _set_load(self, int j, double load) noexcept nogil:
+        cdef double v
+        cdef int k
+        if not (load >= 0.0):       # NaN or negative: an estimator glitch, not a load
+            load = 0.0
+        v = load / self.load_scale
+        if v > self.load_clip:
+            v = self.load_clip
+        self.x[j] = load
+        self.u[j] = v
+        self.known[j] = 1
+        self.sorted_ok = False
+        if self.sparse:
+            return              # logits are computed at publish, O(n)
+        if not self.rel_input:
+            cat_update(&self.mig, j, v)
+            cat_update(&self.stl, j, v)
+        elif j != self.me:
+            cat_update(&self.mig, j, v - self.u[self.me])
+            cat_update(&self.stl, j, v - self.u[self.me])
+        else:
+            # our own load moved every relative input: O(n^2), once per window
+            for k in range(self.n):
+                if k != self.me and self.known[k]:
+                    cat_update(&self.mig, k, self.u[k] - v)
+                    cat_update(&self.stl, k, self.u[k] - v)
+
+    cdef double _hop_units(self) noexcept nogil:
+        """One hop's latency in units of ``load_scale``: what a migration or steal costs."""
+        return (self.hop_est if self.auto_hop else self.hop_ns) / self.load_scale
+
+    cdef void observe_local(self, int64_t now, double load, double queue_len,
+                            double rate) noexcept nogil:
+        if not (queue_len >= 0.0):
+            queue_len = 0.0
+        if not (rate > 0.0) or rate > RATE_MAX:
+            rate = 0.0 if not (rate > 0.0) else RATE_MAX
+        self.queue_len = queue_len if queue_len < QUEUE_MAX else QUEUE_MAX
+        self.rate = rate
+        self.adv[2 * self.n + self.me] = rate
+        self.last_now = now
+        self._set_load(self.me, load)
+
+    cdef void observe_peer(self, int64_t now, const Heartbeat* hb) noexcept nogil:
+        cdef int src = hb.src
+        cdef int d = self.n_theta, i
+        cdef double rate = hb.rate, load = hb.load, nrm = 0.0, t, dly
+        cdef uint64_t dm, ds
+        cdef bint ok
+        if src < 0 or src >= self.n or src == self.me:
+            return
+        if self.peer_seen[src]:
+            # A reordered (older) heartbeat carries nothing newer: drop it.
+            if <int32_t>(hb.seq - self.peer_seq[src]) <= 0:
+                return
+            # Counts are cumulative, so a lost heartbeat's actions show up in the next one.
+            # A jump beyond what a server can move in a heartbeat interval is a lie: clamp it.
+            dm = hb.migrations - self.peer_mig[src] if hb.migrations > self.peer_mig[src] else 0
+            ds = hb.steals - self.peer_stl[src] if hb.steals > self.peer_stl[src] else 0
+            if dm > COUNT_JUMP_MAX or ds > COUNT_JUMP_MAX:
+                self.hb_clamped += 1
+                dm = COUNT_JUMP_MAX if dm > COUNT_JUMP_MAX else dm
+                ds = COUNT_JUMP_MAX if ds > COUNT_JUMP_MAX else ds
+            self.win_peer_mig += dm
+            self.win_peer_stl += ds
+        self.peer_seen[src] = 1
+        self.peer_seq[src] = hb.seq
+        self.peer_mig[src] = hb.migrations
+        self.peer_stl[src] = hb.steals
+        # Every heartbeat-derived input within sane bounds: a NaN or absurd rate or load from
+        # one peer must not reach the logits, the advantages or the capacity prior.
+        if not (rate > 0.0) or rate > RATE_MAX:
+            if rate != 0.0:
+                self.hb_clamped += 1
+            rate = RATE_MAX if rate > RATE_MAX else 0.0
+        if not (load >= 0.0) or load > LOAD_MAX_NS:
+            self.hb_clamped += 1
+            load = LOAD_MAX_NS if load > LOAD_MAX_NS else 0.0
+        self.adv[2 * self.n + src] = rate
+        # One-way delay: what a hop costs. Same clock on one host and in the simulator; a
+        # value outside [0, 10 windows] is a clock offset, not a delay, and is ignored.
+        dly = <double>(now - hb.sent_ns)
+        if self.auto_hop and dly >= 0.0 and dly <= 10.0 * <double>self.window_ns:
+            self.hop_est = dly if not self.hop_seen else self.hop_est + 0.05 * (dly - self.hop_est)
+            self.hop_seen = True
+        if hb.n_theta == d:
+            # Bounded consensus: a peer's critic must be finite and within theta_bound.
+            ok = True
+            for i in range(d):
+                t = hb.theta[i]
+                if not (t == t) or t > 1e300 or t < -1e300:
+                    ok = False
+                    break
+                nrm += t * t
+            if ok and sqrt(nrm) <= self.theta_bound:
+                memcpy(&self.peer_theta[<Py_ssize_t>src * d], hb.theta, sizeof(double) * d)
+                self.peer_theta_ok[src] = 1
+            else:
+                self.consensus_rejected += 1
+                self.peer_theta_ok[src] = 0
+        self._set_load(src, load)
+
+    cdef void fill_heartbeat(self, Heartbeat* hb) noexcept nogil:
+        memset(hb, 0, sizeof(Heartbeat) - sizeof(double) * MAX_THETA)
+        self.hb_seq += 1
+        hb.src = self.me
+        hb.seq = self.hb_seq
+        hb.sent_ns = self.last_now
+        hb.load = self.x[self.me]
+        hb.queue_len = self.queue_len
+        hb.rate = self.rate
+        hb.migrations = mc_load_relaxed(&self.migrations)
+        hb.steals = mc_load_relaxed(&self.steals)
+        hb.n_theta = self.n_theta
+        memcpy(hb.theta, self.P, sizeof(double) * self.n_theta)
+        # the unused tail too: whatever the transport copies must not be stale memory
+        memset(&hb.theta[self.n_theta], 0, sizeof(double) * (MAX_THETA - self.n_theta))
+
+    # ------------------------------------------------------------ learning
+    cdef void _features(self, double* out) noexcept nogil:
+        """Critic features of the current known loads (see docs/policy.md).
+
+        symmetric:  [1, I(u), mean, max - mean, mean - min]
+        per_server: [1, I(u), u_0 .. u_{n-1}, |u_0 - mean| .. |u_{n-1} - mean|]
+
+        u = min(v, load_clip) is monotone in v, so the sorted loads give I(u) in O(n):
+        sum over pairs |u_j - u_k| = sum_k u_(k) (2k - K + 1).
+        """
+        cdef int n = self.n, j, cnt
+        cdef double mean = 0.0, hi = 0.0, lo = 0.0, s = 0.0, uk, clip = self.load_clip
+        self._sort_loads()
+        cnt = self.nsrt
+        for j in range(cnt):
+            uk = self.srt[j]
+            uk = 0.0 if uk < 0.0 else (clip if uk > clip else uk)
+            mean += uk
+            s += uk * (2 * j - cnt + 1)
+            if j == 0:
+                lo = uk
+            hi = uk
+        mean /= cnt if cnt > 0 else 1
+        out[0] = 1.0
+        out[1] = 2.0 * s / (cnt - 1) if cnt > 1 else 0.0
+        if self.symmetric:
+            out[2] = mean
+            out[3] = hi - mean
+            out[4] = mean - lo
+            return
+        for j in range(n):
+            out[2 + j] = self.u[j]
+            out[2 + n + j] = fabs(self.u[j] - mean) if self.known[j] else 0.0
+
+    cdef void _push_params(self) noexcept nogil:
+        """Hand the actors' new weights to their distributions (logits recomputed).
+
+        The sparse actors compute their logits at publish (O(n)); nothing to hand over.
+        """
+        if self.sparse:
+            return
+        cat_set_params(&self.mig, self.P + self.off_wm, self.P + self.off_bm)
+        cat_set_params(&self.stl, self.P + self.off_ws, self.P + self.off_bs)
+
+    cdef void _rescale(self) noexcept nogil:
+        """load_scale <- the rack's mean task interval 1 / mean(rate) over the known rates.
+
+        Loads are then in "tasks of an average server", so the defaults fit any service time
+        and rack. Applied only when it moves by more than 5% (it costs an O(n^2) recompute of
+        both actors' logits).
+        """
+        cdef int n = self.n, j, k = 0
+        cdef double sr = 0.0, ls, v
+        cdef const double* rate = self.adv + 2 * n
+        for j in range(n):
+            if self.known[j] and rate[j] > 0.0:
+                sr += rate[j]
+                k += 1
+        if k == 0 or not (sr > 0.0):
+            return
+        ls = k / sr
+        if fabs(ls - self.load_scale) <= 0.05 * self.load_scale:
+            return
+        self.load_scale = ls
+        self.sorted_ok = False
+        for j in range(n):
+            if self.known[j]:
+                v = self.x[j] / ls
+                self.u[j] = v if v < self.load_clip else self.load_clip
+        if not self.sparse:
+            self._actor_inputs(self.logit)
+            cat_set_inputs(&self.mig, self.logit)
+            cat_set_inputs(&self.stl, self.logit)
