@@ -12,7 +12,7 @@
 typedef struct mc_addr {
   uint16_t family;      /* AF_INET, AF_INET6, or 0x5348 for a shared-memory endpoint */
   uint16_t port;
-  uint32_t extra;       /* IPv6 scope id; a QP number for verbs */
+  uint32_t extra;       /* IPv6 scope id (udp and verbs addresses); 0 for shm */
   uint8_t addr[16];     /* IPv4 in the first 4 bytes; an shm endpoint name */
 } mc_addr;
 
