@@ -323,11 +323,23 @@ cdef class MalcolmPolicy(AgentState):
         cdef int actor
         cdef bint sampled
 
-        self._features(self.feat_cur)
-        self.last_imbalance = self.feat_cur[1]
-        for i in range(d):
-            vprev += th[i] * self.feat_prev[i]
-            vcur += th[i] * self.feat_cur[i]
+        sampled = False
+        if self.learn and self.has_prev:
+            # learn_every > 1: the gradient of one window in learn_every (an unbiased
+            # subsample of the batch's windows, at 1 / learn_every of the cost)
+            self.learn_clock += 1
+            self.batch_clock += 1
+            sampled = self.learn_clock >= self.learn_every
+            if sampled:
+                self.learn_clock = 0
+        # The features (a sort of the loads) only where a learning step reads them; a frozen
+        # policy keeps them every window for its diagnostics (last_imbalance, last_payoff).
+        if sampled or not self.learn:
+            self._features(self.feat_cur)
+            self.last_imbalance = self.feat_cur[1]
+            for i in range(d):
+                vprev += th[i] * self.feat_prev[i]
+                vcur += th[i] * self.feat_cur[i]
 
         # Own migrations and steals: the driver keeps `migrations`/`steals` (what actually
         # moved, the same numbers our heartbeats report), so the cost counts alike for all.
@@ -345,15 +357,6 @@ cdef class MalcolmPolicy(AgentState):
         self.last_cost = cost
         self.last_payoff = payoff
 
-        sampled = False
-        if self.learn and self.has_prev:
-            # learn_every > 1: the gradient of one window in learn_every (an unbiased
-            # subsample of the batch's windows, at 1 / learn_every of the cost)
-            self.learn_clock += 1
-            self.batch_clock += 1
-            sampled = self.learn_clock >= self.learn_every
-            if sampled:
-                self.learn_clock = 0
         if sampled:
             if self.adv_next:
                 # at the window's realised outcome, for the actors that took decisions
@@ -722,7 +725,9 @@ cdef class MalcolmPolicy(AgentState):
         softmax(lg, self.ps_pub, n)
         cat_publish_probs(&self.mig, self.pm_pub)
         cat_publish_probs(&self.stl, self.ps_pub)
-        self._features(self.feat_prev)
+        # feat_prev only before a window whose learning step reads it (see _learn_window)
+        if not self.learn or self.learn_clock + 1 >= self.learn_every:
+            self._features(self.feat_prev)
         if self.marginal and not self.adv_next:
             self._marginal_advantages(True, True)
 
