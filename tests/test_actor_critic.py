@@ -185,7 +185,10 @@ def test_learn_every_samples_one_window_in_k_and_keeps_the_batch_interval():
     hooks.step(p, 6, 2.0 * S, [None, 1.0 * S, 0.5 * S])  # sampled, and the batch's end
     assert p.batches == 1 and np.all(p.grad_cache == 0)
     with pytest.raises(ValueError):
-        make(n, me, learn_every=0)
+        make(n, me, learn_every=-1)
+    assert make(n, me).learn_every == 1             # auto: every window below 32 servers
+    assert make(64, 0).learn_every == 4
+    assert make(64, 0, learn_every=1).learn_every == 1
 
 
 # ---------------------------------------------------------------- AdamW
