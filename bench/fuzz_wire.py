@@ -117,8 +117,8 @@ def stage_decoder(n_inputs, batch, check_every):
 
 
 def stage_server(n_inputs):
-    from malcolm.net.server import Server
     from malcolm.net.transport import open_transport
+    from malcolm.runtime.server import Server
 
     from malcolm.net.client import Client
     from malcolm.policy.registry import make_policy

@@ -17,9 +17,9 @@ from malcolm import _argparse as g  # noqa: E402
 
 
 def measure(handler, workload, workers, load, duration, poll="adaptive", cpus=None):
-    from malcolm.config import build_server, parse_rack
     from malcolm.loadgen.run import LoadSpec, Target, run_load
     from malcolm.loadgen.runtime_bench import _free_port
+    from malcolm.runtime.config import build_server, parse_rack
     from malcolm.workloads import parse_workload
     addr = f"127.0.0.1:{_free_port()}"
     srv_cfg = {"address": addr}

@@ -2,7 +2,7 @@
 so that they cannot drift from it.
 
 ``<!-- malcolm:cli -->``        every ``malcolm`` command's ``--help``, from click itself;
-``<!-- malcolm:rack-keys -->``  the rack file's keys and defaults, from ``malcolm.config``;
+``<!-- malcolm:rack-keys -->``  the rack file's keys and defaults, from ``malcolm.runtime.config``;
 ``<!-- malcolm:list NAME -->``  the output of ``malcolm list NAME``;
 ``<!-- malcolm:figures -->``    each ``bench/figures`` script's docstring, command and plots.
 """
@@ -39,7 +39,7 @@ def cli_reference() -> str:
 
 
 def rack_keys() -> str:
-    from malcolm import config
+    from malcolm.runtime import config
     rows = ["| key | type | default |", "|---|---|---|"]
     for k, (typ, default) in config.RACK_KEYS.items():
         rows.append(f"| `{k}` | {typ.__name__} | `{default!r}` |")

@@ -142,9 +142,9 @@ def test_a_racks_hop_delay_applies_to_servers_and_clients(tmp_path):
     """``[rack] hop_delay_us`` delays every hop: the server's transport (from the rack file)
     and the load generator's (which reads the same file). A task's round trip crosses two
     hops, so no response can come back in less than twice the delay."""
-    from malcolm.config import build_server, load_rack
     from malcolm.loadgen.run import LoadSpec, resolve_target, run_load
     from malcolm.net.ports import free_udp_ports
+    from malcolm.runtime.config import build_server, load_rack
     port, = free_udp_ports(1)
     path = tmp_path / "rack.toml"
     path.write_text(f"""[rack]
@@ -193,7 +193,7 @@ def test_the_experiment_runner_dilates_the_hop_delay():
 @pytest.mark.parametrize("line", ["hop_loss = 1.5", "hop_delay_us = nan", "hop_reorder = -0.1",
                                   "hop_jitter_us = inf"])
 def test_bad_hop_settings_are_refused_with_one_line(tmp_path, line):
-    from malcolm.config import ConfigError, load_rack
+    from malcolm.runtime.config import ConfigError, load_rack
     path = tmp_path / "rack.toml"
     path.write_text(f'[rack]\n{line}\n[policy]\nname = "random"\n[[server]]\n'
                     'address = "127.0.0.1:7001"\n')

@@ -9,14 +9,14 @@ import inspect
 import time
 
 import pytest
-from malcolm.net.server import Server
 from malcolm.net.transport import open_transport
 from malcolm.policy.driver import STEAL_GATE_CAPACITY, RecordingPolicy
+from malcolm.runtime.server import Server
 from malcolm.sim._engine import Engine
 
-from malcolm import config
 from malcolm.policy import defaults
 from malcolm.policy.defaults import EST_ALPHA, EST_PRIOR_SERVICE_US
+from malcolm.runtime import config
 from malcolm.sim import run
 from malcolm.workloads import parse_workload
 

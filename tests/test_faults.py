@@ -12,8 +12,8 @@ from malcolm.loadgen.run import LoadSpec, Target, run_load
 
 
 def _server(**kw):
-    from malcolm.net.server import Server
     from malcolm.net.transport import open_transport
+    from malcolm.runtime.server import Server
 
     from malcolm.policy.registry import make_policy
     tr = open_transport("udp", "127.0.0.1:0")

@@ -77,8 +77,8 @@ def test_init_errors_are_clear(lib):
 
 def test_bad_input_from_a_handler_reaches_the_client(lib, tmp_path):
     """A handler's MALCOLM_BAD_INPUT is answered "bad input" and counted by the server."""
-    from malcolm.net.server import Server
     from malcolm.net.transport import open_transport
+    from malcolm.runtime.server import Server
 
     from malcolm.net import wire
     from malcolm.net.client import Client

@@ -7,7 +7,7 @@ Layers, lowest first (docs/design.md):
              root, data, self-tests
     policy   malcolm.policy: the interface, the policies, the window driver
     engines  malcolm.sim | malcolm.net, malcolm.workers (siblings: sim never sees net)
-    runtime  malcolm.runtime, malcolm.config
+    runtime  malcolm.runtime: the server, its gateway and policy thread, rack files, launcher
     tools    malcolm.loadgen, malcolm.bench
     cli      malcolm.commands, malcolm.cli, malcolm.__main__
 """
@@ -25,7 +25,7 @@ LAYERS = [
               "malcolm._version")),
     ("policy", ("malcolm.policy",)),
     ("engines", ("malcolm.sim", "malcolm.net", "malcolm.workers")),
-    ("runtime", ("malcolm.runtime", "malcolm.config")),
+    ("runtime", ("malcolm.runtime",)),
     ("tools", ("malcolm.loadgen", "malcolm.bench")),
     ("cli", ("malcolm.commands", "malcolm.cli", "malcolm.__main__")),
 ]
@@ -129,20 +129,25 @@ def test_no_upward_imports():
 
 
 def test_the_check_catches_an_upward_import(tmp_path):
-    # The checker must be able to fail: a policy module that imports the CLI, and a simulator
-    # module that cimports the server runtime.
+    # The checker must be able to fail: a policy module that imports the CLI, a simulator
+    # module that cimports the worker pool (a sibling), and a net module that imports the
+    # runtime above it.
     d = tmp_path / "malcolm" / "policy"
     d.mkdir(parents=True)
     (d / "bad.py").write_text("from malcolm.commands import demo\n")
     s = tmp_path / "malcolm" / "sim"
     s.mkdir(parents=True)
-    (s / "bad.pyx").write_text("from malcolm.net.server cimport Server\n")
+    (s / "bad.pyx").write_text("from malcolm.workers.pool cimport WorkerPool\n")
+    t = tmp_path / "malcolm" / "net"
+    t.mkdir(parents=True)
+    (t / "bad.py").write_text("from malcolm.runtime import server\n")
     global ROOT
     old = ROOT
     ROOT = str(tmp_path)
     try:
-        bad = violations([str(d / "bad.py"), str(s / "bad.pyx")])
+        bad = violations([str(d / "bad.py"), str(s / "bad.pyx"), str(t / "bad.py")])
     finally:
         ROOT = old
     assert [(a, b) for a, b, _ in bad] == [("malcolm.policy.bad", "malcolm.commands"),
-                                           ("malcolm.sim.bad", "malcolm.net.server")]
+                                           ("malcolm.sim.bad", "malcolm.workers.pool"),
+                                           ("malcolm.net.bad", "malcolm.runtime")]

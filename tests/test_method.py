@@ -117,7 +117,7 @@ def test_policies_and_rack_file(tmp_path):
                      cpus=[[1, 2, 3, 4], [5, 6]])
     p = tmp_path / "r.toml"
     p.write_text(text)
-    from malcolm.config import load_rack
+    from malcolm.runtime.config import load_rack
     cfg = load_rack(str(p))
     assert cfg.window_us == 2000.0 and cfg.policy_params["learn"] is False
     assert cfg.servers[1].cpus == [5, 6] and cfg.servers[0].handler == "bench"

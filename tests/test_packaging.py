@@ -16,7 +16,7 @@ from click.testing import CliRunner
 import malcolm
 from malcolm.cli import main
 from malcolm.commands.rackgen import check_local_address, expand_nodelist, read_hostfile
-from malcolm.config import ConfigError, load_rack
+from malcolm.runtime.config import ConfigError, load_rack
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -62,7 +62,7 @@ def test_build_without_sources_fails_loudly(tmp_path):
 
 
 def test_server_command_never_imports_the_working_directory(tmp_path):
-    from malcolm.commands.rack import server_command
+    from malcolm.runtime.launcher import server_command
     fake = tmp_path / "malcolm"
     fake.mkdir()
     (fake / "__init__.py").write_text("raise SystemExit('imported the source tree')\n")
@@ -207,7 +207,7 @@ def test_check_local_address(tmp_path):
 def test_generated_rack_runs(tmp_path):
     import socket
 
-    from malcolm.commands.rack import LocalRack
+    from malcolm.runtime.launcher import LocalRack
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))            # a free port (127.0.0.2 is loopback too)
         port = s.getsockname()[1]

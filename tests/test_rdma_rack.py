@@ -37,7 +37,7 @@ def _rack_file(tmp_path, policy, n=2, workers=2):
 
 @contextlib.contextmanager
 def _rack(path):
-    from malcolm.commands.rack import LocalRack
+    from malcolm.runtime.launcher import LocalRack
 
     # Servers start slowly under emulation (each imports numpy and pyverbs over 9p).
     lr = LocalRack(path).up(timeout=150)

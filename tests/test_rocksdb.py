@@ -202,8 +202,8 @@ def test_acceptance_three_server_rack(db, tmp_path):
     5 000 GET(n) from the load generator (rocksdb1, with migrations between servers); every
     value checks, the deliberately malformed requests are answered "bad input", and the
     servers stay up."""
-    from malcolm.commands.rack import LocalRack
     from malcolm.loadgen.run import LoadSpec, resolve_target, run_load
+    from malcolm.runtime.launcher import LocalRack
     rack = _rack(tmp_path, db)
     # A generous timeout: on a shared 2-core machine a server can stall for a second; only a
     # lost or unanswered GET (or a wrong value) should fail this test.
@@ -234,7 +234,7 @@ def test_acceptance_three_server_rack(db, tmp_path):
 def test_loadgen_cli_app_against_a_rack(db, tmp_path):
     """``malcolm loadgen --app``: the dictionary's shape comes from the rack's database,
     Zipf keys, JSON with per-type latency; and one clear line for bad input."""
-    from malcolm.commands.rack import LocalRack
+    from malcolm.runtime.launcher import LocalRack
     rack = _rack(tmp_path, db, policy="jsq", n=2)
     env = dict(os.environ, PYTHONPATH=os.getcwd())
     with LocalRack(rack):
@@ -263,9 +263,9 @@ def test_loadgen_cli_app_against_a_rack(db, tmp_path):
 
 def test_inline_server_and_calibration(db):
     """workers = 0 (the gateway runs the GETs) over shm, and the calibration's timing loop."""
-    from malcolm.config import build_server, parse_rack
     from malcolm.loadgen.rocksdb_calibrate import calibrate
     from malcolm.loadgen.run import LoadSpec, Target, run_load
+    from malcolm.runtime.config import build_server, parse_rack
     name = f"kv{os.getpid():x}"[:16]
     cfg = parse_rack({"rack": {"transport": "shm", "workers": 0, "window_us": 1000.0,
                                "handler": f"rocksdb:path={db}", "grace_s": 0.5},

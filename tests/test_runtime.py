@@ -14,15 +14,15 @@ import time
 import uuid
 
 import pytest
-from malcolm.net.server import Server
 from malcolm.net.transport import available_transports, open_transport
+from malcolm.runtime.server import Server
 
-from malcolm.commands.rack import LocalRack
-from malcolm.config import ConfigError, load_rack, parse_rack
 from malcolm.net import wire
 from malcolm.net.client import Client
 from malcolm.net.ports import free_udp_ports
 from malcolm.policy.registry import make_policy
+from malcolm.runtime.config import ConfigError, load_rack, parse_rack
+from malcolm.runtime.launcher import LocalRack
 
 LOCAL = [k for k in available_transports()[0] if k in ("udp", "shm")]
 ENV = dict(os.environ, PYTHONPATH=os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -364,7 +364,7 @@ def test_serve_needs_an_id(tmp_path, monkeypatch):
     out = subprocess.run([sys.executable, "-m", "malcolm", "serve", "--rack", str(p)],
                          capture_output=True, text=True, env=env, timeout=30)
     assert out.returncode != 0 and "SLURM_PROCID" in out.stderr
-    from malcolm.config import default_server_id
+    from malcolm.runtime.config import default_server_id
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "3")
     assert default_server_id() == 3
 

@@ -11,8 +11,8 @@ Malcolm loses in the demo"). These tests pin the simulator's order.
 import time
 
 from malcolm._core import now_ns
-from malcolm.net.server import Server
 from malcolm.net.transport import open_transport
+from malcolm.runtime.server import Server
 
 from malcolm.net import wire
 from malcolm.policy.registry import make_policy
@@ -112,6 +112,67 @@ def test_end_window_learns_from_the_load_at_its_end():
         assert imbalance > 0.0
     finally:
         rep = srv.stop(grace_s=1.5)
+        peer.close()
+        client.close()
+    assert rep["stuck_threads"] == []
+
+
+def _steal_requests(peer, srv_addr, done, timeout=10.0):
+    """Steal requests from the server until ``done()`` holds (and 50 ms more)."""
+    out = []
+    t_end = time.monotonic() + timeout
+    t_done = None
+    while time.monotonic() < (t_end if t_done is None else min(t_end, t_done)):
+        for data, src in peer.recv(0.02):
+            d = wire.decode(data)
+            if d["kind"] == "steal_request" and src == srv_addr:
+                out.append(d)
+        if t_done is None and done(out):
+            t_done = time.monotonic() + 0.05
+    return out
+
+
+def test_gateway_steals_through_the_drivers_steal_gate():
+    """The runtime's steal rule is the simulator's ``StealGate`` (policy/driver.pxd).
+
+    Malcolm, frozen to keep every task and to steal from server 1 after every completion.
+    Server 1 is this test and answers nothing at first: of the completions of a burst, one
+    sends a request and the others are suppressed while it is in flight. A reply that comes
+    after the request was given up is counted late, and the gate lets a new request through.
+    """
+    import numpy as np
+    peer = open_transport("udp", "127.0.0.1:0")
+    client = open_transport("udp", "127.0.0.1:0")
+    tr = open_transport("udp", "127.0.0.1:0")
+    pol = make_policy("malcolm", 2, 0, 1, learn=0)
+    pol.set_params(W_migrate=np.zeros((2, 2)), B_migrate=np.array([50.0, 0.0]),
+                   W_steal=np.zeros((2, 2)), B_steal=np.array([0.0, 50.0]))
+    srv = Server(tr, [tr.address, peer.address], 0, pol, handler="echo", workers=1,
+                 window_us=WINDOW_US, steal_timeout_us=50_000.0,
+                 peer_timeout_ms=60_000.0).start()
+    try:
+        for i in range(20):
+            client.send(tr.address, wire.encode_task(1, i + 1, send_ns=now_ns()))
+        reqs = _steal_requests(peer, tr.address, lambda r: srv.stats()["completed"] == 20)
+        st = srv.stats()
+        assert st["completed"] == 20
+        # every completion asked, and the gate either sent or suppressed
+        assert st["steal_req_sent"] + st["steal_suppressed"] == 20, st
+        assert len(reqs) == st["steal_req_sent"] >= 1
+        # one in flight at a time: each request after the first waited for a timeout
+        assert st["steal_timeouts"] >= st["steal_req_sent"] - 1
+        time.sleep(0.1)                     # the last request is given up (50 ms)
+        peer.send(tr.address, wire.encode_steal_empty(1, reqs[-1]["seq"]))
+        for i in range(3):
+            client.send(tr.address, wire.encode_task(1, 100 + i, send_ns=now_ns()))
+        more = _steal_requests(peer, tr.address,
+                               lambda r: r and srv.stats()["completed"] == 23)
+        st2 = srv.stats()
+        assert st2["steal_late_replies"] == 1 and st2["steal_empty_recv"] == 1, st2
+        assert len(more) >= 1 and more[0]["seq"] == reqs[-1]["seq"] + 1
+        assert st2["steal_req_sent"] + st2["steal_suppressed"] == 23, st2
+    finally:
+        rep = srv.stop(grace_s=1.0)
         peer.close()
         client.close()
     assert rep["stuck_threads"] == []

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from malcolm import config
 from malcolm.net import _wire as native
 from malcolm.net import wire
+from malcolm.runtime import config
 
 # SipHash-2-4, 64-bit output, key 00 01 .. 0f, message 00 01 .. (k-1) for k = 0..63: the
 # reference test vectors of Aumasson and Bernstein (vectors.h of the reference code), as the
@@ -114,8 +114,8 @@ OTHER = bytes(range(70, 86))
 def _server(n=2, key=KEY, policy="jsq", **kw):
     """Server 0 of an n-server rack in this process; the other members are bare endpoints
     this test speaks for. Returns (server, its address, peer endpoints)."""
-    from malcolm.net.server import Server
     from malcolm.net.transport import open_transport
+    from malcolm.runtime.server import Server
 
     from malcolm.policy.registry import make_policy
     tr = open_transport("udp", "127.0.0.1:0")

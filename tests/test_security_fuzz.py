@@ -154,8 +154,8 @@ def test_a_live_server_survives_the_heartbeat_path(server, msgs):
 
 @pytest.fixture(scope="module")
 def server():
-    from malcolm.net.server import Server
     from malcolm.net.transport import open_transport
+    from malcolm.runtime.server import Server
 
     from malcolm.policy.registry import make_policy
     try:

@@ -29,8 +29,8 @@ def test_bench_handler_rejects_bad_options(spec):
 
 
 def _server(handler, workers=2):
-    from malcolm.config import build_server, parse_rack
     from malcolm.loadgen.runtime_bench import _free_port
+    from malcolm.runtime.config import build_server, parse_rack
     addr = f"127.0.0.1:{_free_port()}"
     cfg = parse_rack({"rack": {"name": "svc", "transport": "udp", "workers": workers,
                                "handler": handler, "window_us": 1000.0, "grace_s": 0.5},

@@ -98,9 +98,9 @@ def main():
     g.json_stdout(a)
     old = getattr(a, "rack_old", None)
     racks = a.servers or [RACKS[k] for k in ("homo", "hetero") if old in (None, k, "both")]
-    from malcolm.commands.rack import LocalRack
     from malcolm.loadgen import apps
     from malcolm.loadgen.run import LoadSpec, Target, run_load
+    from malcolm.runtime.launcher import LocalRack
     from malcolm.workers import rocksdb as rdb
     if not os.path.exists(os.path.join(a.db, "CURRENT")):
         print(f"building {a.db}", file=sys.stderr)

@@ -180,9 +180,9 @@ def demo(quick, png, png_old, json_out, policy_list, policies, load_list, loads,
     json_path = json_out
     import threading
 
-    from malcolm.commands.rack import LocalRack
     from malcolm.loadgen.experiment import HEADER as ROW_HEADER
     from malcolm.loadgen.experiment import Experiment, ExperimentError, format_row
+    from malcolm.runtime.launcher import LocalRack
     cfg = QUICK if quick else FULL
     stop = threading.Event()
     echo = lambda s: (click.echo(s, err=json_path == "-"), sys.stderr.flush(),  # noqa: E731

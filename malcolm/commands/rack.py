@@ -5,14 +5,13 @@ from __future__ import annotations
 import importlib
 import os
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 
 import click
 
 from malcolm.commands.types import Duration
+from malcolm.runtime.launcher import LocalRack
 
 
 @click.group(epilog="""
@@ -62,7 +61,7 @@ def check(rack_pos, rack_opt):
     Only what depends on the moment (an address already in use) is left to serve.
     """
     rack_path = _rack_file(click.get_current_context(), rack_pos, rack_opt)
-    from malcolm.config import ConfigError, check_rack, key_path, load_rack
+    from malcolm.runtime.config import ConfigError, check_rack, key_path, load_rack
     try:
         cfg = load_rack(rack_path)
         checked = check_rack(cfg)
@@ -90,139 +89,12 @@ def keygen(key_path):
     Name it in the rack file ([rack] key_file = "...") or in MALCOLM_RACK_KEY_FILE, and
     give the same file to every server and client of the rack.
     """
-    from malcolm.config import ConfigError, write_key
+    from malcolm.runtime.config import ConfigError, write_key
     try:
         write_key(key_path)
     except ConfigError as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"wrote a 32-byte rack key to {key_path} (mode 0600)")
-
-
-class LocalRack:
-    """Servers of a rack file as child processes of this one (used by ``rack up`` and tests).
-
-    Parameters
-    ----------
-    rack_path : str
-    extra_args : list of str
-        Passed to every ``malcolm serve``.
-    logdir : str or None
-        Where each server's stdout/stderr go (``server-K.out``); a temporary one by default.
-    """
-
-    def __init__(self, rack_path, extra_args=(), logdir=None, ids=None):
-        from malcolm.config import load_rack
-        self.cfg = load_rack(rack_path)
-        self.path = rack_path
-        self.extra = list(extra_args)
-        self.logdir = logdir or tempfile.mkdtemp(prefix="malcolm-rack-")
-        self.ids = list(range(len(self.cfg.servers))) if ids is None else list(ids)
-        self.procs = {}
-
-    def out_path(self, k):
-        return os.path.join(self.logdir, f"server-{k}.out")
-
-    def stats_path(self, k):
-        return os.path.join(self.logdir, f"server-{k}.json")
-
-    def start(self, k, wait=True, timeout=30.0):
-        out = open(self.out_path(k), "w")
-        cmd = server_command() + ["serve", "--rack", self.path, "--id", str(k),
-                                  "--stats-json", self.stats_path(k)] + self.extra
-        self.procs[k] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
-        out.close()
-        if wait:
-            self.wait_ready([k], timeout)
-
-    def up(self, timeout=30.0):
-        """Start every server and wait until each says it is ready."""
-        for k in self.ids:
-            self.start(k, wait=False)
-        self.wait_ready(self.ids, timeout)
-        return self
-
-    def wait_ready(self, ids, timeout=30.0):
-        t_end = time.monotonic() + timeout
-        pending = set(ids)
-        while pending:
-            for k in list(pending):
-                with open(self.out_path(k)) as f:
-                    if " ready on " in f.read():
-                        pending.discard(k)
-                        continue
-                if self.procs[k].poll() is not None:
-                    self.down()
-                    raise RuntimeError(f"server {k} exited with {self.procs[k].returncode}:\n"
-                                       + open(self.out_path(k)).read()[-3000:])
-            if pending and time.monotonic() > t_end:
-                self.down()
-                raise TimeoutError(f"servers {sorted(pending)} not ready in {timeout} s")
-            time.sleep(0.05)
-
-    def kill(self, k, sig=signal.SIGKILL):
-        """Kill one server abruptly (tests of failures)."""
-        p = self.procs[k]
-        p.send_signal(sig)
-        p.wait(10)
-        if self.cfg.transport == "shm":     # a killed owner leaves its ring behind
-            _unlink_shm(self.cfg.servers[k].address)
-
-    def down(self, timeout=None):
-        """SIGTERM every server, wait for the clean stop, SIGKILL what is left.
-
-        Returns {server: exit code}.
-        """
-        timeout = self.cfg.grace_s + 10.0 if timeout is None else timeout
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        t_end = time.monotonic() + timeout
-        codes = {}
-        for k, p in self.procs.items():
-            try:
-                codes[k] = p.wait(max(0.1, t_end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                codes[k] = p.wait(5)
-                if self.cfg.transport == "shm":
-                    _unlink_shm(self.cfg.servers[k].address)
-        return codes
-
-    def output(self, k):
-        with open(self.out_path(k)) as f:
-            return f.read()
-
-    def __enter__(self):
-        return self.up()
-
-    def __exit__(self, *exc):
-        self.down()
-
-
-def server_command():
-    """How to start ``malcolm`` in a child process: the argv prefix before ``serve ...``.
-
-    The child imports the very ``malcolm`` package this process imported (installed, editable
-    or built in place in a source checkout), never whatever ``malcolm/`` folder happens to be
-    in the working directory: run from inside a source tree with a non-editable install,
-    plain ``python -m malcolm`` would import the uncompiled sources there. ``-P`` (3.11+)
-    keeps the working directory off ``sys.path``; the package's own root goes first.
-    """
-    import malcolm
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(malcolm.__file__)))
-    boot = (f"import sys; sys.path.insert(0, {root!r}); sys.argv[0] = 'malcolm'; "
-            "from malcolm.cli import main; main()")
-    flags = ["-P"] if sys.version_info >= (3, 11) else []
-    return [sys.executable, *flags, "-c", boot]
-
-
-def _unlink_shm(name):
-    try:
-        os.unlink(f"/dev/shm/malcolm-{name}")
-    except FileNotFoundError:
-        pass
 
 
 @rack.command(epilog="""
@@ -245,7 +117,7 @@ def up(rack_pos, rack_opt, stats, duration, logdir, keep_going):
     rack_path = _rack_file(click.get_current_context(), rack_pos, rack_opt)
     import math
 
-    from malcolm.config import ConfigError, check_rack
+    from malcolm.runtime.config import ConfigError, check_rack
     if duration is not None and not (math.isfinite(duration) and duration > 0):
         raise click.BadParameter(f"{duration} must be a positive number of seconds",
                                  param_hint="--duration")

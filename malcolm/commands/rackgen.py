@@ -193,10 +193,10 @@ def check_local_address(cfg, k: int) -> None:
 
     Raises
     ------
-    malcolm.config.ConfigError
+    malcolm.runtime.config.ConfigError
         With the rack file, the server, its address and this host's name.
     """
-    from malcolm.config import ConfigError
+    from malcolm.runtime.config import ConfigError
     if cfg.transport == "shm":
         return
     addr = cfg.servers[k].address
@@ -280,7 +280,7 @@ def gen(from_slurm, hostfile, hosts, per_host, transport, port, workers, handler
     (srun malcolm serve --rack rack.toml, or mpirun); docs/deploy.md has sbatch and
     mpirun scripts.
     """
-    from malcolm.config import ConfigError, parse_rack
+    from malcolm.runtime.config import ConfigError, parse_rack
     given = sum(bool(x) for x in (from_slurm, hostfile, hosts))
     if given > 1:
         raise click.UsageError("give one of --slurm, --hostfile, --hosts")

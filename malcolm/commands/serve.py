@@ -71,8 +71,8 @@ def serve(rack_path, server_id, stats, interval, stats_json, duration, handler):
     """
     import math
 
-    from malcolm.config import ConfigError, build_server, default_server_id, load_rack
     from malcolm.net.transport import TransportUnavailable
+    from malcolm.runtime.config import ConfigError, build_server, default_server_id, load_rack
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
                         stream=sys.stderr)
     if duration is not None and not (math.isfinite(duration) and duration > 0):

@@ -92,7 +92,7 @@ def plot_p99(results, path, title=None):
 def from_rack_file(path):
     """What a rack file says about the rack to simulate: ``(servers spec, policy spec,
     window_us)``. A server with 0 workers (its gateway runs the tasks) is one worker here."""
-    from malcolm.config import ConfigError, load_rack
+    from malcolm.runtime.config import ConfigError, load_rack
     try:
         cfg = load_rack(path)
     except ConfigError as e:

@@ -160,7 +160,7 @@ def parse_app(text, n_keys=None, value_size=None, key_dist="uniform",
 def dictionary_shape(rack_path):
     """``(n_keys, value_size)`` of the database the rack's first ``rocksdb`` server names,
     when it can be opened from here; else ``None`` (the caller uses its defaults)."""
-    from malcolm.config import ConfigError, load_rack
+    from malcolm.runtime.config import ConfigError, load_rack
     try:
         cfg = load_rack(rack_path)
     except ConfigError:

@@ -45,6 +45,7 @@ import time
 
 from malcolm.loadgen import method as M
 from malcolm.net.ports import free_udp_ports
+from malcolm.runtime.launcher import LocalRack
 
 BASE_POLICIES = {
     # name: (server [policy] section, client policy)
@@ -163,7 +164,7 @@ class PolicyRack:
         self.hop = {"delay_us": exp.hop_us(k) * k} if exp.hop_us(k) > 0 else None
         self.logdir = os.path.join(exp.logdir or tmp, f"logs-{tag}")
         os.makedirs(self.logdir, exist_ok=True)
-        from malcolm.config import ConfigError
+        from malcolm.runtime.config import ConfigError
         try:
             self.rack = exp.rack_class(self.path, extra_args=["--interval", str(self.INTERVAL)],
                                   logdir=self.logdir)
@@ -268,9 +269,9 @@ class Experiment:
         Per-hop one-way delay added by the transports, µs at rack scale (x ``dilate`` in
         real time); 0 adds none (the loopback's own delay only). None: :data:`HOP_DELAY_US`
         when dilated (K > 1), none at K = 1.
-    rack_class : type
-        Runs a rack file's servers as processes: ``malcolm.commands.rack.LocalRack`` (passed
-        in by the command, so that this tool does not import the command layer).
+    rack_class : type or None
+        Runs a rack file's servers as processes; ``None``: the local launcher,
+        :class:`malcolm.runtime.launcher.LocalRack`.
     """
 
     def __init__(self, workers, workload="exp:50", policies=("malcolm", "jsq", "po2"),
@@ -308,7 +309,7 @@ class Experiment:
         self.stop = stop or threading.Event()
         self.sim_tasks = sim_tasks
         self.calib_duration_s = calib_duration_s
-        self.rack_class = rack_class
+        self.rack_class = rack_class or LocalRack
         self.cpus = sorted(os.sched_getaffinity(0))
         self.layout = None
         self.svc_factor = 1.0          # measured / requested service time, runs so far
@@ -428,8 +429,6 @@ class Experiment:
     # ------------------------------------------------------------ running
     def run(self):
         """Run everything; return the result dict (``dilate``, ``rows``, ``runs``, ...)."""
-        if self.rack_class is None:
-            raise ExperimentError("no rack_class: pass malcolm.commands.rack.LocalRack")
         t_start = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="malcolm-demo-") as tmp:
             if self.dilate_arg == "auto":

@@ -9,91 +9,21 @@ twice, and forged messages are counted by the servers, never acted upon.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
 import socket
 import struct
-import subprocess
-import sys
 import threading
 import time
 
 from malcolm.net import wire
 from malcolm.net.ports import free_udp_ports
+from malcolm.runtime.launcher import LocalRack
 
 
 def free_ports(n):
     return free_udp_ports(n)
-
-
-class _Servers:
-    """The rack's ``malcolm serve`` processes (the layering keeps tools from the CLI's
-    ``LocalRack``; this is the part of it faults need)."""
-
-    def __init__(self, path, n, logdir, grace_s, interval=1.0):
-        self.path, self.n, self.logdir, self.grace_s = path, n, logdir, grace_s
-        self.interval = interval
-        self.procs = {}
-
-    def out_path(self, k):
-        return os.path.join(self.logdir, f"server-{k}.out")
-
-    def stats_path(self, k):
-        return os.path.join(self.logdir, f"server-{k}.json")
-
-    def start(self, k, wait=True, timeout=30.0):
-        # The rack file names its key: an outer MALCOLM_RACK_KEY_FILE must not override it.
-        env = {k: v for k, v in os.environ.items() if k != "MALCOLM_RACK_KEY_FILE"}
-        with open(self.out_path(k), "w") as out:
-            self.procs[k] = subprocess.Popen(
-                [sys.executable, "-m", "malcolm", "serve", "--rack", self.path, "--id",
-                 str(k), "--stats-json", self.stats_path(k), "--interval", str(self.interval)],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-        if wait:
-            self.wait_ready([k], timeout)
-
-    def up(self, ids=None):
-        ids = range(self.n) if ids is None else ids
-        for k in ids:
-            self.start(k, wait=False)
-        self.wait_ready(ids)
-
-    def wait_ready(self, ids, timeout=30.0):
-        t_end = time.monotonic() + timeout
-        pending = set(ids)
-        while pending:
-            for k in list(pending):
-                with open(self.out_path(k)) as f:
-                    text = f.read()
-                if " ready on " in text:
-                    pending.discard(k)
-                elif self.procs[k].poll() is not None:
-                    self.down()
-                    raise RuntimeError(f"server {k} exited: {text[-2000:]}")
-            if pending and time.monotonic() > t_end:
-                self.down()
-                raise TimeoutError(f"servers {sorted(pending)} not ready in {timeout} s")
-            time.sleep(0.05)
-
-    def kill(self, k, sig=signal.SIGKILL):
-        self.procs[k].send_signal(sig)
-        self.procs[k].wait(10)
-
-    def down(self):
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        t_end = time.monotonic() + self.grace_s + 10
-        codes = {}
-        for k, p in self.procs.items():
-            try:
-                codes[k] = p.wait(max(0.1, t_end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                codes[k] = p.wait(5)
-        return codes
 
 
 class FaultRack:
@@ -122,7 +52,7 @@ class FaultRack:
 
     def __init__(self, workdir, n=3, policy='name = "jsq"', keyed=True, workers=1,
                  extra="", hop=None, window_us=1000.0, interval=1.0, peer_timeout_ms=100.0):
-        from malcolm.config import load_rack, read_key, write_key
+        from malcolm.runtime.config import load_rack, read_key, write_key
         os.makedirs(workdir, exist_ok=True)
         self.dir = workdir
         self.key = None
@@ -154,11 +84,13 @@ grace_s = 1.0
         self.addresses = [("127.0.0.1", p) for p in self.ports]
         cfg = load_rack(self.path)          # a bad file fails here, with its reason
         self.hop = cfg.hop
-        self.lr = _Servers(self.path, n, workdir, cfg.grace_s, interval)
+        # The rack file names its key: an outer MALCOLM_RACK_KEY_FILE must not override it.
+        env = {k: v for k, v in os.environ.items() if k != "MALCOLM_RACK_KEY_FILE"}
+        self.lr = LocalRack(self.path, ["--interval", str(interval)], logdir=workdir, env=env)
 
     def up(self, ids=None):
         """Start the servers (``ids``: only those; the others can join later)."""
-        self.lr.up(ids)
+        self.lr.up(ids=ids)
         return self
 
     def down(self):
@@ -166,11 +98,7 @@ grace_s = 1.0
 
     def stats(self, k):
         """The server's latest statistics (its --stats-json, rewritten every second)."""
-        try:
-            with open(self.lr.stats_path(k)) as f:
-                return json.load(f)
-        except (OSError, ValueError):
-            return {}
+        return self.lr.stats(k)
 
     def __enter__(self):
         return self.up()

@@ -145,7 +145,7 @@ class Target:
 def resolve_target(rack=None, servers=(), transport=None, key_file=None) -> Target:
     """The servers to load, from a rack file or ``--server`` addresses, and the rack key
     (``key_file``, else MALCOLM_RACK_KEY_FILE, else the rack file's ``key_file``)."""
-    from malcolm.config import ConfigError, load_rack, rack_key, read_key
+    from malcolm.runtime.config import ConfigError, load_rack, rack_key, read_key
     if rack and servers:
         raise LoadgenError("give either --rack or --server, not both")
     try:

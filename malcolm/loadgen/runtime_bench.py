@@ -36,7 +36,7 @@ def _free_port():
 
 
 def _server(kind, poll, workers=1, spin_us=50.0):
-    from malcolm.config import build_server, parse_rack
+    from malcolm.runtime.config import build_server, parse_rack
     addr = f"127.0.0.1:{_free_port()}" if kind == "udp" else f"rb{os.getpid():x}"[:16]
     cfg = parse_rack({"rack": {"name": "bench", "transport": kind, "poll": poll,
                                "workers": workers, "handler": "echo", "spin_us": spin_us,

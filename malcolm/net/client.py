@@ -70,7 +70,7 @@ class Client:
     address : optional
         Where to bind (udp default ``127.0.0.1:0``; shm default: a unique name).
     key : bytes or None
-        The rack's 16-byte MAC key (``malcolm.config.rack_key``); None for a rack without
+        The rack's 16-byte MAC key (``malcolm.runtime.config.rack_key``); None for a rack without
         one. Tasks are sealed with it and responses that do not verify are counted as
         ``forged`` and otherwise ignored.
     """

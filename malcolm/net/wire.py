@@ -19,7 +19,7 @@ Every message starts with an 8-byte header and ends with a 24-byte trailer::
                       clients), from 1
     n-8  8   mac      SipHash-2-4 under the rack key of bytes 0..n-8 (all of the above)
 
-The rack key is 16 bytes derived from the rack's key file (``malcolm.config.read_key``); a
+The rack key is 16 bytes derived from the rack's key file (``malcolm.runtime.config.read_key``); a
 rack without one uses the all-zero key, which detects corruption but authenticates nothing.
 
 Kinds (offsets from the start of the message)::

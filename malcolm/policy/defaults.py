@@ -1,5 +1,5 @@
 """Defaults shared by both clocks: the simulator (``malcolm.sim``) and the runtime
-(``malcolm.net.server``, ``malcolm.config``) import them from here, so they cannot drift.
+(``malcolm.runtime``: the server and its rack files) import them from here, so they cannot drift.
 
 Pure Python, so that configuration code imports it without the native build.
 

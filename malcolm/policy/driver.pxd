@@ -2,7 +2,7 @@
 """The window protocol and the steal gate: the one implementation that both clocks call.
 
 A server's policy thread does the same thing every window whether the clock is simulated
-(``malcolm/sim/_engine.pyx``) or real (``malcolm/net/server.pyx``)::
+(``malcolm/sim/_engine.pyx``) or real (``malcolm/runtime/policy_thread.pyx``)::
 
     start:            observe_local(now, load, queue, rate)          drv_start
     each heartbeat:   observe_peer(now, hb)                          drv_observe_peer

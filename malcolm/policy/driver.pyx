@@ -3,7 +3,8 @@
 protocol, for tests. The shared defaults are in ``malcolm/policy/defaults.py``.
 
 The protocol itself is inline in ``driver.pxd`` and compiled into each caller
-(``malcolm/sim/_engine.pyx``, ``malcolm/net/server.pyx``).
+(``malcolm/sim/_engine.pyx``; at runtime ``malcolm/runtime/policy_thread.pyx`` and, for the
+steal gate, ``malcolm/runtime/gateway.pyx``).
 """
 from libc.stdint cimport int32_t, int64_t, uint32_t
 from libc.stdlib cimport free, malloc

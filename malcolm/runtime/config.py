@@ -401,10 +401,10 @@ def default_server_id() -> int | None:
 
 
 def build_server(cfg: RackConfig, k: int, handler=None):
-    """Open server ``k``'s transport and build its :class:`~malcolm.net.server.Server`."""
-    from malcolm.net.server import Server
+    """Open server ``k``'s transport and build its :class:`~malcolm.runtime.server.Server`."""
     from malcolm.net.transport import open_transport
     from malcolm.policy.registry import make_policy
+    from malcolm.runtime.server import Server
     if not 0 <= k < len(cfg.servers):
         raise ConfigError(f"{cfg.path}: server id {k} out of range 0..{len(cfg.servers) - 1}")
     checked = check_rack(cfg, [k])

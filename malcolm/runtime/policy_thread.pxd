@@ -1,0 +1,33 @@
+# cython: language_level=3
+cimport cython
+from libc.stdint cimport int64_t, uint64_t
+
+from malcolm.net.transport cimport Transport
+from malcolm.policy.base cimport Heartbeat, Policy
+from malcolm.policy.driver cimport WindowState
+from malcolm.workers.pool cimport WorkerPool, mc_doorbell
+
+
+cdef enum:
+    HB_RING = 64                 # heartbeats in flight from the gateway to the policy thread
+
+
+# final: calls between the hot methods are direct C calls, not through the vtable
+@cython.final
+cdef class PolicyThread:
+    cdef Policy policy
+    cdef WorkerPool pool            # its estimator and the tasks held: the own load
+    cdef Transport tr               # woken when a heartbeat is ready to send
+    cdef int64_t window_ns
+    cdef Heartbeat* hb_in           # ring: the gateway writes at hb_tail, this thread reads
+    cdef uint64_t hb_head, hb_tail
+    cdef Heartbeat* hb_out          # this thread -> the gateway, one at a time
+    cdef uint64_t hb_out_pending
+    cdef mc_doorbell bell           # the gateway rings it when heartbeats arrive
+    cdef WindowState win            # the window protocol (policy/driver.pxd)
+    cdef uint64_t stop_flag
+    cdef uint64_t windows, hb_observed, hb_skipped
+    cdef object thread
+
+    cdef void observe_heartbeats(self) noexcept nogil
+    cdef void loop(self) noexcept nogil

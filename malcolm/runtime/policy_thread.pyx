@@ -1,0 +1,119 @@
+# cython: language_level=3
+"""The policy thread of a server: the window loop of ``policy/driver.pxd``, on the real clock.
+
+It never spins: it sleeps until its window ends or the gateway rings it for a heartbeat. It
+calls ``observe_peer`` for each heartbeat as it arrives (eq. 6.1 applies each load at once)
+and, at each window boundary, ``observe_local`` (the load now), ``end_window`` and
+``fill_heartbeat``: the simulator's own code, so the two clocks run one protocol. The
+heartbeat it fills is handed to the gateway, which alone touches the transport.
+"""
+import threading
+
+from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.stdlib cimport free
+from libc.string cimport memset
+
+from malcolm._core cimport mc_aligned_alloc, mc_load_acq, mc_now_ns, mc_store_rel
+from malcolm._system cimport PR_SET_TIMERSLACK, prctl
+from malcolm.policy.driver cimport drv_end_window, drv_observe_peer, drv_start
+from malcolm.workers.pool cimport mc_bell_cancel, mc_bell_prepare, mc_bell_ring, mc_bell_wait
+
+from malcolm.workers.pool import name_thread
+
+
+cdef class PolicyThread:
+    """The window loop of one server.
+
+    Parameters
+    ----------
+    policy : Policy
+    pool : WorkerPool
+        Whose estimator and held tasks are the own load.
+    transport : Transport
+        The gateway's, woken when a heartbeat is ready.
+    window_us : float
+    """
+
+    def __init__(self, Policy policy not None, WorkerPool pool not None,
+                 Transport transport not None, double window_us):
+        self.policy = policy
+        self.pool = pool
+        self.tr = transport
+        self.window_ns = <int64_t>(window_us * 1000)
+        self.hb_in = <Heartbeat*>mc_aligned_alloc(64, sizeof(Heartbeat) * HB_RING)
+        self.hb_out = <Heartbeat*>mc_aligned_alloc(64, sizeof(Heartbeat))
+        if self.hb_in == NULL or self.hb_out == NULL:
+            raise MemoryError("cannot allocate the heartbeat rings")
+        memset(&self.bell, 0, sizeof(mc_doorbell))
+        self.thread = None
+
+    def __dealloc__(self):
+        free(self.hb_in)
+        free(self.hb_out)
+
+    def start(self, str prefix, pin):
+        """Start the thread, named ``PREFIX-policy``; ``pin()`` pins it."""
+        self.stop_flag = 0
+        self.thread = threading.Thread(target=self._main, args=(prefix, pin), daemon=True,
+                                       name="malcolm-policy")
+        self.thread.start()
+
+    def signal_stop(self):
+        mc_store_rel(&self.stop_flag, 1)
+        mc_bell_ring(&self.bell)
+
+    def counters(self):
+        return {"hb_observed": self.hb_observed, "hb_skipped": self.hb_skipped,
+                "windows": self.windows}
+
+    def _main(self, str prefix, pin):
+        name_thread(f"{prefix}-policy")
+        pin()
+        with nogil:
+            prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)
+            self.loop()
+
+    cdef void observe_heartbeats(self) noexcept nogil:
+        cdef uint64_t head = self.hb_head
+        while head != mc_load_acq(&self.hb_tail):
+            drv_observe_peer(&self.win, self.policy, mc_now_ns(), &self.hb_in[head % HB_RING])
+            head += 1
+            mc_store_rel(&self.hb_head, head)
+            self.hb_observed += 1
+
+    cdef void loop(self) noexcept nogil:
+        # The own load is observed at each boundary before end_window, and the driver stamps
+        # the heartbeat.
+        cdef int64_t now = mc_now_ns()
+        cdef int64_t end = now + self.window_ns
+        cdef uint32_t ticket
+        cdef Heartbeat* hb
+        drv_start(&self.win, self.policy, &self.pool.est, now, <double>self.pool.held)
+        while not mc_load_acq(&self.stop_flag):
+            self.observe_heartbeats()
+            now = mc_now_ns()
+            if now >= end:
+                # The gateway has not sent the last heartbeat yet: no new one this window.
+                hb = NULL if mc_load_acq(&self.hb_out_pending) else self.hb_out
+                if drv_end_window(&self.win, self.policy, &self.pool.est, now,
+                                  <double>self.pool.held, hb):
+                    mc_store_rel(&self.hb_out_pending, 1)
+                    self.tr.wake()
+                else:
+                    self.hb_skipped += 1
+                self.windows += 1
+                now = mc_now_ns()
+                end += self.window_ns
+                if end <= now:          # we fell behind (descheduled): skip, do not burst
+                    end = now + self.window_ns
+                continue
+            # Never spins, in either poll mode: its work comes at window ends and when
+            # heartbeats arrive (the gateway rings for those), so a busy-polling server
+            # spins only its gateway and its workers.
+            ticket = mc_bell_prepare(&self.bell)
+            if self.hb_head != mc_load_acq(&self.hb_tail) or mc_load_acq(&self.stop_flag):
+                mc_bell_cancel(&self.bell)
+                continue
+            mc_bell_wait(&self.bell, ticket, end - now)
+        # The gateway has stopped: hand the policy what it received last.
+        self.observe_heartbeats()
