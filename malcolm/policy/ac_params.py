@@ -12,6 +12,7 @@ __all__ = ["DEFAULTS", "THESIS", "check_params"]
 DEFAULTS = dict(
     window_ns=100_000,
     batch_windows=16,
+    learn_every=0,              # learning step on one window in K; 0: K = max(1, n // 16)
     consensus_every=16,
     gamma=0.9,
     critic_lr=0.05,
@@ -100,6 +101,7 @@ def check_params(params):
 
     integer("window_ns", 1)
     integer("batch_windows", 1)
+    integer("learn_every", 0)
     integer("consensus_every", 0)
     num("gamma", 0.0, 1.0, hi_open=True)
     num("critic_lr", 0.0)
