@@ -16,12 +16,13 @@ from libc.stdlib cimport free
 from libc.string cimport memcmp, memcpy, memmove, memset, strerror
 
 from malcolm._core cimport mc_aligned_alloc, mc_cpu_relax
+from malcolm._native cimport (
+    mc_bell_cancel, mc_bell_prepare, mc_bell_ring, mc_bell_wait, mc_doorbell,
+)
 from malcolm.net._wire cimport FAM_SHM, MAX_MSG, NetAddr
 
 
 cdef extern from "net/_netc.h" nogil:
-    ctypedef struct mc_doorbell:
-        pass
     ctypedef struct mc_ring_hdr:
         uint32_t capacity
         uint32_t cell_bytes
@@ -37,10 +38,6 @@ cdef extern from "net/_netc.h" nogil:
     mc_cell_hdr* mc_ring_peek(mc_ring_hdr* r, uint64_t i)
     void mc_ring_release(mc_ring_hdr* r, uint64_t n)
     bint mc_ring_empty(mc_ring_hdr* r)
-    void mc_bell_ring(mc_doorbell* d)
-    uint32_t mc_bell_prepare(mc_doorbell* d)
-    void mc_bell_wait(mc_doorbell* d, uint32_t ticket, int64_t timeout_ns)
-    void mc_bell_cancel(mc_doorbell* d)
 
 
 cdef extern from "net/_shm.h" nogil:
