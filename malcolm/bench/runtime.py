@@ -20,24 +20,17 @@ gateway thread's CPU clock can be read.
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 
 import numpy as np
 
-
-def _free_port():
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+from malcolm.net.ports import free_udp_ports
 
 
 def _server(kind, poll, workers=1, spin_us=50.0):
     from malcolm.runtime.config import build_server, parse_rack
-    addr = f"127.0.0.1:{_free_port()}" if kind == "udp" else f"rb{os.getpid():x}"[:16]
+    addr = f"127.0.0.1:{free_udp_ports(1)[0]}" if kind == "udp" else f"rb{os.getpid():x}"[:16]
     cfg = parse_rack({"rack": {"name": "bench", "transport": kind, "poll": poll,
                                "workers": workers, "handler": "echo", "spin_us": spin_us,
                                "window_us": 1000.0, "grace_s": 0.5},
