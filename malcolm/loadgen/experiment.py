@@ -43,7 +43,7 @@ import tempfile
 import threading
 import time
 
-from malcolm.loadgen import method as M
+from malcolm.loadgen import method
 from malcolm.net.ports import free_udp_ports
 from malcolm.runtime.launcher import LocalRack
 
@@ -335,7 +335,7 @@ class Experiment:
     def _spec(self, rack, k, threads, cpus, duration, warmup, seed=7):
         from malcolm.loadgen.run import LoadSpec, Target
         return LoadSpec(Target("udp", rack.addresses, rack.path, hop=rack.hop),
-                        workload=M.dilate_workload(self.wl, k), duration_s=duration,
+                        workload=method.dilate_workload(self.wl, k), duration_s=duration,
                         warmup_s=warmup, threads=threads, timeout_s=max(1.0, 0.02 * k),
                         policy=rack.client_policy, busy=self.layout.poll == "busy",
                         spin_us=SPIN_US / k, cpus=cpus, lag_threshold_us=LAG_US * k,
@@ -353,7 +353,7 @@ class Experiment:
                 return False
             self.dilate = k
             rate = top * self.capacity(k)
-            self.layout = M.layout(self.workers, self.cpus, rate)
+            self.layout = method.layout(self.workers, self.cpus, rate)
             rack = PolicyRack(self, "jsq", tmp, f"cal{k}")
             try:
                 rack.start()
@@ -366,7 +366,7 @@ class Experiment:
             if rep.get("interrupted"):
                 return False
             s = rep["service_us"]
-            ok = M.calibration_ok(rep["schedule"]["late_fraction"], s["measured_mean"],
+            ok = method.calibration_ok(rep["schedule"]["late_fraction"], s["measured_mean"],
                                   s["requested_mean"], rep["accounted"], rep["timed_out"])
             self.echo(f"  calibration K={k:g}: late {100 * rep['schedule']['late_fraction']:.2f}%"
                       f", service {s['measured_mean']:.1f}/{s['requested_mean']:.1f} µs "
@@ -377,16 +377,16 @@ class Experiment:
             return ok
 
         self._calib = {}
-        k, _ = M.search_dilation(trial)
+        k, _ = method.search_dilation(trial)
         if self.stop.is_set():
             return None
         if k is None:
-            k = M.DILATION_LADDER[-1]
+            k = method.DILATION_LADDER[-1]
             self.echo(f"dilation: no K up to {k} kept time here (the machine is busy: see the "
                       f"calibration lines); running at K={k}, expect FLAGGED runs")
             self.dilate = k
             return k
-        run_k = M.with_headroom(k)
+        run_k = method.with_headroom(k)
         if run_k != k:
             # The calibration's service-time correction was measured at another K (a larger K
             # runs the handler more accurately): the runs measure their own from the start.
@@ -446,7 +446,7 @@ class Experiment:
                 f"transport ({hop * k:g} µs real), on top of the loopback's own" if hop > 0
                 else "per-hop delay: none added (K = 1 or --hop-delay 0): the loopback's "
                      "own, measured below")
-            self.layout = M.layout(self.workers, self.cpus, max(self.loads) * self.capacity())
+            self.layout = method.layout(self.workers, self.cpus, max(self.loads) * self.capacity())
             self.echo(f"dilation K={k:g}: {self.wl.mean_us:g} µs tasks run as "
                       f"{self.wl.mean_us * k:g} µs, {self.window_us:g} µs windows as "
                       f"{self.window_us * k:g} µs; latencies reported /K (rack time)")
@@ -495,14 +495,14 @@ class Experiment:
                           f"{first.policy}'s server 0): {self.delay_us:.1f} µs real = "
                           f"{self.delay_us / self.dilate:.2f} µs at rack scale")
             rates = {}
-            for _, load, p in M.run_order(self.policies, self.loads, 1):
+            for _, load, p in method.run_order(self.policies, self.loads, 1):
                 if self.stop.is_set():
                     return
                 rk = racks[p]
                 # one rate per load and repeat, fixed before its first policy runs: with the
                 # same seed, every policy then gets the same arrivals and service times
                 if load not in rates:
-                    rates[load] = M.corrected_rate(load, self.capacity(),
+                    rates[load] = method.corrected_rate(load, self.capacity(),
                                                    self.service_factor(load))
                 rate = rates[load]
                 rk.resume()
@@ -552,9 +552,9 @@ class Experiment:
         k = self.dilate
         s = rep["service_us"]
         # dilated rate x dilated service time: the same fraction as at rack scale
-        eff = M.effective_load(rep["offered_per_s"], s["measured_mean"], self.total_workers)
+        eff = method.effective_load(rep["offered_per_s"], s["measured_mean"], self.total_workers)
         late = rep["schedule"]["late_fraction"]
-        fl = M.flags(late, eff, load, rep["accounted"], rep["timed_out"])
+        fl = method.flags(late, eff, load, rep["accounted"], rep["timed_out"])
         done = max(1, rep["completed"])
         # busy fraction of each server's workers over the run (warm-up included: the
         # service-time counters cover it)
@@ -586,22 +586,22 @@ class Experiment:
                     continue
                 clean = [x for x in rs if not x["flags"]]
                 use = clean or rs
-                med, lo, hi, cov = M.median_ci([x["p99_us"] for x in use])
-                eff = M.median_ci([x["effective_load"] for x in use])[0]
-                util = [M.median_ci([x["server_util"][j] for x in use
+                med, lo, hi, cov = method.median_ci([x["p99_us"] for x in use])
+                eff = method.median_ci([x["effective_load"] for x in use])[0]
+                util = [method.median_ci([x["server_util"][j] for x in use
                                      if x["server_util"][j] is not None])[0]
                         for j in range(len(self.workers))]
                 out.append({
                     "policy": p, "load": load, "p99_us": med, "p99_ci_us": [lo, hi],
-                    "ci_coverage": cov, "p50_us": M.median_ci([x["p50_us"] for x in use])[0],
+                    "ci_coverage": cov, "p50_us": method.median_ci([x["p50_us"] for x in use])[0],
                     "late_fraction": max(x["late_fraction"] for x in rs),
                     "effective_load": eff, "repeats": len(rs), "used": len(use),
                     "valid": bool(clean),
                     "flagged": [{"repeat": x["repeat"], "why": x["flags"]} for x in rs
                                 if x["flags"]],
-                    "migrations_per_task": M.median_ci(
+                    "migrations_per_task": method.median_ci(
                         [x["migrations_per_task"] for x in use])[0],
-                    "steals_per_task": M.median_ci([x["steals_per_task"] for x in use])[0],
+                    "steals_per_task": method.median_ci([x["steals_per_task"] for x in use])[0],
                     "server_util": util})
         return out
 

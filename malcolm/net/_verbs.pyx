@@ -173,24 +173,24 @@ cdef class VerbsTransport(Transport):
         import socket
         import threading
 
-        from malcolm.net import verbs as V
+        from malcolm.net import verbs
 
         self.ctl_fd = self.efd = self.stop_efd = self.chan_fd = -1
         self.kind = "verbs"
-        host, ctl_port = V.split_address(address)
-        gid = V.host_gid(host) if host is not None else None
-        device, gid_index, gid = V.find_device_for_gid(gid, device, port)
+        host, ctl_port = verbs.split_address(address)
+        gid = verbs.host_gid(host) if host is not None else None
+        device, gid_index, gid = verbs.find_device_for_gid(gid, device, port)
         if host is None:
             if gid[:12] != bytes(10) + b"\xff\xff":
-                raise V.VerbsUnavailable(
+                raise verbs.VerbsUnavailable(
                     "the RDMA device has no IPv4 GID to listen on; give an address")
             host = str(ipaddress.IPv4Address(gid[12:]))
         self.pend = <Pending *>calloc(MAX_PENDING, sizeof(Pending))
         self.park = <Parked *>calloc(MAX_PARKED, sizeof(Parked))
         if self.pend == NULL or self.park == NULL:
             raise MemoryError()
-        ep = V.Endpoint(device, port, n_recv=n_recv, n_send=n_send, payload=MAX_MSG,
-                        max_inline=max_inline, gid_index=gid_index, channel=True)
+        ep = verbs.Endpoint(device, port, n_recv=n_recv, n_send=n_send, payload=MAX_MSG,
+                            max_inline=max_inline, gid_index=gid_index, channel=True)
         self.ep = ep
         self.q = ep.queue
         try:
