@@ -151,3 +151,33 @@ def test_the_check_catches_an_upward_import(tmp_path):
     assert [(a, b) for a, b, _ in bad] == [("malcolm.policy.bad", "malcolm.commands"),
                                            ("malcolm.sim.bad", "malcolm.workers.pool"),
                                            ("malcolm.net.bad", "malcolm.runtime")]
+
+
+MAX_LINES = 800
+_SOURCE_EXT = (".py", ".pyx", ".pxd", ".h", ".c")
+
+
+def _oversized(root):
+    out = []
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            if f.endswith(_SOURCE_EXT):
+                p = os.path.join(dirpath, f)
+                if f.endswith(".c") and os.path.exists(p[:-2] + ".pyx"):
+                    continue        # Cython's generated C beside its source (old builds)
+                with open(p, encoding="utf-8", errors="replace") as fh:
+                    n = sum(1 for _ in fh)
+                if n > MAX_LINES:
+                    out.append(f"{os.path.relpath(p, ROOT)}: {n} lines")
+    return out
+
+
+def test_no_source_file_over_800_lines():
+    """Issue 16: small modules with one job each; a file that grows past 800 lines is split."""
+    assert _oversized(PKG) == []
+
+
+def test_the_size_check_can_fail(tmp_path):
+    (tmp_path / "big.pyx").write_text("x = 1\n" * (MAX_LINES + 1))
+    (tmp_path / "small.py").write_text("x = 1\n" * MAX_LINES)
+    assert [s.split(":")[0].endswith("big.pyx") for s in _oversized(str(tmp_path))] == [True]
