@@ -36,8 +36,11 @@ ONLY = os.environ.get("MALCOLM_ONLY")
 SYMBOLS = os.environ.get("MALCOLM_SYMBOLS") == "1"
 
 # Extensions that link a system library: module -> (library, header, Debian package).
+_IBVERBS = ("ibverbs", "infiniband/verbs.h", "libibverbs-dev")
 SYSTEM_LIBS = {
-    "malcolm.net._verbs": ("ibverbs", "infiniband/verbs.h", "libibverbs-dev"),
+    "malcolm.net._ud_queue": _IBVERBS,
+    "malcolm.net._verbs": _IBVERBS,
+    "malcolm.bench.verbs": _IBVERBS,
     "malcolm.workers.rocksdb": ("rocksdb", "rocksdb/c.h", "librocksdb-dev"),
 }
 

@@ -18,10 +18,10 @@ from malcolm import _argparse as g  # noqa: E402
 
 def measure(handler, workload, workers, load, duration, poll="adaptive", cpus=None):
     from malcolm.loadgen.run import LoadSpec, Target, run_load
-    from malcolm.loadgen.runtime_bench import _free_port
+    from malcolm.net.ports import free_udp_ports
     from malcolm.runtime.config import build_server, parse_rack
     from malcolm.workloads import parse_workload
-    addr = f"127.0.0.1:{_free_port()}"
+    addr = f"127.0.0.1:{free_udp_ports(1)[0]}"
     srv_cfg = {"address": addr}
     if cpus:
         srv_cfg["cpus"] = cpus

@@ -7,7 +7,7 @@ measured inside the loops. ``malcolm bench micro`` prints the same figures as a 
 
 import pytest
 
-from malcolm import _microbench
+from malcolm.bench import micro
 
 SIZES = (4, 8, 16, 32)
 ITERS = 200_000
@@ -15,7 +15,7 @@ ITERS = 200_000
 
 def _run(benchmark, op, n):
     best = []
-    benchmark.pedantic(lambda: best.append(_microbench.single(op, n, ITERS)), rounds=7,
+    benchmark.pedantic(lambda: best.append(micro.single(op, n, ITERS)), rounds=7,
                        iterations=1)
     benchmark.extra_info["ns_per_op"] = min(best)
     benchmark.extra_info["ops_per_round"] = ITERS

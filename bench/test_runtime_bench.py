@@ -10,12 +10,12 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from malcolm.loadgen import runtime_bench as R
+from malcolm.bench import runtime
 
 
 @pytest.mark.parametrize("kind", ["udp", "shm"])
 def test_round_trip(benchmark, kind):
-    res = benchmark.pedantic(lambda: R.round_trip(kind, 3000, poll="adaptive", max_s=1.0),
+    res = benchmark.pedantic(lambda: runtime.round_trip(kind, 3000, poll="adaptive", max_s=1.0),
                              rounds=1, iterations=1)
     benchmark.extra_info.update(res)
     assert res["floor"]["n"] > 0 and res["malcolm"]["n"] > 0
@@ -25,7 +25,7 @@ def test_round_trip(benchmark, kind):
 
 @pytest.mark.parametrize("kind", ["udp", "shm"])
 def test_inline_busy_round_trip(benchmark, kind):
-    res = benchmark.pedantic(lambda: R.round_trip(kind, 3000, workers=0, max_s=1.0),
+    res = benchmark.pedantic(lambda: runtime.round_trip(kind, 3000, workers=0, max_s=1.0),
                              rounds=1, iterations=1)
     benchmark.extra_info.update(res)
     assert res["spinners"] == 2 and res["malcolm"]["n"] > 0
@@ -34,7 +34,7 @@ def test_inline_busy_round_trip(benchmark, kind):
 
 @pytest.mark.parametrize("kind", ["udp", "shm"])
 def test_gateway_throughput(benchmark, kind):
-    res = benchmark.pedantic(lambda: R.gateway_throughput(kind, 0.5), rounds=1, iterations=1)
+    res = benchmark.pedantic(lambda: runtime.gateway_throughput(kind, 0.5), rounds=1, iterations=1)
     benchmark.extra_info.update(res)
     assert res["malcolm"]["per_wall_s"] > 1000      # it answers thousands of tasks a second
     assert res["floor"]["per_cpu_s"] > 0
@@ -43,7 +43,7 @@ def test_gateway_throughput(benchmark, kind):
 
 
 def test_decision_overhead(benchmark):
-    res = benchmark.pedantic(lambda: R.decision(3, 100_000), rounds=1, iterations=1)
+    res = benchmark.pedantic(lambda: runtime.decision(3, 100_000), rounds=1, iterations=1)
     benchmark.extra_info.update(res)
     for name in ("random", "jsq", "malcolm"):
         assert 0 < res[name]["decide_ns"] < 10_000

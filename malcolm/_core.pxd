@@ -12,41 +12,33 @@ Threading contract
 * ``Categorical``: one writer (the policy thread calls update/recompute/publish), any number of
   concurrent readers (``cat_sample``/``cat_snapshot``). Readers only ever see a whole
   published table: a double buffer whose halves carry a seqlock.
-* ``Estimator``: worker ``w`` is the only writer of row ``w``; ``est_note_arrival`` has a
-  single writer (the gateway); anyone may read.
-* ``Mpmc``: any number of producers and consumers. ``Spsc``: one of each.
-  Queues are position-independent blocks (header then cells, no pointers), so they can live
-  in shared memory between processes.
+* ``Estimator`` (``_estimator.pxd``): worker ``w`` is the only writer of row ``w``;
+  ``est_note_arrival`` has a single writer (the gateway); anyone may read.
+* ``Mpmc`` (``_lockfree.pxd``): any number of producers and consumers. ``Spsc``: one of each.
 """
+from libc.math cimport log
 from libc.stdint cimport int32_t, int64_t, uint64_t
 
-
-cdef extern from "_native.h" nogil:
-    uint64_t mc_load_acq(const uint64_t* p)
-    uint64_t mc_load_relaxed(const uint64_t* p)
-    void mc_store_rel(uint64_t* p, uint64_t v)
-    void mc_store_relaxed(uint64_t* p, uint64_t v)
-    bint mc_cas(uint64_t* p, uint64_t* expected, uint64_t desired)
-    uint64_t mc_fetch_add(uint64_t* p, uint64_t v)
-    uint64_t mc_mulhi(uint64_t a, uint64_t b)
-    void mc_fence_acq()
-    void mc_fence_rel()
-    void mc_fence_seq()
-    double mc_load_f64(const double* p)
-    void mc_store_f64(double* p, double v)
-    void mc_cpu_relax()
-    uint64_t mc_rdtsc()
-    int64_t mc_now_ns()
-    void* mc_aligned_alloc(size_t align, size_t size)
-    double mc_exp_nonpos(double x)
-    void mc_assert(bint cond)
-    void mc_axpy(double* f, const double* col, double dx, int n)
+# The core's API is also the home of what it builds on (one cimport for its users): the
+# native helpers, the load estimator and the lock-free queues, each defined in its module.
+from malcolm._native cimport (
+    CACHELINE, mc_load_acq, mc_load_relaxed, mc_store_rel, mc_store_relaxed, mc_cas, mc_fetch_add,
+    mc_mulhi, mc_fence_acq, mc_fence_rel, mc_fence_seq, mc_load_f64, mc_store_f64, mc_cpu_relax,
+    mc_rdtsc, mc_now_ns, mc_aligned_alloc, mc_exp_nonpos, mc_assert, mc_axpy,
+)
+from malcolm._estimator cimport (
+    EST_INVERSE, EST_MEAN, Estimator, est_free, est_init, est_load, est_note_arrival,
+    est_observe, est_rate, est_set_mode, est_worker_rate,
+)
+from malcolm._lockfree cimport (
+    Mpmc, MpmcCell, Spsc, mpmc_bytes, mpmc_init, mpmc_pop, mpmc_push, mpmc_size, spsc_bytes,
+    spsc_init, spsc_pop, spsc_push, spsc_size,
+)
 
 
 cdef enum:
     MAX_OUT = 64       # outcomes of a categorical distribution (servers in a rack)
     MAX_IN = 256       # inputs (features) of its logits
-    CACHELINE = 64
 
 
 # ---------------------------------------------------------------- random numbers
@@ -55,7 +47,6 @@ ctypedef struct Rng:
 
 
 cdef void rng_seed(Rng* r, uint64_t seed, uint64_t stream) noexcept nogil
-cdef double rng_exponential(Rng* r, double mean) noexcept nogil
 
 
 cdef inline uint64_t _rotl(uint64_t x, int k) noexcept nogil:
@@ -89,6 +80,12 @@ cdef inline double rng_uniform(Rng* r) noexcept nogil:
 cdef inline uint64_t rng_below(Rng* r, uint64_t n) noexcept nogil:
     """Uniform integer in [0, n) by Lemire's multiply-shift (bias < n / 2**64)."""
     return mc_mulhi(rng_next(r), n)
+
+
+cdef inline double rng_exponential(Rng* r, double mean) noexcept nogil:
+    """Exponential with the given mean. 1 - u is in (0, 1], so the log is finite. Inline:
+    the simulator, the workload sampler and the load generator draw one per task."""
+    return -mean * log(1.0 - rng_uniform(r))
 
 
 # ---------------------------------------------------------------- categorical distribution
@@ -185,75 +182,3 @@ cdef inline int cat_sample(Categorical* c, Rng* r) noexcept nogil:
         mc_assert(0 <= idx < t.n)
         if cat_read_valid(t, s):
             return idx
-
-
-# ---------------------------------------------------------------- load estimator
-cdef enum:
-    EST_MEAN = 0                # EWMA of the service time S; rate = 1 / EWMA (default)
-    EST_INVERSE = 1             # EWMA of 1/S, read as the rate (the thesis's literal wording)
-
-
-ctypedef struct Estimator:
-    int32_t n_workers
-    int32_t n_types
-    int32_t stride              # doubles per worker row, a whole number of cache lines
-    int32_t mode                # EST_MEAN or EST_INVERSE
-    double alpha                # EWMA weight of a new sample
-    double prior_rate           # per-worker rate (tasks/ns) used before any sample
-    double* ew                  # [n_workers * stride]: the EWMA per worker and type
-    double* mix                 # [n_types]: EWMA of the arrival share of each type
-    uint64_t* count             # [n_workers * stride]: samples per worker and type
-
-
-cdef int est_init(Estimator* e, int n_workers, int n_types, double alpha,
-                  double prior_service_ns) noexcept nogil
-cdef void est_free(Estimator* e) noexcept nogil
-cdef int est_set_mode(Estimator* e, int mode) noexcept nogil
-cdef void est_observe(Estimator* e, int worker, int task_type, double service_ns) noexcept nogil
-cdef void est_note_arrival(Estimator* e, int task_type) noexcept nogil
-cdef double est_worker_rate(Estimator* e, int worker) noexcept nogil
-cdef double est_rate(Estimator* e) noexcept nogil
-cdef double est_load(Estimator* e, double queue_len) noexcept nogil
-
-
-# ---------------------------------------------------------------- bounded lock-free queues
-ctypedef struct MpmcCell:
-    uint64_t seq
-    uint64_t value
-
-
-ctypedef struct Mpmc:
-    uint64_t mask
-    uint64_t capacity
-    uint64_t _pad0[6]
-    uint64_t enq                # producers' cursor, own cache line
-    uint64_t _pad1[7]
-    uint64_t deq                # consumers' cursor, own cache line
-    uint64_t _pad2[7]
-    # MpmcCell cells[capacity] follow the header
-
-
-ctypedef struct Spsc:
-    uint64_t mask
-    uint64_t capacity
-    uint64_t _pad0[6]
-    uint64_t tail               # written by the producer
-    uint64_t head_cache         # producer's stale copy of head
-    uint64_t _pad1[6]
-    uint64_t head               # written by the consumer
-    uint64_t tail_cache         # consumer's stale copy of tail
-    uint64_t _pad2[6]
-    # uint64_t slots[capacity] follow the header
-
-
-cdef size_t mpmc_bytes(uint64_t capacity) noexcept nogil
-cdef int mpmc_init(Mpmc* q, uint64_t capacity) noexcept nogil
-cdef bint mpmc_push(Mpmc* q, uint64_t v) noexcept nogil
-cdef bint mpmc_pop(Mpmc* q, uint64_t* out) noexcept nogil
-cdef uint64_t mpmc_size(Mpmc* q) noexcept nogil
-
-cdef size_t spsc_bytes(uint64_t capacity) noexcept nogil
-cdef int spsc_init(Spsc* q, uint64_t capacity) noexcept nogil
-cdef bint spsc_push(Spsc* q, uint64_t v) noexcept nogil
-cdef bint spsc_pop(Spsc* q, uint64_t* out) noexcept nogil
-cdef uint64_t spsc_size(Spsc* q) noexcept nogil

@@ -1,10 +1,14 @@
-/* Small C helpers the Cython core needs and Cython cannot spell: atomics with explicit
-   memory order, a spin hint, the TSC, and aligned allocation. Header-only, static inline. */
+/* Small C helpers that Cython cannot spell: atomics with explicit memory order, futexes and
+   the doorbell, a spin hint, the TSC, clocks and aligned allocation. Header-only, static
+   inline; declared for Cython in _native.pxd. */
 #ifndef MALCOLM_NATIVE_H
 #define MALCOLM_NATIVE_H
 #include <stdint.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+#include <linux/futex.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <x86intrin.h>
 #endif
@@ -93,4 +97,51 @@ static inline void *mc_aligned_alloc(size_t align, size_t size) {
   if (posix_memalign(&p, align, size ? size : align) != 0) return NULL;
   return p;
 }
+/* ------------------------------------------------------------ 32-bit atomics and futexes */
+static inline uint32_t mc_ld32_acq(const uint32_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static inline void mc_st32_rel(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+static inline uint32_t mc_add32(uint32_t *p, uint32_t v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+static inline uint64_t mc_add64_relaxed(uint64_t *p, uint64_t v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+static inline int64_t mc_addi64(int64_t *p, int64_t v) { return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL); }
+static inline int64_t mc_ldi64(const int64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static inline void mc_sti64(int64_t *p, int64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+
+/* Shared futexes (no FUTEX_PRIVATE_FLAG) so that they work across processes on a shared
+   mapping as well as between threads. */
+static inline int mc_futex_wait(uint32_t *word, uint32_t expected, int64_t timeout_ns) {
+  struct timespec ts, *tp = NULL;
+  if (timeout_ns >= 0) { ts.tv_sec = timeout_ns / 1000000000ll; ts.tv_nsec = timeout_ns % 1000000000ll; tp = &ts; }
+  return (int)syscall(SYS_futex, word, FUTEX_WAIT, expected, tp, NULL, 0);
+}
+static inline int mc_futex_wake(uint32_t *word, int n) {
+  return (int)syscall(SYS_futex, word, FUTEX_WAKE, n, NULL, NULL, 0);
+}
+
+/* A doorbell lets a consumer block until a producer rings. The waiter announces itself in
+   `sleepers` before re-checking its queues, so a producer that sees sleepers == 0 after its
+   push knows the waiter will see the push: no lost wake-ups, and no syscall while the
+   consumer is awake. */
+typedef struct mc_doorbell { uint32_t seq; uint32_t sleepers; } mc_doorbell;
+
+static inline void mc_bell_ring_n(mc_doorbell *d, int n) {
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&d->sleepers, __ATOMIC_RELAXED)) {
+    __atomic_fetch_add(&d->seq, 1, __ATOMIC_SEQ_CST);
+    mc_futex_wake(&d->seq, n);
+  }
+}
+static inline void mc_bell_ring(mc_doorbell *d) { mc_bell_ring_n(d, 0x7fffffff); }
+/* Step 1 of a wait: returns the ticket to pass to mc_bell_wait. */
+static inline uint32_t mc_bell_prepare(mc_doorbell *d) {
+  uint32_t s = __atomic_load_n(&d->seq, __ATOMIC_ACQUIRE);
+  __atomic_fetch_add(&d->sleepers, 1, __ATOMIC_SEQ_CST);
+  return s;
+}
+/* Step 2, after the caller re-checked that there is nothing to do. */
+static inline void mc_bell_wait(mc_doorbell *d, uint32_t ticket, int64_t timeout_ns) {
+  mc_futex_wait(&d->seq, ticket, timeout_ns);
+  __atomic_fetch_sub(&d->sleepers, 1, __ATOMIC_SEQ_CST);
+}
+static inline void mc_bell_cancel(mc_doorbell *d) { __atomic_fetch_sub(&d->sleepers, 1, __ATOMIC_SEQ_CST); }
+
 #endif

@@ -14,13 +14,7 @@ from malcolm._core cimport (
     mc_store_rel, mpmc_bytes, mpmc_init, mpmc_pop, mpmc_push, rng_seed, rng_uniform,
     spsc_bytes, spsc_init, spsc_pop, spsc_push,
 )
-
-
-cdef extern from "<pthread.h>" nogil:
-    ctypedef unsigned long pthread_t
-    int pthread_create(pthread_t* t, void* attr, void* (*start)(void*) noexcept nogil,
-                       void* arg)
-    int pthread_join(pthread_t t, void** ret)
+from malcolm._system cimport pthread_create, pthread_join, pthread_t
 
 
 ctypedef struct QueueJob:

@@ -5,7 +5,7 @@ from libc.math cimport cos, exp, log, sqrt, M_PI
 
 import numpy as np
 
-from malcolm._core cimport Rng, rng_seed, rng_uniform
+from malcolm._core cimport Rng, rng_exponential, rng_seed, rng_uniform
 
 
 cdef double wl_sample(const WorkloadC* w, Rng* r, int* task_type) noexcept nogil:
@@ -18,8 +18,7 @@ cdef double wl_sample(const WorkloadC* w, Rng* r, int* task_type) noexcept nogil
     task_type[0] = t
     k = w.kind[t]
     if k == WL_EXP:
-        # inline rather than _core.rng_exponential: cross-module cdef calls are indirect
-        return -w.a[t] * log(1.0 - rng_uniform(r))
+        return rng_exponential(r, w.a[t])
     if k == WL_CONST:
         return w.a[t]
     if k == WL_UNIFORM:
@@ -33,8 +32,9 @@ cdef double wl_sample(const WorkloadC* w, Rng* r, int* task_type) noexcept nogil
         if i >= WL_EMP_N - 1:
             return w.emp[k][WL_EMP_N - 1]
         return w.emp[k][i] + (z - i) * (w.emp[k][i + 1] - w.emp[k][i])
-    # Lognormal: Box-Muller for the normal (one of the pair is dropped; cheap enough).
-    z = sqrt(-2.0 * log(1.0 - rng_uniform(r))) * cos(2.0 * M_PI * rng_uniform(r))
+    # Lognormal: Box-Muller for the normal (one of the pair is dropped; cheap enough);
+    # -2 ln(1 - u) is twice a unit exponential, bit for bit.
+    z = sqrt(2.0 * rng_exponential(r, 1.0)) * cos(2.0 * M_PI * rng_uniform(r))
     return exp(w.a[t] + w.b[t] * z)
 
 

@@ -81,8 +81,8 @@ def figures() -> str:
             doc = ast.get_docstring(ast.parse(f.read())) or script
         title, _, body = doc.partition("\n")
         out.append(f"## {title.rstrip('.')}\n\n{body.strip()}\n")
-        out.append(f"```sh\npython3 bench/figures/{script} --outdir docs/figures   # --quick: fewer "
-                   "points\n```\n")
+        out.append(f"```sh\npython3 bench/figures/{script} --outdir docs/figures"
+                   "   # --quick: fewer points\n```\n")
         for png in _images_of(script[:-3], pngs):
             out.append(f"![{png}](figures/{png})\n")
             shown.add(png)

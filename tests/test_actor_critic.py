@@ -167,6 +167,30 @@ def test_gradients_are_cached_and_averaged_over_the_batch():
     np.testing.assert_allclose(moved[nz], 0.1, rtol=1e-3)
 
 
+def test_learn_every_samples_one_window_in_k_and_keeps_the_batch_interval():
+    n, me = 3, 0
+    p = make(n, me, batch_windows=6, learn_every=3, init="zero", critic_lr=0.1,
+             actor_lr=0.1, weight_decay=0.0)
+    rng = np.random.default_rng(0)
+    hooks.step(p, 0, 1.0 * S, [None, 2.0 * S, 3.0 * S])   # no transition yet
+    nonzero = []
+    for w in range(1, 6):
+        hooks.sample_many(p, "arrival", 10)
+        hooks.step(p, w, rng.uniform(0, 4) * S, [None, rng.uniform(0, 4) * S, 0.5 * S])
+        nonzero.append(bool(np.any(p.grad_cache != 0)))
+    # windows 1, 2: skipped; 3: its gradient cached; 4, 5: skipped (cache kept)
+    assert nonzero == [False, False, True, True, True]
+    assert p.batches == 0
+    hooks.sample_many(p, "arrival", 10)
+    hooks.step(p, 6, 2.0 * S, [None, 1.0 * S, 0.5 * S])  # sampled, and the batch's end
+    assert p.batches == 1 and np.all(p.grad_cache == 0)
+    with pytest.raises(ValueError):
+        make(n, me, learn_every=-1)
+    assert make(n, me).learn_every == 1             # auto: every window below 32 servers
+    assert make(64, 0).learn_every == 4
+    assert make(64, 0, learn_every=1).learn_every == 1
+
+
 # ---------------------------------------------------------------- AdamW
 def adamw_ref(p, g, m, v, t, lr, b1, b2, eps, wd):
     """torch.optim.AdamW (amsgrad=False, maximize=False), written out."""

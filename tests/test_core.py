@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from malcolm import _core, _selftest
+from malcolm import _core, _estimator, _lockfree, _selftest
 
 
 def softmax(f):
@@ -177,7 +177,7 @@ def test_estimator_matches_reference_on_synthetic_trace(n_workers, n_types, mode
     types = rng.integers(0, n_types, size=m)
     workers = rng.integers(0, n_workers, size=m)
     service = rng.exponential(means[types] / speed[workers])
-    est = _core.LoadEstimator(n_workers, n_types, alpha=0.02, prior_service_ns=50_000,
+    est = _estimator.LoadEstimator(n_workers, n_types, alpha=0.02, prior_service_ns=50_000,
                               mode=mode)
     for t in types:
         est.note_arrival(int(t))
@@ -199,7 +199,7 @@ def test_estimator_default_is_unbiased_for_exponential_service():
     s = rng.exponential(50_000.0, size=w.size)
     rates = {}
     for mode in ("mean", "inverse"):
-        est = _core.LoadEstimator(4, alpha=0.001, mode=mode)
+        est = _estimator.LoadEstimator(4, alpha=0.001, mode=mode)
         est.observe_many(w, np.zeros_like(w), s)
         rates[mode] = est.rate()
     true_rate = 4 / 50_000.0
@@ -208,7 +208,7 @@ def test_estimator_default_is_unbiased_for_exponential_service():
 
 
 def test_estimator_deterministic_service_and_load():
-    est = _core.LoadEstimator(4, alpha=0.05)
+    est = _estimator.LoadEstimator(4, alpha=0.05)
     w = np.tile(np.arange(4), 100)
     est.observe_many(w, np.zeros(400, dtype=np.int64), np.full(400, 50_000.0))
     assert est.rate() == pytest.approx(4 / 50_000.0, rel=1e-12)
@@ -217,7 +217,7 @@ def test_estimator_deterministic_service_and_load():
 
 def test_estimator_mix_weights_types_by_expected_service_time():
     # One worker, types of 10 µs and 90 µs arriving half and half: a random task takes 50 µs.
-    est = _core.LoadEstimator(1, 2, alpha=0.01)
+    est = _estimator.LoadEstimator(1, 2, alpha=0.01)
     for k in range(2000):
         est.note_arrival(k % 2)
     est.observe(0, 0, 10_000)
@@ -226,7 +226,7 @@ def test_estimator_mix_weights_types_by_expected_service_time():
 
 
 def test_estimator_uses_prior_before_samples_and_tracks_change():
-    est = _core.LoadEstimator(2, alpha=0.5, prior_service_ns=10_000)
+    est = _estimator.LoadEstimator(2, alpha=0.5, prior_service_ns=10_000)
     assert est.rate() == pytest.approx(2 / 10_000)
     est.observe(0, 0, 20_000)
     assert est.worker_rate(0) == pytest.approx(1 / 20_000)
@@ -237,14 +237,14 @@ def test_estimator_uses_prior_before_samples_and_tracks_change():
 
 def test_estimator_bad_arguments():
     with pytest.raises(ValueError, match="worker"):
-        _core.LoadEstimator(0)
+        _estimator.LoadEstimator(0)
     with pytest.raises(ValueError, match="alpha"):
-        _core.LoadEstimator(1, alpha=0.0)
+        _estimator.LoadEstimator(1, alpha=0.0)
     with pytest.raises(ValueError, match="prior"):
-        _core.LoadEstimator(1, prior_service_ns=float("nan"))
+        _estimator.LoadEstimator(1, prior_service_ns=float("nan"))
     with pytest.raises(ValueError, match="mode"):
-        _core.LoadEstimator(1, mode="median")
-    est = _core.LoadEstimator(2, 2)
+        _estimator.LoadEstimator(1, mode="median")
+    est = _estimator.LoadEstimator(2, 2)
     with pytest.raises(IndexError):
         est.observe(2, 0, 1.0)
     with pytest.raises(IndexError):
@@ -257,7 +257,7 @@ def test_estimator_bad_arguments():
 
 # ---------------------------------------------------------------- queues
 
-@pytest.mark.parametrize("cls", [_core.MPMCQueue, _core.SPSCQueue])
+@pytest.mark.parametrize("cls", [_lockfree.MPMCQueue, _lockfree.SPSCQueue])
 def test_queue_reports_full_and_empty(cls):
     q = cls(4)
     assert q.pop() is None
@@ -270,7 +270,7 @@ def test_queue_reports_full_and_empty(cls):
         assert q.pop() == i
 
 
-@pytest.mark.parametrize("cls", [_core.MPMCQueue, _core.SPSCQueue])
+@pytest.mark.parametrize("cls", [_lockfree.MPMCQueue, _lockfree.SPSCQueue])
 @pytest.mark.parametrize("cap", [0, 1, 3, 100])
 def test_queue_capacity_must_be_power_of_two(cls, cap):
     with pytest.raises(ValueError, match="power of two"):

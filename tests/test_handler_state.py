@@ -1,10 +1,12 @@
-"""Per-handler state for shared-library handlers (``SYMBOL_init``/``SYMBOL_fini``, the ``ctx``
-of the handler ABI) and the ``MALCOLM_BAD_INPUT`` status (malcolm/workers/malcolm_handler.h)."""
+"""Per-handler state for shared-library and cffi handlers (``SYMBOL_init``/``SYMBOL_fini``, the
+``ctx`` of the handler ABI) and the ``MALCOLM_BAD_INPUT`` status
+(malcolm/workers/malcolm_handler.h)."""
 
 import gc
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 from malcolm.workers.handlers import Handler
@@ -51,9 +53,37 @@ def lib(tmp_path_factory):
     return str(d / "libh.so")
 
 
-def test_init_gives_the_handler_its_state_and_fini_releases_it(lib, tmp_path):
+@pytest.fixture(scope="module")
+def cffi_mod(tmp_path_factory):
+    """The same C as a cffi API-mode module; ``plain`` has no init/fini in its cdef."""
+    cffi = pytest.importorskip("cffi")
+    if shutil.which("gcc") is None:
+        pytest.skip("needs a C compiler")
+    d = tmp_path_factory.mktemp("cffi")
+    inc = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       "malcolm", "workers")
+    ffi = cffi.FFI()
+    ffi.cdef("typedef struct malcolm_task malcolm_task;"
+             "int add_n(void *, malcolm_task *); void *add_n_init(const char *);"
+             "void add_n_fini(void *); int plain(void *, malcolm_task *);")
+    ffi.set_source("_mc_state_handler", STATEFUL_C, include_dirs=[inc])
+    ffi.compile(tmpdir=str(d), verbose=False)
+    sys.path.insert(0, str(d))
+    yield "_mc_state_handler"
+    sys.path.remove(str(d))
+
+
+@pytest.fixture(params=["so", "cffi"])
+def where(request):
+    """``so:PATH`` or ``cffi:MODULE``: the two kinds of compiled user handler."""
+    if request.param == "so":
+        return "so:" + request.getfixturevalue("lib")
+    return "cffi:" + request.getfixturevalue("cffi_mod")
+
+
+def test_init_gives_the_handler_its_state_and_fini_releases_it(where, tmp_path):
     done = tmp_path / "done"
-    h = Handler(f"so:{lib}:add_n@5:{done}")
+    h = Handler(f"{where}:add_n@5:{done}")
     assert h.run(0, 0, b"\x01\x02") == (0, b"\x06\x07")
     assert h.run(0, 0, b"") == (2, b"")                 # MALCOLM_BAD_INPUT
     assert not done.exists()
@@ -62,20 +92,44 @@ def test_init_gives_the_handler_its_state_and_fini_releases_it(lib, tmp_path):
     assert done.read_text() == "fini"
 
 
-def test_plain_handlers_still_get_no_state(lib):
-    assert Handler(f"so:{lib}:plain").run() == (0, b"")
+def test_each_handler_gets_its_own_state(where, tmp_path):
+    """Two handlers from one library or module: two ctx, each released once."""
+    a = Handler(f"{where}:add_n@1:{tmp_path / 'a'}")
+    b = Handler(f"{where}:add_n@7:{tmp_path / 'b'}")
+    assert a.run(0, 0, b"\x00") == (0, b"\x01") and b.run(0, 0, b"\x00") == (0, b"\x07")
+    del a
+    gc.collect()
+    assert (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    assert b.run(0, 0, b"\x01") == (0, b"\x08")
+    del b
+    gc.collect()
+    assert (tmp_path / "b").read_text() == "fini"
 
 
-def test_init_errors_are_clear(lib):
+def test_plain_handlers_still_get_no_state(where):
+    assert Handler(f"{where}:plain").run() == (0, b"")
+
+
+def test_init_errors_are_clear(where):
     with pytest.raises(ValueError, match="add_n_init.*failed"):
-        Handler(f"so:{lib}:add_n@nonsense")
+        Handler(f"{where}:add_n@nonsense")
     with pytest.raises(ValueError, match="needs plain_init"):
-        Handler(f"so:{lib}:plain@x")
-    with pytest.raises(ValueError, match="so:PATH:SYMBOL"):
-        Handler(f"so:{lib}")
+        Handler(f"{where}:plain@x")
+    with pytest.raises(ValueError, match="(so:PATH|cffi:MODULE):SYMBOL"):
+        Handler(where)
 
 
-def test_bad_input_from_a_handler_reaches_the_client(lib, tmp_path):
+def test_cffi_argument_may_hold_colons(cffi_mod, tmp_path):
+    """The module name ends at the first ':'; everything after '@' is the argument."""
+    done = tmp_path / "x:y"
+    h = Handler(f"cffi:{cffi_mod}:add_n@2:{done}")
+    assert h.run(0, 0, b"\x01") == (0, b"\x03")
+    del h
+    gc.collect()
+    assert done.read_text() == "fini"
+
+
+def test_bad_input_from_a_handler_reaches_the_client(where, tmp_path):
     """A handler's MALCOLM_BAD_INPUT is answered "bad input" and counted by the server."""
     from malcolm.net.transport import open_transport
     from malcolm.runtime.server import Server
@@ -85,7 +139,7 @@ def test_bad_input_from_a_handler_reaches_the_client(lib, tmp_path):
     from malcolm.policy.registry import make_policy
     tr = open_transport("udp", "127.0.0.1:0")
     srv = Server(tr, [tr.address], 0, make_policy("random", 1, 0, 1),
-                 handler=f"so:{lib}:add_n@1:{tmp_path / 'd'}", workers=1).start()
+                 handler=f"{where}:add_n@1:{tmp_path / 'd'}", workers=1).start()
     try:
         with Client("udp", [tr.address]) as c:
             c.send(0, payload=b"\x01")

@@ -3,8 +3,8 @@ layer above its own, and the simulator and the server runtime never import each 
 
 Layers, lowest first (docs/design.md):
 
-    core     _core, _native, _workload, workloads, _units, _argparse, _metadata, the package
-             root, data, self-tests
+    core     _core, _native, _estimator, _lockfree, _workload, workloads, _units, _argparse,
+             _metadata, the package root, self-tests
     policy   malcolm.policy: the interface, the policies, the window driver
     engines  malcolm.sim | malcolm.net, malcolm.workers (siblings: sim never sees net)
     runtime  malcolm.runtime: the server, its gateway and policy thread, rack files, launcher
@@ -20,8 +20,8 @@ PKG = os.path.join(ROOT, "malcolm")
 
 LAYERS = [
     ("core", ("malcolm", "malcolm._core", "malcolm._native", "malcolm._workload",
-              "malcolm._metadata", "malcolm._units", "malcolm._argparse", "malcolm.workloads",
-              "malcolm._selftest", "malcolm._microbench", "malcolm.data",
+              "malcolm._estimator", "malcolm._lockfree", "malcolm._metadata", "malcolm._units",
+              "malcolm._argparse", "malcolm.workloads", "malcolm._selftest",
               "malcolm._version")),
     ("policy", ("malcolm.policy",)),
     ("engines", ("malcolm.sim", "malcolm.net", "malcolm.workers")),
@@ -151,3 +151,33 @@ def test_the_check_catches_an_upward_import(tmp_path):
     assert [(a, b) for a, b, _ in bad] == [("malcolm.policy.bad", "malcolm.commands"),
                                            ("malcolm.sim.bad", "malcolm.workers.pool"),
                                            ("malcolm.net.bad", "malcolm.runtime")]
+
+
+MAX_LINES = 800
+_SOURCE_EXT = (".py", ".pyx", ".pxd", ".h", ".c")
+
+
+def _oversized(root):
+    out = []
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            if f.endswith(_SOURCE_EXT):
+                p = os.path.join(dirpath, f)
+                if f.endswith(".c") and os.path.exists(p[:-2] + ".pyx"):
+                    continue        # Cython's generated C beside its source (old builds)
+                with open(p, encoding="utf-8", errors="replace") as fh:
+                    n = sum(1 for _ in fh)
+                if n > MAX_LINES:
+                    out.append(f"{os.path.relpath(p, ROOT)}: {n} lines")
+    return out
+
+
+def test_no_source_file_over_800_lines():
+    """Issue 16: small modules with one job each; a file that grows past 800 lines is split."""
+    assert _oversized(PKG) == []
+
+
+def test_the_size_check_can_fail(tmp_path):
+    (tmp_path / "big.pyx").write_text("x = 1\n" * (MAX_LINES + 1))
+    (tmp_path / "small.py").write_text("x = 1\n" * MAX_LINES)
+    assert [s.split(":")[0].endswith("big.pyx") for s in _oversized(str(tmp_path))] == [True]

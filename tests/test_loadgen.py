@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from malcolm.loadgen._client import hist_from_values
 
 from malcolm.cli import main
-from malcolm.loadgen import hist as H
+from malcolm.loadgen import hist
 from malcolm.loadgen.run import (
     Change,
     LoadgenError,
@@ -40,14 +40,14 @@ def test_histogram_percentiles_within_half_a_percent():
     h = hist_from_values(vals.tolist())
     assert h["n"] == vals.size and h["min"] == vals.min() and h["max"] == vals.max()
     for q in (1, 50, 90, 99, 99.9, 100):
-        exact = H.exact_percentile(vals, q)
-        got = H.percentile(h, q)
+        exact = hist.exact_percentile(vals, q)
+        got = hist.percentile(h, q)
         assert abs(got - exact) <= 0.005 * exact + 1, (q, got, exact)
-    assert sum(c for _, _, c in H.buckets(h)) == vals.size
+    assert sum(c for _, _, c in hist.buckets(h)) == vals.size
     # merging two halves gives the same histogram as one
     a = hist_from_values(vals[:5000].tolist())
     b = hist_from_values(vals[5000:].tolist())
-    m = H.merge([a, b])
+    m = hist.merge([a, b])
     assert np.array_equal(m["counts"], h["counts"]) and m["max"] == h["max"]
 
 
@@ -71,8 +71,8 @@ def test_fixed_delay_percentiles(kind):
     assert raw.size == rep["completed"]
     h = hist_from_values(raw.tolist())
     for q in (50, 99):
-        assert abs(H.percentile(h, q) - H.exact_percentile(raw, q)) <= 0.005 * \
-            H.exact_percentile(raw, q)
+        assert abs(hist.percentile(h, q) - hist.exact_percentile(raw, q)) <= 0.005 * \
+            hist.exact_percentile(raw, q)
     assert sum(c for _, _, c in rep["histogram"]["buckets"]) == rep["completed"]
 
 
@@ -191,7 +191,7 @@ def test_cli_json_against_stub():
 @pytest.mark.parametrize("kind", ["udp", "shm"])
 def test_against_a_real_server(kind):
     """The native client against the runtime's own server (in this process)."""
-    from malcolm.loadgen.runtime_bench import _server
+    from malcolm.bench.runtime import _server
     srv, addr = _server(kind, "adaptive", workers=2)
     try:
         rep = run_load(LoadSpec(Target(kind, [addr], "test"), workload="exp:100",

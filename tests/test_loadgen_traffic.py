@@ -13,8 +13,7 @@ from malcolm.loadgen._client import LoadClient, hist_from_values
 from malcolm.net.transport import open_transport
 
 from malcolm.cli import main
-from malcolm.loadgen import hist as H
-from malcolm.loadgen import output, traffic
+from malcolm.loadgen import hist, output, traffic
 from malcolm.loadgen.run import LoadSpec, Target, run_load
 from malcolm.loadgen.stub import StubServer
 from malcolm.workloads import parse_workload
@@ -137,7 +136,7 @@ def test_payload_sizes_and_means():
 @pytest.mark.parametrize("size, content", [("uniform:1:1024", "pattern"), ("300", "random"),
                                            ("exp:200", "zeros")])
 def test_payloads_reach_an_echo_server_and_come_back(size, content):
-    from malcolm.loadgen.runtime_bench import _server
+    from malcolm.bench.runtime import _server
     srv, addr = _server("udp", "adaptive", workers=1)
     pl = traffic.parse_payload(size, content, check_echo=content == "pattern")
     try:
@@ -178,11 +177,11 @@ def test_hdr_output_reads_back_the_same_histogram(tmp_path):
     for hh in got:
         assert hh.get_total_count() == h["n"] == vals.size
         for q in (1, 50, 90, 99, 99.9):
-            native = H.percentile(h, q)
+            native = hist.percentile(h, q)
             hdr = hh.get_value_at_percentile(q)
             # the native bucket (1/128 wide: its midpoint is within 0.4%) plus HDR's 0.1%
             assert abs(hdr - native) <= 0.006 * native + 1, (q, hdr, native)
-            assert abs(hdr - H.exact_percentile(vals, q)) <= 0.01 * native + 1
+            assert abs(hdr - hist.exact_percentile(vals, q)) <= 0.01 * native + 1
 
 
 def test_cli_csv_hdr_json_with_metadata(tmp_path):

@@ -5,30 +5,30 @@ import math
 
 import pytest
 
-from malcolm.loadgen import method as M
+from malcolm.loadgen import method
 from malcolm.loadgen.experiment import Experiment, ExperimentError, rack_toml, split_policy
 from malcolm.workloads import parse_workload
 
 
 def test_run_order_interleaves_policies_at_every_load():
-    order = M.run_order(["a", "b", "c"], [0.5, 0.8], 2)
+    order = method.run_order(["a", "b", "c"], [0.5, 0.8], 2)
     assert [p for _, _, p in order] == list("abc") * 4
     assert [x for _, x, _ in order] == [0.5] * 3 + [0.8] * 3 + [0.5] * 3 + [0.8] * 3
     assert [r for r, _, _ in order] == [0] * 6 + [1] * 6
 
 
 def test_median_ci_order_statistics():
-    med, lo, hi, cov = M.median_ci([5, 1, 4, 2, 3])
+    med, lo, hi, cov = method.median_ci([5, 1, 4, 2, 3])
     assert (med, lo, hi) == (3, 1, 5)
     assert cov == pytest.approx(1 - 2 / 32)      # 93.75%: 5 values cannot reach 95%
-    med, lo, hi, cov = M.median_ci(range(1, 11))
+    med, lo, hi, cov = method.median_ci(range(1, 11))
     assert med == 5.5
     # n = 10: [x(2), x(9)] covers 1 - 2 P(B(10,1/2) <= 1) = 97.9%; [x(3), x(8)] only 89%
     assert (lo, hi) == (2, 9) and cov == pytest.approx(1 - 2 * 11 / 1024)
-    med, lo, hi, cov = M.median_ci([7.0])
+    med, lo, hi, cov = method.median_ci([7.0])
     assert (med, lo, hi, cov) == (7.0, 7.0, 7.0, 0.0)
-    assert all(math.isnan(v) for v in M.median_ci([]))
-    assert M.median_ci([1, float("nan"), 3])[0] == 2
+    assert all(math.isnan(v) for v in method.median_ci([]))
+    assert method.median_ci([1, float("nan"), 3])[0] == 2
 
 
 def test_median_ci_coverage_is_what_it_claims():
@@ -37,76 +37,76 @@ def test_median_ci_coverage_is_what_it_claims():
     rng = np.random.default_rng(3)
     hits = 0
     for _ in range(2000):
-        _, lo, hi, cov = M.median_ci(rng.normal(size=11))
+        _, lo, hi, cov = method.median_ci(rng.normal(size=11))
         hits += lo <= 0.0 <= hi
     assert cov >= 0.95 and hits / 2000 >= 0.94
 
 
 def test_effective_load_and_flags():
     # 3400 tasks/s x 1 ms (a dilated 50 µs) / 8 workers
-    assert M.effective_load(3400, 1000.0, 8) == pytest.approx(0.425)
-    assert math.isnan(M.effective_load(3400, float("nan"), 8))
-    assert M.flags(0.01, 0.85, 0.85) == []                 # exactly at the limits: clean
-    assert M.flags(0.0, 0.879, 0.85) == []
-    f = M.flags(0.0101, 0.85, 0.85)
+    assert method.effective_load(3400, 1000.0, 8) == pytest.approx(0.425)
+    assert math.isnan(method.effective_load(3400, float("nan"), 8))
+    assert method.flags(0.01, 0.85, 0.85) == []                 # exactly at the limits: clean
+    assert method.flags(0.0, 0.879, 0.85) == []
+    f = method.flags(0.0101, 0.85, 0.85)
     assert len(f) == 1 and "late" in f[0]
-    f = M.flags(0.0, 0.8805, 0.85)
+    f = method.flags(0.0, 0.8805, 0.85)
     assert len(f) == 1 and "effective load" in f[0]
-    assert len(M.flags(0.5, float("nan"), 0.85, accounted=False, timed_out=3)) == 4
+    assert len(method.flags(0.5, float("nan"), 0.85, accounted=False, timed_out=3)) == 4
 
 
 def test_corrected_rate():
-    assert M.corrected_rate(0.85, 4000, 1.0) == pytest.approx(3400)
+    assert method.corrected_rate(0.85, 4000, 1.0) == pytest.approx(3400)
     # a handler 10% slow gets 10% fewer tasks, so the effective load is on target
-    assert M.corrected_rate(0.85, 4000, 1.1) == pytest.approx(3400 / 1.1)
-    assert M.corrected_rate(0.85, 4000, float("nan")) == pytest.approx(3400)
+    assert method.corrected_rate(0.85, 4000, 1.1) == pytest.approx(3400 / 1.1)
+    assert method.corrected_rate(0.85, 4000, float("nan")) == pytest.approx(3400)
 
 
 def test_calibration_and_choice_of_k():
-    assert M.calibration_ok(0.005, 1029.0, 1000.0)
-    assert not M.calibration_ok(0.006, 1000.0, 1000.0)           # late (half of 1%)
-    assert not M.calibration_ok(0.0, 1031.0, 1000.0)             # erratic handler
-    assert not M.calibration_ok(0.0, 1000.0, 1000.0, timed_out=1)
+    assert method.calibration_ok(0.005, 1029.0, 1000.0)
+    assert not method.calibration_ok(0.006, 1000.0, 1000.0)           # late (half of 1%)
+    assert not method.calibration_ok(0.0, 1031.0, 1000.0)             # erratic handler
+    assert not method.calibration_ok(0.0, 1000.0, 1000.0, timed_out=1)
     # a real handler (--app) has no requested service time to keep; the rest still counts
-    assert M.calibration_ok(0.0, 3000.0, 1000.0, check_service=False)
-    assert not M.calibration_ok(0.006, 1000.0, 1000.0, check_service=False)
-    assert not M.calibration_ok(0.0, 1000.0, 1000.0, timed_out=1, check_service=False)
-    assert M.choose_dilation([(50, True), (10, False), (20, True)]) == 20
-    assert M.choose_dilation([(10, False)]) is None
+    assert method.calibration_ok(0.0, 3000.0, 1000.0, check_service=False)
+    assert not method.calibration_ok(0.006, 1000.0, 1000.0, check_service=False)
+    assert not method.calibration_ok(0.0, 1000.0, 1000.0, timed_out=1, check_service=False)
+    assert method.choose_dilation([(50, True), (10, False), (20, True)]) == 20
+    assert method.choose_dilation([(10, False)]) is None
 
 
 @pytest.mark.parametrize("threshold", [1, 2, 5, 10, 20, 50, 100, 200, 500])
 def test_search_dilation_finds_the_smallest_k(threshold):
     seen = []
-    k, trials = M.search_dilation(lambda k: seen.append(k) or k >= threshold)
+    k, trials = method.search_dilation(lambda k: seen.append(k) or k >= threshold)
     assert k == (threshold if threshold <= 200 else None)
     assert len(trials) <= 4 and [t[0] for t in trials] == seen
-    assert M.choose_dilation(trials) == k
+    assert method.choose_dilation(trials) == k
 
 
 def test_layout_from_core_count():
-    lay = M.layout([3, 3, 1, 1], range(2), 3000)
+    lay = method.layout([3, 3, 1, 1], range(2), 3000)
     assert lay.poll == "adaptive" and lay.server_cpus is None and lay.client_threads == 1
-    lay = M.layout([3, 3, 1, 1], range(16), 100_000)
+    lay = method.layout([3, 3, 1, 1], range(16), 100_000)
     assert lay.poll == "busy" and lay.client_threads == 3
     used = [c for cs in lay.server_cpus for c in cs] + lay.client_cpus
     assert len(used) == len(set(used)) == 12 + 3 and 0 not in used    # disjoint, one spare
     assert [len(c) for c in lay.server_cpus] == [4, 4, 2, 2]
-    assert M.layout([3, 3, 1, 1], range(16), 1e6).client_threads == 3     # what is left
-    assert M.layout([3, 3, 1, 1], range(14), 1000).poll == "busy"
-    assert M.layout([3, 3, 1, 1], range(13), 1000).poll == "adaptive"
+    assert method.layout([3, 3, 1, 1], range(16), 1e6).client_threads == 3     # what is left
+    assert method.layout([3, 3, 1, 1], range(14), 1000).poll == "busy"
+    assert method.layout([3, 3, 1, 1], range(13), 1000).poll == "adaptive"
 
 
 def test_dilate_workload():
     wl = parse_workload("mix:90:const:50,10:exp:500")
-    d = parse_workload(M.dilate_workload(wl, 20))
+    d = parse_workload(method.dilate_workload(wl, 20))
     assert d.mean_us == pytest.approx(20 * wl.mean_us)
     assert d.scv == pytest.approx(wl.scv)
-    ln = parse_workload(M.dilate_workload(parse_workload("mix:1:lognormal:50:1.5,1:uniform:"
+    ln = parse_workload(method.dilate_workload(parse_workload("mix:1:lognormal:50:1.5,1:uniform:"
                                                          "10:30"), 4))
     assert [c.kind for c in ln.components] == ["lognormal", "uniform"]
     assert ln.components[0].b == 1.5 and ln.components[1].a == 40
-    assert M.dilate_workload(parse_workload("exp:50"), 1) == "exp:50"
+    assert method.dilate_workload(parse_workload("exp:50"), 1) == "exp:50"
 
 
 def test_policies_and_rack_file(tmp_path):
@@ -132,7 +132,7 @@ def _run(policy, load, p99, late=0.0, eff=None, repeat=0):
     return {"repeat": repeat, "policy": policy, "load": load, "p99_us": p99, "p50_us": 1.0,
             "late_fraction": late, "effective_load": eff, "migrations_per_task": 0.5,
             "steals_per_task": 0.1, "server_util": [0.5, 0.5],
-            "flags": M.flags(late, eff, load), "_delta": [None, None]}
+            "flags": method.flags(late, eff, load), "_delta": [None, None]}
 
 
 def test_rows_leave_flagged_runs_out_and_say_so():
@@ -182,8 +182,8 @@ def test_lowest_at_top_ignores_flagged_rows_and_the_control():
 
 
 def test_headroom_runs_one_rung_above_the_calibrated_k():
-    ladder = M.DILATION_LADDER
-    assert M.with_headroom(1) == 2
-    assert M.with_headroom(20) == 50
-    assert M.with_headroom(ladder[-1]) == ladder[-1]
-    assert M.with_headroom(7) == 7              # not on the ladder: as given
+    ladder = method.DILATION_LADDER
+    assert method.with_headroom(1) == 2
+    assert method.with_headroom(20) == 50
+    assert method.with_headroom(ladder[-1]) == ladder[-1]
+    assert method.with_headroom(7) == 7              # not on the ladder: as given

@@ -48,7 +48,7 @@ def test_sdist_ships_cython_sources_not_build_products(tmp_path):
         assert f in names, f"{f} missing from the sdist"
     assert "malcolm/_core.pyx" in pyx and "LICENSE" in names and "MANIFEST.in" in names
     bad = [n for n in names if n.endswith((".so", ".o")) or n.startswith("build/")
-           or (n.endswith(".c") and not n.startswith("malcolm/data/"))]
+           or (n.endswith(".c") and n != "malcolm/bench/floor.c")]
     assert not bad, f"build products in the sdist: {bad}"
 
 
@@ -59,6 +59,43 @@ def test_build_without_sources_fails_loudly(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
     assert "no Cython sources" in r.stderr
+
+
+PLAN = r"""
+import os, runpy, sys
+import Cython.Build, setuptools
+Cython.Build.cythonize = lambda exts, **kw: exts            # list the plan, compile nothing
+setuptools.setup = lambda **kw: print("\n".join(sorted(e.name for e in kw["ext_modules"])))
+hide = os.environ.get("HIDE_HEADER")
+if hide:
+    real = os.path.exists
+    os.path.exists = lambda p: False if str(p).endswith(hide) else real(p)
+sys.argv = ["setup.py", "build_ext"]
+runpy.run_path("setup.py", run_name="__main__")
+"""
+VERBS_MODS = {"malcolm.net._ud_queue", "malcolm.net._verbs", "malcolm.bench.verbs"}
+
+
+def _planned(**env):
+    r = subprocess.run([sys.executable, "-c", PLAN], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, **env))
+    assert r.returncode == 0, r.stderr
+    return set(r.stdout.split()), r.stderr
+
+
+def test_extensions_that_need_libibverbs_are_skipped_without_it():
+    """Without infiniband/verbs.h the three verbs modules are skipped, each with one line
+    naming the Debian package, and everything else (the transport benchmarks included, which
+    need no libibverbs) is still built."""
+    names, err = _planned(HIDE_HEADER="infiniband/verbs.h")
+    assert not names & VERBS_MODS
+    assert {"malcolm.net.transport", "malcolm.bench.transport", "malcolm._core"} <= names
+    for mod in VERBS_MODS:
+        assert f"skipping {mod}: infiniband/verbs.h not found (install the Debian package " \
+               "libibverbs-dev" in err
+    if os.path.exists("/usr/include/infiniband/verbs.h"):
+        with_lib, _ = _planned()
+        assert with_lib - names == VERBS_MODS
 
 
 def test_server_command_never_imports_the_working_directory(tmp_path):

@@ -1,4 +1,4 @@
-"""The native verbs data path (malcolm.net._verbs) over a real RDMA device.
+"""The native verbs data path (malcolm.net._ud_queue and _verbs) over a real RDMA device.
 
 Runs only under ``pytest -m rdma``, for real on Soft-RoCE inside the guest that
 ``scripts/rdma-vm`` boots. Each test builds its endpoints from pyverbs objects and then moves
@@ -124,7 +124,7 @@ def test_send_ring_full_is_reported_not_lost(pair):
 
 
 def test_wrong_objects_are_refused(pair):
-    from malcolm.net._verbs import UDQueue
+    from malcolm.net._ud_queue import UDQueue
 
     a, _, _, _ = pair
     with pytest.raises(TypeError, match="pyverbs QP"):
@@ -136,7 +136,7 @@ def test_wrong_objects_are_refused(pair):
 
 
 def test_pingpong_round_trip(pair, capsys):
-    from malcolm.net._verbs import pingpong
+    from malcolm.bench.verbs import pingpong
 
     a, b, a_to_b, b_to_a = pair
     rtt, lost = pingpong(a.queue, a_to_b, b.queue, b_to_a, 2000, 32)
@@ -153,7 +153,7 @@ def test_pingpong_round_trip(pair, capsys):
 def test_transport_pingpong_through_an_echo_thread(capsys):
     import threading
 
-    from malcolm.net._verbs import transport_echo, transport_pingpong
+    from malcolm.bench.transport import transport_echo, transport_pingpong
     from malcolm.net.transport import open_transport
 
     host = os.environ.get("MALCOLM_RDMA_HOST", "10.77.0.1")
@@ -260,5 +260,87 @@ def test_garbage_on_the_address_port_is_counted_and_harmless():
         assert st["ctl_bad"] >= 9 and st["peers"] == 1, st
     finally:
         s.close()
+        a.close()
+        b.close()
+
+
+def test_an_address_answer_means_the_introduction_is_queued():
+    """The answer to an address query tells the sender it may send (issue 13 item 6): it goes
+    out only once the query's introduction is queued for the polling thread, which looks there
+    for a sender it does not know. With that queue full, queries get no answer (counted in
+    ``intro_full``) until the polling thread drains it; answered first, the sender's first
+    batch could arrive before its introduction and be dropped as from an unknown source."""
+    import socket
+    import struct
+
+    from malcolm.net.transport import open_transport
+
+    host = os.environ.get("MALCOLM_RDMA_HOST", "10.77.0.1")
+    b = open_transport("verbs", f"{host}:0")
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.bind((host, 0))
+        query = b"MCV1" + bytes([1, 0]) + struct.pack("!HII", 0, 0x1234, 0x11111111) + bytes(16)
+        s.settimeout(5.0)
+        for _ in range(256):            # the queue's capacity; b never polls, so it fills
+            s.sendto(query, b.address)
+            assert len(s.recvfrom(64)[0]) == 32
+        s.settimeout(0.3)
+        for _ in range(3):
+            s.sendto(query, b.address)
+            with pytest.raises(socket.timeout):
+                s.recvfrom(64)
+        st = b.stats()
+        assert st["intro_full"] == 3 and st["ctl_queries"] == 256, st
+        assert b.recv(0.05) == []       # polling drains the queue ...
+        s.settimeout(5.0)
+        s.sendto(query, b.address)      # ... and the next query is answered
+        assert len(s.recvfrom(64)[0]) == 32
+    finally:
+        s.close()
+        b.close()
+
+
+def _link_local_host():
+    """``fe80::…%IFACE`` of the RDMA device's link-local GID, or None."""
+    import ipaddress
+
+    dev = os.environ.get("MALCOLM_RDMA_DEVICE", "rxe0")
+    base = f"/sys/class/infiniband/{dev}/ports/1"
+    iface = os.environ.get("MALCOLM_RDMA_NETDEV", "dummy0")
+    try:
+        names = sorted(os.listdir(f"{base}/gids"), key=int)
+    except OSError:
+        return None
+    for name in names:
+        try:
+            with open(f"{base}/gids/{name}") as f:
+                ip = ipaddress.IPv6Address(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if ip.is_link_local:
+            return f"{ip}%{iface}"
+    return None
+
+
+def test_verbs_over_a_link_local_ipv6_address_keeps_the_scope():
+    """The address socket of a verbs endpoint on a link-local IPv6 address (issue 16): queries,
+    answers and replies to a received source all need the scope id (net/_sockaddr.h)."""
+    from malcolm.net.transport import open_transport
+
+    host = _link_local_host()
+    if host is None:
+        pytest.skip("the RDMA device has no link-local GID")
+    a = open_transport("verbs", f"[{host}]:0")
+    b = open_transport("verbs", f"[{host}]:0")
+    try:
+        assert a.address[0] == host, a.address
+        a.send(b.address, b"scoped")
+        (data, src), = b.recv(5.0)
+        assert data == b"scoped" and src == a.address
+        b.send(src, b"back")
+        assert [d for d, _ in a.recv(5.0)] == [b"back"]
+        assert a.stats()["n_send_failed"] == 0 and b.stats()["unknown_src"] == 0
+    finally:
         a.close()
         b.close()

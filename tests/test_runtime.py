@@ -32,10 +32,6 @@ def _addr(kind):
     return "127.0.0.1:0" if kind == "udp" else f"r{uuid.uuid4().hex[:10]}"
 
 
-def _free_ports(n):
-    return free_udp_ports(n)
-
-
 class InProcRack:
     """n servers in this process (threads), for tests that poke at one behaviour."""
 
@@ -376,7 +372,7 @@ def _rack_file(tmp_path, kind, policy, n=3, extra="", window_us=1000, workers=2)
     lines = [f'[rack]\nname = "{name}"\ntransport = "{kind}"\nwindow_us = {window_us}\n'
              f'workers = {workers}\nhandler = "sleep"\ngrace_s = 1.0\n{extra}\n',
              f"[policy]\n{policy}\nseed = 5\n"]
-    ports = _free_ports(n) if kind == "udp" else None
+    ports = free_udp_ports(n) if kind == "udp" else None
     for i in range(n):
         lines.append("[[server]]\n" + (f'address = "127.0.0.1:{ports[i]}"\n' if ports else ""))
     p = tmp_path / f"{name}.toml"

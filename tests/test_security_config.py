@@ -70,12 +70,8 @@ BAD_POLICY = [
 ]
 
 
-def _ports(n):
-    return free_udp_ports(n)
-
-
 def _rack(tmp_path, rack_extra="", server0=None, policy=None):
-    p0, p1 = _ports(2)
+    p0, p1 = free_udp_ports(2)
     text = GOOD.format(p0=p0, p1=p1)
     if rack_extra:
         if "window_us" in rack_extra:
@@ -161,7 +157,7 @@ def test_bad_flags_give_one_line(tmp_path, args, word):
 
 
 def test_loadgen_fails_when_nothing_listens():
-    (port,) = _ports(1)
+    (port,) = free_udp_ports(1)
     res = CliRunner().invoke(main, ["loadgen", "--server", f"127.0.0.1:{port}", "--rate",
                                     "200", "--duration", "0.3s", "--warmup", "0",
                                     "--timeout", "0.2s"])

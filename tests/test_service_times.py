@@ -29,9 +29,9 @@ def test_bench_handler_rejects_bad_options(spec):
 
 
 def _server(handler, workers=2):
-    from malcolm.loadgen.runtime_bench import _free_port
+    from malcolm.net.ports import free_udp_ports
     from malcolm.runtime.config import build_server, parse_rack
-    addr = f"127.0.0.1:{_free_port()}"
+    addr = f"127.0.0.1:{free_udp_ports(1)[0]}"
     cfg = parse_rack({"rack": {"name": "svc", "transport": "udp", "workers": workers,
                                "handler": handler, "window_us": 1000.0, "grace_s": 0.5},
                       "policy": {"name": "random"}, "server": [{"address": addr}]}, "<svc>")
@@ -55,10 +55,10 @@ def test_server_reports_measured_service_times_and_loadgen_the_effective_load():
     # and its percentiles fall in them
     import numpy as np
 
-    from malcolm.loadgen import hist as H
+    from malcolm.loadgen import hist
     for lo, hi, c in svc["buckets"]:
-        i = int(np.searchsorted(H.LOWER, lo))
-        assert H.LOWER[i] == lo and H.UPPER[i + 7] == hi and i % 8 == 0 and c > 0
+        i = int(np.searchsorted(hist.LOWER, lo))
+        assert hist.LOWER[i] == lo and hist.UPPER[i + 7] == hi and i % 8 == 0 and c > 0
     for q in ("p50_us", "p99_us"):
         v = svc[q] * 1e3
         assert any(lo - 1 <= v <= hi for lo, hi, _ in svc["buckets"])

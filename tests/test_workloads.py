@@ -49,12 +49,12 @@ def test_measured_rocksdb_reproduces_its_quantiles():
     recorded quantiles of each GET size."""
     from malcolm._workload import NativeWorkload
 
-    from malcolm import workloads as W
+    from malcolm import workloads
     w = parse_workload("rocksdb2-measured")
     types, svc = w.native().sample(400_000, seed=4)
     t2, s2 = w.sample(400_000, np.random.default_rng(4))
-    for t, pts in ((0, W._GET16_US), (1, W._GET64_US)):
-        for p, x in zip(W._P, pts, strict=True):
+    for t, pts in ((0, workloads._GET16_US), (1, workloads._GET64_US)):
+        for p, x in zip(workloads._P, pts, strict=True):
             if 0.05 <= p <= 0.99:
                 assert np.quantile(svc[types == t], p) / 1e3 == pytest.approx(x, rel=0.02)
                 assert np.quantile(s2[t2 == t], p) == pytest.approx(x, rel=0.02)

@@ -31,7 +31,7 @@ from common import parse, parser, png, write_json
 
 from malcolm import _argparse as g
 from malcolm.sim import simulate
-from malcolm.sim.run import Change
+from malcolm.sim.run import RackChange
 
 RACK = "4x8,4x6,4x4"
 TYPES = {"fast": [0, 1, 2, 3], "medium": [4, 5, 6, 7], "slow": [8, 9, 10, 11]}
@@ -42,14 +42,14 @@ def scenarios(t_us, mult=1.0):
     lo, hi = 360e3 * mult, 540e3 * mult
     return {
         "(a) traffic shift": dict(rate_tps=hi, shares=even,
-                                  changes=[Change(t_us, shares=tuple([0.6 / 4] * 4
+                                  changes=[RackChange(t_us, shares=tuple([0.6 / 4] * 4
                                                                      + [0.4 / 8] * 8))]),
         "(b) rate increase": dict(rate_tps=lo, shares=even,
-                                  changes=[Change(t_us, rate_tps=hi),
-                                           Change(t_us, shares=tuple([hi / 12 * 2 - lo / 12]
+                                  changes=[RackChange(t_us, rate_tps=hi),
+                                           RackChange(t_us, shares=tuple([hi / 12 * 2 - lo / 12]
                                                                      * 4 + [lo / 12] * 8))]),
         "(c) fast servers slow down": dict(rate_tps=hi, shares=even,
-                                           changes=[Change(t_us, server=s, speed=0.5)
+                                           changes=[RackChange(t_us, server=s, speed=0.5)
                                                     for s in TYPES["fast"]]),
     }
 

@@ -29,7 +29,7 @@ def run_floor():
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         raise click.ClickException("--floor needs a C compiler (install gcc)")
-    src = resources.files("malcolm.data").joinpath("floor.c")
+    src = resources.files("malcolm.bench").joinpath("floor.c")
     with tempfile.TemporaryDirectory() as tmp:
         exe = os.path.join(tmp, "floor")
         with resources.as_file(src) as path:
@@ -41,10 +41,10 @@ def run_floor():
 
 def micro_results(quick=False, policy=True):
     """Run the core (and, when built, the policy) microbenchmarks; flat dict of ns/op."""
-    from malcolm import _microbench
+    from malcolm.bench import micro
 
     iters, rebuild_iters, repeats = (200_000, 50_000, 3) if quick else (2_000_000, 500_000, 7)
-    res = _microbench.core(SIZES, iters, rebuild_iters, repeats)
+    res = micro.core(SIZES, iters, rebuild_iters, repeats)
     if policy:
         try:
             from malcolm.bench import policy as policy_bench
@@ -134,12 +134,12 @@ Examples:
               help="Transports to measure (default both).")
 def runtime(json_out, quick, transports):
     """Round trip, gateway throughput and decision overhead, each beside its plain-C floor
-    measured in the same run (implementation: malcolm/loadgen/runtime_bench.py)."""
-    from malcolm.loadgen import runtime_bench
-    res = runtime_bench.run_all(quick=quick, transports=transports or ("udp", "shm"))
+    measured in the same run (implementation: malcolm/bench/runtime.py)."""
+    from malcolm.bench import runtime
+    res = runtime.run_all(quick=quick, transports=transports or ("udp", "shm"))
     if json_out:
         from malcolm._metadata import run_metadata
         res["metadata"] = run_metadata(click.get_current_context().params)
         write_json(json_out, res)
     if json_out != "-":
-        click.echo(runtime_bench.table(res))
+        click.echo(runtime.table(res))

@@ -206,7 +206,7 @@ def sim(rack, rack_file, policies, workloads, loads, tasks, seed, delay, jitter,
             policies = (pol,)
         if ctx.get_parameter_source("window") == default:
             window = win
-    from malcolm.sim.rack import parse_rack
+    from malcolm.sim.rack import parse_rack_spec
     from malcolm.sim.run import simulate
     from malcolm.workloads import parse_workload
 
@@ -214,7 +214,7 @@ def sim(rack, rack_file, policies, workloads, loads, tasks, seed, delay, jitter,
     if not load_list:
         raise click.BadParameter("no load given", param_hint="--load")
     try:                            # fail fast, before a long sweep starts
-        parse_rack(rack)
+        parse_rack_spec(rack)
         for w in workloads:
             parse_workload(w)
         for p in policies:

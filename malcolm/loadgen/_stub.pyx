@@ -18,14 +18,8 @@ from libc.stdlib cimport free
 from malcolm._core cimport mc_aligned_alloc, mc_cpu_relax, mc_load_acq, mc_now_ns, \
     mc_store_rel
 from malcolm.net._wire cimport *
+from malcolm._system cimport PR_SET_TIMERSLACK, prctl
 from malcolm.net.transport cimport BATCH, MsgBuf, Transport
-
-
-cdef extern from "<sys/prctl.h>" nogil:
-    int prctl(int option, unsigned long arg2, unsigned long arg3, unsigned long arg4,
-              unsigned long arg5)
-    enum:
-        PR_SET_TIMERSLACK
 
 
 ctypedef struct Pending:

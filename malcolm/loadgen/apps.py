@@ -61,16 +61,16 @@ class AppSpec:
 
     def report(self, results) -> dict:
         """Merge the client threads' :meth:`KvApp.results` into the run report's ``app``."""
-        from malcolm.loadgen import hist as H
+        from malcolm.loadgen import hist
         types = []
         for i, (_, n) in enumerate(self.mix):
             rs = [r["types"][i] for r in results]
-            lat = H.merge([r["lat"] for r in rs])
+            lat = hist.merge([r["lat"] for r in rs])
             types.append({
                 "type": i, "get": n,
                 **{k: int(sum(r[k] for r in rs)) for k in ("sent", "ok", "wrong", "not_ok")},
-                "latency_us": {"n": int(lat["n"]), "mean": H.mean(lat) / 1e3,
-                               **{k: H.percentile(lat, q) / 1e3 for k, q in
+                "latency_us": {"n": int(lat["n"]), "mean": hist.mean(lat) / 1e3,
+                               **{k: hist.percentile(lat, q) / 1e3 for k, q in
                                   (("p50", 50), ("p99", 99), ("p99.9", 99.9))}},
             })
         return {

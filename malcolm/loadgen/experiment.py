@@ -44,7 +44,7 @@ import tempfile
 import threading
 import time
 
-from malcolm.loadgen import method as M
+from malcolm.loadgen import method
 from malcolm.net.ports import free_udp_ports
 from malcolm.runtime.launcher import LocalRack
 
@@ -359,7 +359,7 @@ class Experiment:
         from malcolm.loadgen.run import LoadSpec, Target
         # with an app the client requests no service time (the workload only draws
         # nothing the app does not overwrite): pass it undilated
-        wl = self.workload if self.app is not None else M.dilate_workload(self.wl, k)
+        wl = self.workload if self.app is not None else method.dilate_workload(self.wl, k)
         return LoadSpec(Target("udp", rack.addresses, rack.path, hop=rack.hop), app=self.app,
                         workload=wl, duration_s=duration,
                         warmup_s=warmup, threads=threads, timeout_s=max(1.0, 0.02 * k),
@@ -379,7 +379,7 @@ class Experiment:
                 return False
             self.dilate = k
             rate = top * self.capacity(k)
-            self.layout = M.layout(self.workers, self.cpus, rate)
+            self.layout = method.layout(self.workers, self.cpus, rate)
             rack = PolicyRack(self, "jsq", tmp, f"cal{k}")
             try:
                 rack.start()
@@ -402,7 +402,7 @@ class Experiment:
             if rep.get("interrupted"):
                 return False
             s = rep["service_us"]
-            ok = M.calibration_ok(rep["schedule"]["late_fraction"], s["measured_mean"],
+            ok = method.calibration_ok(rep["schedule"]["late_fraction"], s["measured_mean"],
                                   s["requested_mean"], rep["accounted"], rep["timed_out"],
                                   check_service=self.app is None)
             self.echo(f"  calibration K={k:g}: late {100 * rep['schedule']['late_fraction']:.2f}%"
@@ -414,16 +414,16 @@ class Experiment:
             return ok
 
         self._calib = {}
-        k, _ = M.search_dilation(trial)
+        k, _ = method.search_dilation(trial)
         if self.stop.is_set():
             return None
         if k is None:
-            k = M.DILATION_LADDER[-1]
+            k = method.DILATION_LADDER[-1]
             self.echo(f"dilation: no K up to {k} kept time here (the machine is busy: see the "
                       f"calibration lines); running at K={k}, expect FLAGGED runs")
             self.dilate = k
             return k
-        run_k = M.with_headroom(k)
+        run_k = method.with_headroom(k)
         if self.app is not None:
             # a real handler's slowness is its own, not the padding's: the calibration's
             # measurement is a better first correction than none (the runs refine it)
@@ -497,7 +497,7 @@ class Experiment:
                 f"transport ({hop * k:g} µs real), on top of the loopback's own" if hop > 0
                 else "per-hop delay: none added (K = 1 or --hop-delay 0): the loopback's "
                      "own, measured below")
-            self.layout = M.layout(self.workers, self.cpus, max(self.loads) * self.capacity())
+            self.layout = method.layout(self.workers, self.cpus, max(self.loads) * self.capacity())
             self.echo(f"dilation K={k:g}: {self.wl.mean_us:g} µs tasks run as "
                       f"{self.wl.mean_us * k:g} µs, {self.window_us:g} µs windows as "
                       f"{self.window_us * k:g} µs; latencies reported /K (rack time)")
@@ -546,14 +546,14 @@ class Experiment:
                           f"{first.policy}'s server 0): {self.delay_us:.1f} µs real = "
                           f"{self.delay_us / self.dilate:.2f} µs at rack scale")
             rates = {}
-            for _, load, p in M.run_order(self.policies, self.loads, 1):
+            for _, load, p in method.run_order(self.policies, self.loads, 1):
                 if self.stop.is_set():
                     return
                 rk = racks[p]
                 # one rate per load and repeat, fixed before its first policy runs: with the
                 # same seed, every policy then gets the same arrivals and service times
                 if load not in rates:
-                    rates[load] = M.corrected_rate(load, self.capacity(),
+                    rates[load] = method.corrected_rate(load, self.capacity(),
                                                    self.service_factor(load))
                 rate = rates[load]
                 rk.resume()
@@ -603,9 +603,9 @@ class Experiment:
         k = self.dilate
         s = rep["service_us"]
         # dilated rate x dilated service time: the same fraction as at rack scale
-        eff = M.effective_load(rep["offered_per_s"], s["measured_mean"], self.total_workers)
+        eff = method.effective_load(rep["offered_per_s"], s["measured_mean"], self.total_workers)
         late = rep["schedule"]["late_fraction"]
-        fl = M.flags(late, eff, load, rep["accounted"], rep["timed_out"])
+        fl = method.flags(late, eff, load, rep["accounted"], rep["timed_out"])
         done = max(1, rep["completed"])
         # busy fraction of each server's workers over the run (warm-up included: the
         # service-time counters cover it)
@@ -643,22 +643,22 @@ class Experiment:
                     continue
                 clean = [x for x in rs if not x["flags"]]
                 use = clean or rs
-                med, lo, hi, cov = M.median_ci([x["p99_us"] for x in use])
-                eff = M.median_ci([x["effective_load"] for x in use])[0]
-                util = [M.median_ci([x["server_util"][j] for x in use
+                med, lo, hi, cov = method.median_ci([x["p99_us"] for x in use])
+                eff = method.median_ci([x["effective_load"] for x in use])[0]
+                util = [method.median_ci([x["server_util"][j] for x in use
                                      if x["server_util"][j] is not None])[0]
                         for j in range(len(self.workers))]
                 out.append({
                     "policy": p, "load": load, "p99_us": med, "p99_ci_us": [lo, hi],
-                    "ci_coverage": cov, "p50_us": M.median_ci([x["p50_us"] for x in use])[0],
+                    "ci_coverage": cov, "p50_us": method.median_ci([x["p50_us"] for x in use])[0],
                     "late_fraction": max(x["late_fraction"] for x in rs),
                     "effective_load": eff, "repeats": len(rs), "used": len(use),
                     "valid": bool(clean),
                     "flagged": [{"repeat": x["repeat"], "why": x["flags"]} for x in rs
                                 if x["flags"]],
-                    "migrations_per_task": M.median_ci(
+                    "migrations_per_task": method.median_ci(
                         [x["migrations_per_task"] for x in use])[0],
-                    "steals_per_task": M.median_ci([x["steals_per_task"] for x in use])[0],
+                    "steals_per_task": method.median_ci([x["steals_per_task"] for x in use])[0],
                     "server_util": util})
         return out
 

@@ -22,10 +22,6 @@ from malcolm.net.ports import free_udp_ports
 from malcolm.runtime.launcher import LocalRack
 
 
-def free_ports(n):
-    return free_udp_ports(n)
-
-
 class FaultRack:
     """A rack of ``n`` udp servers on loopback, keyed unless ``keyed=False``.
 
@@ -63,7 +59,7 @@ class FaultRack:
                 write_key(kp)
             self.key = read_key(kp)
             key_line = f'key_file = "{kp}"'
-        self.ports = free_ports(n)
+        self.ports = free_udp_ports(n)
         servers = "".join(f'[[server]]\naddress = "127.0.0.1:{p}"\n' for p in self.ports)
         hop_lines = "\n".join(f"hop_{k} = {float(v)!r}" for k, v in (hop or {}).items())
         self.path = os.path.join(workdir, "rack.toml")

@@ -16,7 +16,7 @@ import io
 import math
 import time
 
-from malcolm.loadgen import hist as H
+from malcolm.loadgen import hist
 
 CSV_COLUMNS = ("rate", "offered_per_s", "throughput_per_s", "p50_us", "p90_us", "p99_us",
                "p99.9_us", "max_us", "mean_us", "sent", "completed", "rejected", "timed_out",
@@ -66,9 +66,10 @@ def to_hdr(h):
     if not h["n"]:
         return out
     lo, hi = int(h["min"]), int(h["max"])
-    for i in H.nonzero(h):
+    for i in hist.nonzero(h):
         c = int(h["counts"][i])
-        mid = (H.LOWER[i] + H.UPPER[i] - 1) // 2 if i >= (1 << H.SUB_BITS) else H.LOWER[i]
+        lower = hist.LOWER[i]
+        mid = (lower + hist.UPPER[i] - 1) // 2 if i >= (1 << hist.SUB_BITS) else lower
         v = min(max(int(mid), lo), hi)
         out.record_value(max(1, min(v, HDR_HIGHEST_NS)), c)
     return out

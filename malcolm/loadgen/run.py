@@ -16,8 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from malcolm import _units
-from malcolm.loadgen import hist as H
-from malcolm.loadgen import traffic
+from malcolm.loadgen import hist, traffic
 from malcolm.net import wire
 
 STATUS_NAMES = {int(s): s.name.lower() for s in wire.Status}
@@ -409,22 +408,22 @@ def report(spec: LoadSpec, rate, results, wl=None):
     rejected = {STATUS_NAMES[s]: int(sum(r["rejected"][s] for r in results))
                 for s in range(1, len(STATUS_NAMES))}
     rejected = {k: v for k, v in rejected.items() if v}
-    lat = H.merge([r["lat"] for r in results])
-    lag = H.merge([r["lag"] for r in results])
+    lat = hist.merge([r["lat"] for r in results])
+    lag = hist.merge([r["lag"] for r in results])
     raw = None
     if spec.raw:
         import numpy as np
         raw = np.concatenate([r["raw"] for r in results]) if results else np.zeros(0)
     qs = (("p50", 50), ("p90", 90), ("p99", 99), ("p99.9", 99.9))
     if raw is not None and raw.size:
-        lat_us = {k: H.exact_percentile(raw, q) / 1e3 for k, q in qs}
+        lat_us = {k: hist.exact_percentile(raw, q) / 1e3 for k, q in qs}
         lat_us["source"] = "raw samples"
     else:
-        lat_us = {k: H.percentile(lat, q) / 1e3 for k, q in qs}
+        lat_us = {k: hist.percentile(lat, q) / 1e3 for k, q in qs}
         lat_us["source"] = "histogram"
     lat_us.update(min=lat["min"] / 1e3 if lat["n"] else float("nan"),
                   max=lat["max"] / 1e3 if lat["n"] else float("nan"),
-                  mean=H.mean(lat) / 1e3)
+                  mean=hist.mean(lat) / 1e3)
     # The measured interval is the duration, cut short if the run was stopped.
     ends = [r["end_ns"] - r["t0_ns"] for r in results]
     dur = max(1e-9, min(spec.duration_s, (max(ends) / 1e9 if ends else 0) - spec.warmup_s))
@@ -475,8 +474,8 @@ def report(spec: LoadSpec, rate, results, wl=None):
             "late_fraction": tot["late_sends"] / sent if sent else 0.0,
             "late_episodes": tot["late_episodes"],
             "threshold_us": spec.lag_threshold_us,
-            "lag_p50_us": H.percentile(lag, 50) / 1e3,
-            "lag_p99_us": H.percentile(lag, 99) / 1e3,
+            "lag_p50_us": hist.percentile(lag, 50) / 1e3,
+            "lag_p99_us": hist.percentile(lag, 99) / 1e3,
             "lag_max_us": lag["max"] / 1e3 if lag["n"] else float("nan"),
         },
         "per_server": {"sent": [int(sum(r["sent_to"][j] for r in results)) for j in range(n)],
@@ -489,7 +488,7 @@ def report(spec: LoadSpec, rate, results, wl=None):
                     "echo_checked": tot["echo_checked"], "echo_bad": tot["echo_bad"]},
         "phases": [{"at_s": t - spec.warmup_s, "rate": r, "shares": s}
                    for t, r, s in spec.phases(rate)],
-        "histogram": {"unit": "ns", "n": int(lat["n"]), "buckets": H.buckets(lat)},
+        "histogram": {"unit": "ns", "n": int(lat["n"]), "buckets": hist.buckets(lat)},
     }
     w = spec.target.workers
     if w:

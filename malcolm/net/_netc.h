@@ -1,21 +1,18 @@
-/* C helpers of the runtime that Cython cannot spell: little-endian loads and stores at any
-   alignment, 32-bit atomics, futexes, and the shared-memory message ring of the `shm`
-   transport. Header-only, static inline. */
+/* C helpers of the wire format and the transports that Cython cannot spell: little-endian
+   loads and stores at any alignment, and the shared-memory message ring of the `shm`
+   transport. Header-only, static inline. The atomics, futexes and the doorbell they use are
+   in ../_native.h (declared for Cython in malcolm/_native.pxd). */
 #ifndef MALCOLM_NETC_H
 #define MALCOLM_NETC_H
 #include <stdint.h>
 #include <string.h>
-#include <time.h>
-#include <errno.h>
-#include <unistd.h>
-#include <sys/syscall.h>
-#include <linux/futex.h>
+#include "../_native.h"
 
 /* An endpoint address, as the transports and the wire format carry it (24 bytes). */
 typedef struct mc_addr {
   uint16_t family;      /* AF_INET, AF_INET6, or 0x5348 for a shared-memory endpoint */
   uint16_t port;
-  uint32_t extra;       /* IPv6 scope id; a QP number for verbs */
+  uint32_t extra;       /* IPv6 scope id (udp and verbs addresses); 0 for shm */
   uint8_t addr[16];     /* IPv4 in the first 4 bytes; an shm endpoint name */
 } mc_addr;
 
@@ -39,53 +36,6 @@ static inline void mc_st32(uint8_t *p, uint32_t v) { v = MC_LE32(v); memcpy(p, &
 static inline void mc_st64(uint8_t *p, uint64_t v) { v = MC_LE64(v); memcpy(p, &v, 8); }
 static inline void mc_stf64(uint8_t *p, double d) { uint64_t v; memcpy(&v, &d, 8); mc_st64(p, v); }
 static inline int mc_isfinite(double d) { return __builtin_isfinite(d); }
-
-/* ------------------------------------------------------------ 32-bit atomics and futexes */
-static inline uint32_t mc_ld32_acq(const uint32_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-static inline void mc_st32_rel(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
-static inline uint32_t mc_add32(uint32_t *p, uint32_t v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
-static inline uint64_t mc_add64_relaxed(uint64_t *p, uint64_t v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
-static inline int64_t mc_addi64(int64_t *p, int64_t v) { return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL); }
-static inline int64_t mc_ldi64(const int64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-static inline void mc_sti64(int64_t *p, int64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
-
-/* Shared futexes (no FUTEX_PRIVATE_FLAG) so that they work across processes on a shared
-   mapping as well as between threads. */
-static inline int mc_futex_wait(uint32_t *word, uint32_t expected, int64_t timeout_ns) {
-  struct timespec ts, *tp = NULL;
-  if (timeout_ns >= 0) { ts.tv_sec = timeout_ns / 1000000000ll; ts.tv_nsec = timeout_ns % 1000000000ll; tp = &ts; }
-  return (int)syscall(SYS_futex, word, FUTEX_WAIT, expected, tp, NULL, 0);
-}
-static inline int mc_futex_wake(uint32_t *word, int n) {
-  return (int)syscall(SYS_futex, word, FUTEX_WAKE, n, NULL, NULL, 0);
-}
-
-/* A doorbell lets a consumer block until a producer rings. The waiter announces itself in
-   `sleepers` before re-checking its queues, so a producer that sees sleepers == 0 after its
-   push knows the waiter will see the push: no lost wake-ups, and no syscall while the
-   consumer is awake. */
-typedef struct mc_doorbell { uint32_t seq; uint32_t sleepers; } mc_doorbell;
-
-static inline void mc_bell_ring_n(mc_doorbell *d, int n) {
-  __atomic_thread_fence(__ATOMIC_SEQ_CST);
-  if (__atomic_load_n(&d->sleepers, __ATOMIC_RELAXED)) {
-    __atomic_fetch_add(&d->seq, 1, __ATOMIC_SEQ_CST);
-    mc_futex_wake(&d->seq, n);
-  }
-}
-static inline void mc_bell_ring(mc_doorbell *d) { mc_bell_ring_n(d, 0x7fffffff); }
-/* Step 1 of a wait: returns the ticket to pass to mc_bell_wait. */
-static inline uint32_t mc_bell_prepare(mc_doorbell *d) {
-  uint32_t s = __atomic_load_n(&d->seq, __ATOMIC_ACQUIRE);
-  __atomic_fetch_add(&d->sleepers, 1, __ATOMIC_SEQ_CST);
-  return s;
-}
-/* Step 2, after the caller re-checked that there is nothing to do. */
-static inline void mc_bell_wait(mc_doorbell *d, uint32_t ticket, int64_t timeout_ns) {
-  mc_futex_wait(&d->seq, ticket, timeout_ns);
-  __atomic_fetch_sub(&d->sleepers, 1, __ATOMIC_SEQ_CST);
-}
-static inline void mc_bell_cancel(mc_doorbell *d) { __atomic_fetch_sub(&d->sleepers, 1, __ATOMIC_SEQ_CST); }
 
 /* ------------------------------------------------------------ shared-memory message ring
    A bounded multi-producer, single-consumer ring of fixed-size cells (Vyukov's scheme with

@@ -3,6 +3,7 @@
 #ifndef MALCOLM_UDP_H
 #define MALCOLM_UDP_H
 #include "_netc.h"
+#include "_sockaddr.h"
 #include <sys/socket.h>
 #include <sys/eventfd.h>
 #include <netinet/in.h>
@@ -23,40 +24,6 @@ typedef struct mc_udp {
   struct iovec txiov[MC_BATCH];
   struct sockaddr_storage txsa[MC_BATCH];
 } mc_udp;
-
-static inline int mc_sa_to_addr(const struct sockaddr_storage *ss, mc_addr *a) {
-  memset(a, 0, sizeof(*a));
-  if (ss->ss_family == AF_INET) {
-    const struct sockaddr_in *s = (const struct sockaddr_in *)ss;
-    a->family = AF_INET; a->port = ntohs(s->sin_port);
-    memcpy(a->addr, &s->sin_addr, 4);
-    return 0;
-  }
-  if (ss->ss_family == AF_INET6) {
-    const struct sockaddr_in6 *s = (const struct sockaddr_in6 *)ss;
-    a->family = AF_INET6; a->port = ntohs(s->sin6_port); a->extra = s->sin6_scope_id;
-    memcpy(a->addr, &s->sin6_addr, 16);
-    return 0;
-  }
-  return -1;
-}
-
-static inline socklen_t mc_addr_to_sa(const mc_addr *a, struct sockaddr_storage *ss) {
-  memset(ss, 0, sizeof(*ss));
-  if (a->family == AF_INET) {
-    struct sockaddr_in *s = (struct sockaddr_in *)ss;
-    s->sin_family = AF_INET; s->sin_port = htons(a->port);
-    memcpy(&s->sin_addr, a->addr, 4);
-    return sizeof(*s);
-  }
-  if (a->family == AF_INET6) {
-    struct sockaddr_in6 *s = (struct sockaddr_in6 *)ss;
-    s->sin6_family = AF_INET6; s->sin6_port = htons(a->port); s->sin6_scope_id = a->extra;
-    memcpy(&s->sin6_addr, a->addr, 16);
-    return sizeof(*s);
-  }
-  return 0;
-}
 
 /* Open and bind; returns 0 or -errno. `actual` gets the bound address (port 0 resolved). */
 static inline int mc_udp_open(mc_udp *u, const mc_addr *bind_to, int bufbytes, uint32_t rx_cap,

@@ -97,7 +97,7 @@ cdef extern from "net/_netc.h" nogil:
     ctypedef struct NetAddr "mc_addr":
         uint16_t family          # AF_INET, AF_INET6, or FAM_SHM
         uint16_t port
-        uint32_t extra           # IPv6 scope id; unused for shm; a QP number for verbs
+        uint32_t extra           # IPv6 scope id (udp and verbs addresses); 0 for shm
         uint8_t addr[16]         # IPv4 in the first 4 bytes; an shm endpoint name
 
 

@@ -3,6 +3,7 @@
 from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
 
+from malcolm._system cimport CLOCK_REALTIME, clock_gettime, getrandom, timespec
 from malcolm.policy.base cimport MAX_THETA, Heartbeat, heartbeat_init
 
 
@@ -26,19 +27,6 @@ _ERRNAMES[15] = b"stale heartbeat"
 
 cdef enum:
     REPLAY_WINDOW = 64           # sequence numbers below the highest still accepted once
-
-
-cdef extern from "<time.h>" nogil:
-    cdef struct timespec:
-        long tv_sec
-        long tv_nsec
-    int clock_gettime(int clk, timespec* ts)
-    enum:
-        CLOCK_REALTIME
-
-
-cdef extern from "<sys/random.h>" nogil:
-    ssize_t getrandom(void* buf, size_t n, unsigned int flags)
 
 
 cdef const char* wire_error_name(int code) noexcept nogil:

@@ -16,12 +16,13 @@ from libc.stdlib cimport free
 from libc.string cimport memcmp, memcpy, memmove, memset, strerror
 
 from malcolm._core cimport mc_aligned_alloc, mc_cpu_relax
+from malcolm._native cimport (
+    mc_bell_cancel, mc_bell_prepare, mc_bell_ring, mc_bell_wait, mc_doorbell,
+)
 from malcolm.net._wire cimport FAM_SHM, MAX_MSG, NetAddr
 
 
 cdef extern from "net/_netc.h" nogil:
-    ctypedef struct mc_doorbell:
-        pass
     ctypedef struct mc_ring_hdr:
         uint32_t capacity
         uint32_t cell_bytes
@@ -37,10 +38,6 @@ cdef extern from "net/_netc.h" nogil:
     mc_cell_hdr* mc_ring_peek(mc_ring_hdr* r, uint64_t i)
     void mc_ring_release(mc_ring_hdr* r, uint64_t n)
     bint mc_ring_empty(mc_ring_hdr* r)
-    void mc_bell_ring(mc_doorbell* d)
-    uint32_t mc_bell_prepare(mc_doorbell* d)
-    void mc_bell_wait(mc_doorbell* d, uint32_t ticket, int64_t timeout_ns)
-    void mc_bell_cancel(mc_doorbell* d)
 
 
 cdef extern from "net/_shm.h" nogil:
@@ -136,13 +133,25 @@ cdef int addr_parse(str kind, object obj, NetAddr* out) except -1:
         try:
             ip = ipaddress.ip_address(socket.getaddrinfo(
                 host, None, type=socket.SOCK_DGRAM)[0][4][0])
-        except (socket.gaierror, IndexError):
+        except (socket.gaierror, IndexError, ValueError):
             raise ValueError(f"udp address {obj!r}: cannot resolve {host!r}") from None
     raw = ip.packed
     out.family = socket.AF_INET if ip.version == 4 else socket.AF_INET6
     out.port = port
+    if ip.version == 6 and ip.scope_id:
+        out.extra = _scope_index(ip.scope_id, obj)
     memcpy(out.addr, <const char*>raw, len(raw))
     return 0
+
+
+def _scope_index(str scope, obj):
+    """The interface index of an IPv6 scope (``fe80::1%eth0`` or ``fe80::1%2``)."""
+    if scope.isdigit():
+        return int(scope)
+    try:
+        return socket.if_nametoindex(scope)
+    except OSError:
+        raise ValueError(f"udp address {obj!r}: no network interface {scope!r}") from None
 
 
 cdef object addr_py(const NetAddr* a):
@@ -152,7 +161,13 @@ cdef object addr_py(const NetAddr* a):
     if a.family == socket.AF_INET:
         return (str(ipaddress.IPv4Address(bytes(a.addr[:4]))), a.port)
     if a.family == socket.AF_INET6:
-        return (str(ipaddress.IPv6Address(bytes(a.addr[:16]))), a.port)
+        host = str(ipaddress.IPv6Address(bytes(a.addr[:16])))
+        if a.extra:         # a link-local address is only meaningful with its scope
+            try:
+                host += "%" + socket.if_indextoname(a.extra)
+            except OSError:
+                host += f"%{a.extra}"
+        return (host, a.port)
     return None
 
 

@@ -1,8 +1,8 @@
-"""RDMA verbs endpoints: pyverbs sets them up, :mod:`malcolm.net._verbs` moves the data.
+"""RDMA verbs endpoints: pyverbs sets them up, :mod:`malcolm.net._ud_queue` moves the data.
 
 An :class:`Endpoint` is one UD queue pair with its completion queues and one registered buffer
 (see docs/rdma.md for why UD rather than RC). pyverbs creates every verbs object; the native
-:class:`~malcolm.net._verbs.UDQueue` borrows their pointers and runs sends, receives and
+:class:`~malcolm.net._ud_queue.UDQueue` borrows their pointers and runs sends, receives and
 completion polling without the GIL.
 
 Nothing here falls back to another transport. A missing pyverbs, native extension or RDMA
@@ -50,14 +50,16 @@ def _pyverbs():
 
 
 def _native():
+    """The native modules ``(_ud_queue, _verbs)``: the UD queue and the transport."""
     try:
-        from malcolm.net import _verbs
+        from malcolm.net import _ud_queue, _verbs
     except ImportError as exc:
         raise VerbsUnavailable(
             f"the native verbs data path malcolm.net._verbs is not built ({exc}). Fix: "
             "apt-get install libibverbs-dev, then rebuild with "
-            "MALCOLM_ONLY=malcolm.net._verbs python3 setup.py build_ext --inplace") from exc
-    return _verbs
+            "MALCOLM_ONLY='malcolm.net._ud_queue,malcolm.net._verbs' python3 setup.py "
+            "build_ext --inplace") from exc
+    return _ud_queue, _verbs
 
 
 def require():
@@ -150,7 +152,7 @@ def __getattr__(name):
     # The transport class lives in the native module; importing it lazily keeps this module
     # importable (for its clear errors) where the extension is not built.
     if name == "VerbsTransport":
-        return _native().VerbsTransport
+        return _native()[1].VerbsTransport
     raise AttributeError(name)
 
 
@@ -238,7 +240,7 @@ class Endpoint:
 
     Attributes
     ----------
-    queue : malcolm.net._verbs.UDQueue
+    queue : malcolm.net._ud_queue.UDQueue
         The native data path.
     address : Address
         This endpoint's address, for its peers.
@@ -248,7 +250,7 @@ class Endpoint:
                  max_inline=64, qkey=DEFAULT_QKEY, gid_index=None, channel=False):
         addr, cq, dev, e, mr, pd, qp = _pyverbs()
         names = list_devices(require_one=True)
-        native = _native()
+        native = _native()[0]
         device = device or os.environ.get("MALCOLM_RDMA_DEVICE") or names[0]
         if device not in names:
             raise VerbsUnavailable(f"no RDMA device named {device!r} (have {names}). Fix: "
@@ -340,68 +342,28 @@ class Endpoint:
 
 
 def _main(argv=None):
-    """``python3 -m malcolm.net.verbs {devices,echo,ping}``: RDMA checks and ping-pong.
+    """``python3 -m malcolm.net.verbs devices``: the RDMA devices and the GID each would use.
 
-    Run ``echo`` on one host and ``ping`` on another to measure the transport's round trip
-    from nogil busy-polling loops (docs/rdma.md, "Performance"). ``--transport udp`` runs the
-    same loops over UDP for comparison.
+    The transport ping-pong (``echo`` / ``ping``, for verbs and every other transport) is
+    ``python3 -m malcolm.bench.pingpong`` (docs/rdma.md, "Performance").
     """
     import argparse
-
-    import numpy as np
 
     ap = argparse.ArgumentParser(prog="python3 -m malcolm.net.verbs", description=_main.__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("devices", help="list RDMA devices and the GID each would use")
-    e = sub.add_parser("echo", help="echo messages back to their senders")
-    e.add_argument("--address", required=True, help="host:port to listen on")
-    e.add_argument("--seconds", type=float, default=60.0)
-    p = sub.add_parser("ping", help="measure round trips to an echo")
-    p.add_argument("--address", required=True, help="host:0 (this side's interface)")
-    p.add_argument("--peer", required=True, help="the echo's host:port")
-    p.add_argument("-n", type=int, default=100_000, help="round trips")
-    p.add_argument("-s", "--size", type=int, default=32, help="message bytes")
-    for q in (e, p):
-        q.add_argument("--transport", default="verbs", choices=("verbs", "udp"))
-    args = ap.parse_args(argv)
-
+    ap.parse_args(argv)
     try:
-        return _run(args, np)
-    except VerbsUnavailable as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-
-
-def _run(args, np):
-    from malcolm.net import _verbs
-    from malcolm.net.transport import open_transport
-
-    if args.cmd == "devices":
         dev = _pyverbs()[2]
         for name in list_devices(require_one=True):
             ctx = dev.Context(name=name)
             idx, gid = pick_gid(ctx)
             print(f"{name}: GID index {idx} {_gid_str(gid)}")
             ctx.close()
-        return 0
-    t = open_transport(args.transport, args.address)
-    try:
-        if args.cmd == "echo":
-            print(f"echo on {args.address} ({args.transport})", flush=True)
-            print(f"echoed {_verbs.transport_echo(t, args.seconds)} messages")
-            return 0
-        warm = min(1000, args.n // 10)
-        rtt, lost = _verbs.transport_pingpong(t, args.peer, args.n + warm, args.size)
-        us = np.asarray(rtt[warm:]) / 1e3
-        if len(us) == 0:
-            print(f"no answers from {args.peer} ({lost} lost)")
-            return 1
-        print(f"{args.transport} ping-pong {args.size} B x {len(us)}: "
-              f"p50 {np.median(us):.2f} us, p99 {np.percentile(us, 99):.2f} us, "
-              f"min {us.min():.2f} us, lost {lost}")
-        return 0
-    finally:
-        t.close()
+    except VerbsUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ __all__ = ["DEFAULTS", "THESIS", "check_params"]
 DEFAULTS = dict(
     window_ns=100_000,
     batch_windows=16,
+    learn_every=0,              # learning step on one window in K; 0: K = max(1, n // 16)
     consensus_every=16,
     gamma=0.9,
     critic_lr=0.05,
@@ -98,8 +99,15 @@ def check_params(params):
             raise ValueError(f"MalcolmPolicy: {name}={v} must be >= {lo}")
         cfg[name] = int(v)
 
+    def choice(name, *allowed):
+        if cfg[name] not in allowed:
+            quoted = [repr(a) for a in allowed]
+            listed = ", ".join(quoted[:-1]) + " or " + quoted[-1]
+            raise ValueError(f"MalcolmPolicy: {name} must be {listed}, got {cfg[name]!r}")
+
     integer("window_ns", 1)
     integer("batch_windows", 1)
+    integer("learn_every", 0)
     integer("consensus_every", 0)
     num("gamma", 0.0, 1.0, hi_open=True)
     num("critic_lr", 0.0)
@@ -120,23 +128,12 @@ def check_params(params):
     num("trust", 0.0)
     num("theta_bound", 0.0, lo_open=True)
     integer("runaway_windows", 0)
-    if cfg["features"] not in ("symmetric", "per_server"):
-        raise ValueError("MalcolmPolicy: features must be 'symmetric' or 'per_server', "
-                         f"got {cfg['features']!r}")
-    if cfg["actor"] not in ("sparse", "full"):
-        raise ValueError(f"MalcolmPolicy: actor must be 'sparse' or 'full', got {cfg['actor']!r}")
-    if cfg["actor_input"] not in ("absolute", "relative"):
-        raise ValueError("MalcolmPolicy: actor_input must be 'absolute' or 'relative', "
-                         f"got {cfg['actor_input']!r}")
-    if cfg["advantage"] not in ("td", "marginal", "difference"):
-        raise ValueError("MalcolmPolicy: advantage must be 'td', 'marginal' or 'difference', "
-                         f"got {cfg['advantage']!r}")
-    if cfg["consensus"] not in ("median", "mean"):
-        raise ValueError("MalcolmPolicy: consensus must be 'median' or 'mean', "
-                         f"got {cfg['consensus']!r}")
-    if cfg["init"] not in ("safe", "random", "zero"):
-        raise ValueError("MalcolmPolicy: init must be 'safe', 'random' or 'zero', "
-                         f"got {cfg['init']!r}")
+    choice("features", "symmetric", "per_server")
+    choice("actor", "sparse", "full")
+    choice("actor_input", "absolute", "relative")
+    choice("advantage", "td", "marginal", "difference")
+    choice("consensus", "median", "mean")
+    choice("init", "safe", "random", "zero")
     cfg["learn"] = _as_bool("learn", cfg["learn"])
     cfg["capacity_prior"] = _as_bool("capacity_prior", cfg["capacity_prior"])
     return cfg

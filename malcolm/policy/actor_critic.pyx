@@ -38,42 +38,13 @@ from malcolm._core cimport cat_publish_probs, mc_load_relaxed, softmax
 from malcolm.policy.agent_state cimport ZCLIP, AgentState
 from malcolm.policy.base cimport MAX_THETA, Policy
 
-cdef extern from *:
-    """
-    /* The per-parameter kernels, with `restrict` so that they vectorize; on x86-64 GCC also
-       builds an AVX2+FMA clone picked at load time, so the wheel stays portable. */
-    #include <math.h>
-    #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(MALCOLM_DEBUG)
-    #define MC_AC_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-    #else
-    #define MC_AC_CLONES
-    #endif
-    static MC_AC_CLONES void mc_ac_adamw(double *restrict p, double *restrict g,
-            double *restrict m, double *restrict v, int n, double lr, double decay,
-            double b1, double b2, double c1, double c2, double eps, double inv_b) {
-        for (int i = 0; i < n; i++) {
-            double gi = g[i] * inv_b;
-            double mi = b1 * m[i] + (1.0 - b1) * gi;
-            double vi = b2 * v[i] + (1.0 - b2) * gi * gi;
-            m[i] = mi;
-            v[i] = vi;
-            p[i] = p[i] * decay - lr * (mi * c1) / (sqrt(vi) * c2 + eps);
-            g[i] = 0.0;
-        }
-    }
-    /* gw (column-major n x n) += coef u^T */
-    static MC_AC_CLONES void mc_ac_rank1(double *restrict gw, const double *restrict u,
-            const double *restrict coef, int n) {
-        for (int j = 0; j < n; j++) {
-            double uj = u[j];
-            double *restrict col = gw + (long)j * n;
-            for (int i = 0; i < n; i++) col[i] += uj * coef[i];
-        }
-    }
-    """
+cdef extern from "policy/_ac_kernels.h" nogil:
     void mc_ac_adamw(double* p, double* g, double* m, double* v, int n, double lr,
                      double decay, double b1, double b2, double c1, double c2, double eps,
                      double inv_b) noexcept nogil
+    void mc_ac_adamw_strided(double* p, double* g, double* m, double* v, int n,
+                             long stride, double lr, double decay, double b1, double b2,
+                             double c1, double c2, double eps, double inv_b) noexcept nogil
     void mc_ac_rank1(double* gw, const double* u, const double* coef, int n) noexcept nogil
 
 
@@ -111,6 +82,11 @@ cdef class MalcolmPolicy(AgentState):
     batch_windows : int
         Policy-optimization interval in windows (default 16, i.e. 1.6 ms): cached gradients
         are applied by AdamW once per batch.
+    learn_every : int
+        Compute the learning step (advantages, gradients) on one window in ``learn_every``;
+        the batch's mean is then over those windows. Cuts the learning cost per window by
+        that factor at the price of fewer samples. Default 0: ``max(1, n // 16)`` (every
+        window below 32 servers, one in 4 on 64).
     consensus_every : int
         Combine the critic with the peers' latest copies every C windows (0 disables).
     consensus : {"median", "mean"}
@@ -199,6 +175,9 @@ cdef class MalcolmPolicy(AgentState):
             raise ValueError(f"MalcolmPolicy: {d} critic features exceed MAX_THETA={MAX_THETA}")
         self.window_ns = cfg["window_ns"]
         self.batch_windows = cfg["batch_windows"]
+        # 0: one window in n // 16 (1 below 32 servers): the learning step is O(n) per window
+        # while the evidence it learns from grows with n (bench: docs/policy.md "Scale")
+        self.learn_every = cfg["learn_every"] if cfg["learn_every"] > 0 else max(1, n // 16)
         self.consensus_every = cfg["consensus_every"]
         self.gamma = cfg["gamma"]
         self.critic_lr = cfg["critic_lr"]
@@ -297,12 +276,25 @@ cdef class MalcolmPolicy(AgentState):
         cdef const double* z
         cdef const double* gl
         cdef int actor
+        cdef bint sampled
 
-        self._features(self.feat_cur)
-        self.last_imbalance = self.feat_cur[1]
-        for i in range(d):
-            vprev += th[i] * self.feat_prev[i]
-            vcur += th[i] * self.feat_cur[i]
+        sampled = False
+        if self.learn and self.has_prev:
+            # learn_every > 1: the gradient of one window in learn_every (an unbiased
+            # subsample of the batch's windows, at 1 / learn_every of the cost)
+            self.learn_clock += 1
+            self.batch_clock += 1
+            sampled = self.learn_clock >= self.learn_every
+            if sampled:
+                self.learn_clock = 0
+        # The features (a sort of the loads) only where a learning step reads them; a frozen
+        # policy keeps them every window for its diagnostics (last_imbalance, last_payoff).
+        if sampled or not self.learn:
+            self._features(self.feat_cur)
+            self.last_imbalance = self.feat_cur[1]
+            for i in range(d):
+                vprev += th[i] * self.feat_prev[i]
+                vcur += th[i] * self.feat_cur[i]
 
         # Own migrations and steals: the driver keeps `migrations`/`steals` (what actually
         # moved, the same numbers our heartbeats report), so the cost counts alike for all.
@@ -320,7 +312,7 @@ cdef class MalcolmPolicy(AgentState):
         self.last_cost = cost
         self.last_payoff = payoff
 
-        if self.learn and self.has_prev:
+        if sampled:
             if self.adv_next:
                 # at the window's realised outcome, for the actors that took decisions
                 tot = 0.0
@@ -394,7 +386,9 @@ cdef class MalcolmPolicy(AgentState):
                 else:
                     mc_ac_rank1(gw, self.u_pub, coef, n)
             self.win_in_batch += 1
-            if self.win_in_batch >= self.batch_windows:
+        if self.learn and self.has_prev and self.batch_clock >= self.batch_windows:
+            self.batch_clock = 0
+            if self.win_in_batch > 0:
                 self._apply_adamw()
                 self._guard_actors()
                 self._push_params()
@@ -409,8 +403,8 @@ cdef class MalcolmPolicy(AgentState):
 
         Same arithmetic as ``torch.optim.AdamW``: decay, moments, bias-corrected step.
         """
-        cdef int npar = self.n_params, d = self.n_theta, n = self.n, a, j, k, w, t
-        cdef double b1 = self.beta1, b2 = self.beta2, eps = self.eps
+        cdef int npar = self.n_params, d = self.n_theta, n = self.n, a, k, w, t, me
+        cdef double b1 = self.beta1, b2 = self.beta2, eps = self.eps, decay, da
         cdef double inv_b = 1.0 / (self.win_in_batch if self.win_in_batch > 0 else 1)
         cdef double c1, c2, lr
         self.adam_steps += 1
@@ -430,21 +424,31 @@ cdef class MalcolmPolicy(AgentState):
             # the biases (the other entries stay 0). O(n) instead of O(n^2). The own
             # outcome's bias and weight (accept / do not steal) learn at accept_lr: how much
             # to keep local is the one decision whose payoff (a hop saved) every window shows.
+            # Contiguous runs (column me, the biases) and the strided diagonal in a few
+            # calls instead of 3n one-element ones (same arithmetic, per element).
+            da = 1.0 - self.accept_lr * self.weight_decay
+            decay = 1.0 - lr * self.weight_decay
+            me = self.me
             for a in range(2):
                 w = self.off_wm if a == 0 else self.off_ws
-                for j in range(n):
-                    lr = self.accept_lr if j == self.me else self.actor_lr
-                    for t in range(3):
-                        if t == 0:
-                            k = w + self.me * n + j         # W[j, me]: our own load's weight
-                        elif t == 1:
-                            k = w + n * n + j               # B[j] (the biases follow their W)
-                        elif j != self.me:
-                            k = w + j * n + j               # W[j, j]: the target's load
-                        else:
-                            continue                        # W[me, me]: in column me already
-                        mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, 1, lr,
-                                    1.0 - lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b)
+                for t in range(2):
+                    # t = 0: W[j, me] (our own load's weight); t = 1: B[j]
+                    k = w + me * n if t == 0 else w + n * n
+                    mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, me, lr,
+                                decay, b1, b2, c1, c2, eps, inv_b)
+                    k += me
+                    mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, 1,
+                                self.accept_lr, da, b1, b2, c1, c2, eps, inv_b)
+                    k += 1
+                    mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, n - me - 1,
+                                lr, decay, b1, b2, c1, c2, eps, inv_b)
+                # W[j, j], j != me: the target's load (W[me, me] is in column me already)
+                k = w
+                mc_ac_adamw_strided(self.P + k, self.G + k, self.M + k, self.V + k, me,
+                                    n + 1, lr, decay, b1, b2, c1, c2, eps, inv_b)
+                k = w + (me + 1) * (n + 1)
+                mc_ac_adamw_strided(self.P + k, self.G + k, self.M + k, self.V + k,
+                                    n - me - 1, n + 1, lr, decay, b1, b2, c1, c2, eps, inv_b)
         self.win_in_batch = 0
         self.batches += 1
 
@@ -676,7 +680,9 @@ cdef class MalcolmPolicy(AgentState):
         softmax(lg, self.ps_pub, n)
         cat_publish_probs(&self.mig, self.pm_pub)
         cat_publish_probs(&self.stl, self.ps_pub)
-        self._features(self.feat_prev)
+        # feat_prev only before a window whose learning step reads it (see _learn_window)
+        if not self.learn or self.learn_clock + 1 >= self.learn_every:
+            self._features(self.feat_prev)
         if self.marginal and not self.adv_next:
             self._marginal_advantages(True, True)
 

@@ -19,6 +19,7 @@ cdef class AgentState(Policy):
     # configuration (read-only from Python)
     cdef readonly int64_t window_ns
     cdef readonly int batch_windows
+    cdef readonly int learn_every        # the gradient of one window in learn_every
     cdef readonly int consensus_every
     cdef readonly double gamma
     cdef readonly double critic_lr
@@ -137,7 +138,9 @@ cdef class AgentState(Policy):
     cdef readonly uint64_t hb_clamped          # heartbeat fields clamped to sane bounds
     cdef readonly uint64_t masked              # migrate outcomes masked at publish (summed)
     cdef readonly uint64_t trust_clips         # actor parameters clipped to the trust region
-    cdef int win_in_batch
+    cdef int win_in_batch                # windows whose gradient the batch holds
+    cdef int batch_clock                 # windows since the last AdamW step
+    cdef int learn_clock                 # windows since the last sampled one
 
     cdef int _alloc(self, int d) except -1
     cdef void _release(self) noexcept

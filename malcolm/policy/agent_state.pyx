@@ -218,22 +218,29 @@ cdef class AgentState(Policy):
         cdef int j, k = 0, a, t, n = self.n
         cdef double inv = 1.0 / self.load_scale, v
         cdef int* o = self.ord
+        cdef double* key = self.srt
         if self.sorted_ok:
             return
-        # Insertion sort of the indices in last window's order: loads move little between
-        # windows, so this is close to O(n) (no comparison callbacks either).
+        # Insertion sort in last window's order: loads move little between windows, so this
+        # is close to O(n) (no comparison callbacks either). The known servers are first
+        # compacted into o[:k] with their loads in srt[:k], so that the inner loop moves
+        # contiguous (load, index) pairs instead of chasing x[o[a]].
         for j in range(n):
-            if self.known[o[j]]:
-                t = o[j]
-                v = self.x[t]
-                a = k
-                while a > 0 and self.x[o[a - 1]] > v:
-                    o[a] = o[a - 1]
-                    a -= 1
-                o[a] = t
+            t = o[j]
+            if self.known[t]:
+                o[k] = t
+                key[k] = self.x[t]
                 k += 1
-            else:
-                pass
+        for j in range(1, k):
+            t = o[j]
+            v = key[j]
+            a = j
+            while a > 0 and key[a - 1] > v:
+                key[a] = key[a - 1]
+                o[a] = o[a - 1]
+                a -= 1
+            key[a] = v
+            o[a] = t
         # unknown servers keep their places after the known ones
         a = k
         for j in range(n):
@@ -241,7 +248,7 @@ cdef class AgentState(Policy):
                 o[a] = j
                 a += 1
         for j in range(k):
-            self.srt[j] = self.x[o[j]] * inv
+            key[j] = key[j] * inv
             self.pos[o[j]] = j
         self.pre[0] = 0.0
         for j in range(k):

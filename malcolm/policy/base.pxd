@@ -28,7 +28,9 @@ from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from malcolm._core cimport Rng
 
 
-cdef enum:
+# cpdef: Python code (rack parsers, configuration) imports these limits from
+# malcolm.policy.base instead of copying them.
+cpdef enum:
     MAX_SERVERS = 64
     MAX_THETA = 256
 

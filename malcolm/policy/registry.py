@@ -29,6 +29,11 @@ class PolicyInfo:
     cls: str | None
     help: str
     params: dict | None = field(default_factory=dict)
+    # central policies: the simulator's engine mode that implements the reference
+    # ("cfcfs": one rack-wide queue; "central_pod": power-of-d on true queue lengths)
+    sim_mode: str | None = None
+    # a server policy that learns per window: its parameter that takes the window, ns
+    window_param: str | None = None
 
 
 _COUNT_OWN = (bool, True, "count tasks this gateway sent since the last heartbeat")
@@ -61,13 +66,15 @@ POLICIES: dict[str, PolicyInfo] = {
                       {"d": (int, 2, "servers sampled per task")}),
     "cfcfs": PolicyInfo("cfcfs", "central", None, None,
                         "ideal centralized FCFS: one rack-wide queue (simulator only)",
-                        {"delay": (float, 0.0, "one-way scheduler<->server delay, µs")}),
+                        {"delay": (float, 0.0, "one-way scheduler<->server delay, µs")},
+                        sim_mode="cfcfs"),
     "racksched": PolicyInfo("racksched", "central", None, None,
                             "ideal centralized power-of-d on true queue lengths, zero delay, "
                             "PS in servers (simulator only)",
                             {"d": (int, 2, "servers sampled per task"),
                              "quantum": (float, 500.0, "PS quantum, µs (0: ideal PS)"),
-                             "sched": (str, "ps", "intra-server scheduling: ps or fcfs")}),
+                             "sched": (str, "ps", "intra-server scheduling: ps or fcfs")},
+                            sim_mode="central_pod"),
     # ---------------------------------------------------------------------------------
     # Malcolm's actor-critic policy (malcolm/policy/actor_critic.pyx, another module).
     # Imported lazily, so this registry works whether or not that module is built yet;
@@ -77,7 +84,8 @@ POLICIES: dict[str, PolicyInfo] = {
     # malcolm.policy.actor_critic.THESIS (advantage=td,actor=full,...).
     "malcolm": PolicyInfo("malcolm", "server", "malcolm.policy.actor_critic", "MalcolmPolicy",
                           "Malcolm: distributed actor-critic (difference advantage, capacity-"
-                          "proportional safe start, overload mask; learn=0 freezes it)", None),
+                          "proportional safe start, overload mask; learn=0 freezes it)", None,
+                          window_param="window_ns"),
     # ---------------------------------------------------------------------------------
 }
 

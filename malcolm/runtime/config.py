@@ -199,8 +199,10 @@ def parse_rack(data: dict, path: str = "<rack>") -> RackConfig:
     servers = data.get("server", [])
     if not isinstance(servers, list) or not servers:
         raise ConfigError(f"{path}: a rack needs at least one [[server]]")
-    if len(servers) > 64:
-        raise ConfigError(f"{path}: at most 64 servers, got {len(servers)}")
+    from malcolm.policy.base import MAX_SERVERS
+
+    if len(servers) > MAX_SERVERS:
+        raise ConfigError(f"{path}: at most {MAX_SERVERS} servers, got {len(servers)}")
     cfg = RackConfig(path=path, policy=str(pname).lower(), policy_params=params, seed=seed,
                      **{k: vals[k] for k in RACK_KEYS if k not in ("workers", "handler")})
     from malcolm.net.transport import (

@@ -96,7 +96,7 @@ cdef class Gateway:
     cdef bint draining
     cdef int64_t drain_deadline
     cdef StealGate steals          # the rule for steal requests in flight (policy/driver.pxd)
-    cdef GatewayCounters c
+    cdef GatewayCounters count
     cdef NetAddr last_bad_addr
     cdef int last_bad_code
     cdef object thread

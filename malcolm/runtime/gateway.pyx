@@ -37,9 +37,8 @@ from malcolm.policy.driver cimport (
 )
 from malcolm.runtime.clients cimport clients_allow, clients_set
 from malcolm.runtime.policy_thread cimport HB_RING
-from malcolm.workers.pool cimport (
-    IDLE_WAIT_NS, budget_left_us, mc_bell_ring, mc_bell_ring_n, slot_from_task, slot_to_task,
-)
+from malcolm._native cimport mc_bell_ring, mc_bell_ring_n
+from malcolm.workers.pool cimport IDLE_WAIT_NS, budget_left_us, slot_from_task, slot_to_task
 
 from malcolm.policy.defaults import STEALS_IN_FLIGHT
 from malcolm.workers.pool import name_thread
@@ -93,7 +92,7 @@ cdef class Gateway:
         for i in range(pool.capacity):
             self.free_slots[i] = pool.capacity - 1 - i
         self.n_free = pool.capacity
-        memset(&self.c, 0, sizeof(GatewayCounters))
+        memset(&self.count, 0, sizeof(GatewayCounters))
         self.thread = None
 
     def __dealloc__(self):
@@ -152,7 +151,7 @@ cdef class Gateway:
     # ------------------------------------------------------------ statistics
     def counters(self):
         """The gateway's counters, its steal gate's and its membership view (a dict)."""
-        cdef dict d = self.c
+        cdef dict d = self.count
         cdef int k
         by_reason = d.pop("by_reason")
         d["malformed_by_reason"] = {
@@ -174,9 +173,9 @@ cdef class Gateway:
 
     # ------------------------------------------------------------ sending
     cdef void bad(self, MsgBuf* m, int code) noexcept nogil:
-        self.c.malformed += 1
+        self.count.malformed += 1
         if -code < E_NCODES:
-            self.c.by_reason[-code] += 1
+            self.count.by_reason[-code] += 1
         self.last_bad_code = code
         self.last_bad_addr = m.peer
 
@@ -212,15 +211,15 @@ cdef class Gateway:
         r.payload = out
         b = self.tr.tx_next(to)
         b.len = self.seal(b, wire_put_resp(b.data, b.cap, self.me, &r), -1)
-        self.c.responses += 1
+        self.count.responses += 1
         if status == ST_DROPPED:
-            self.c.dropped_full += 1
+            self.count.dropped_full += 1
         elif status == ST_BAD_INPUT:
-            self.c.bad_input += 1
+            self.count.bad_input += 1
         elif status == ST_STOPPED:
-            self.c.stopped += 1
+            self.count.stopped += 1
         elif status == ST_OVERLOADED:
-            self.c.overloaded += 1
+            self.count.overloaded += 1
 
     cdef void respond_now(self, const WireTask* t, const NetAddr* to, uint8_t status,
                           uint16_t flags) noexcept nogil:
@@ -284,7 +283,7 @@ cdef class Gateway:
         cdef int kind, rc
         cdef uint64_t ep, aseq
         cdef uint32_t blen
-        self.c.rx_msgs += 1
+        self.count.rx_msgs += 1
         kind = wire_header(m.data, m.len, &h)
         if kind < 0:
             self.bad(m, kind)
@@ -308,7 +307,7 @@ cdef class Gateway:
         elif kind == K_HEARTBEAT:
             self.on_heartbeat(m, h.src, blen, aseq)
         else:
-            self.c.unexpected += 1
+            self.count.unexpected += 1
             self.bad(m, E_UNEXPECTED)
         return 0
 
@@ -333,7 +332,7 @@ cdef class Gateway:
         if rc < 0:
             self.bad(m, rc)
             return 0
-        self.c.tasks_in += 1
+        self.count.tasks_in += 1
         if not self.valid_task(&t):
             self.respond_now(&t, &m.peer, ST_BAD_INPUT, 0)
             return 0
@@ -343,7 +342,7 @@ cdef class Gateway:
         dst = self.policy.decide_arrival(now, t.task_type)
         if 0 <= dst < self.n and dst != self.me and now - self.peer_seen[dst] > \
                 self.suspect_ns:
-            self.c.kept_for_silent += 1
+            self.count.kept_for_silent += 1
             dst = self.me
         if 0 <= dst < self.n and dst != self.me:
             # Migrate: the peer answers the client itself (t.reply).
@@ -352,13 +351,13 @@ cdef class Gateway:
             t.flags = F_MIGRATED
             t.seq = 0
             self.send_move(dst, K_FORWARD, &t)
-            self.c.migrated_out += 1
+            self.count.migrated_out += 1
             self.mig_to[dst] += 1
             self.mig_last_ns[dst] = now
             self.policy.migrations += 1
             return 1
         if self.enqueue(&t, &m.peer, 0, self.me, now):
-            self.c.accepted += 1
+            self.count.accepted += 1
         return 1
 
     cdef bint from_member(self, MsgBuf* m, int src, uint64_t ep, uint64_t aseq,
@@ -387,10 +386,10 @@ cdef class Gateway:
             # A new epoch: the peer (re)started. Its heartbeats are applied from the first.
             self.hb_top[src] = 0
             if known or self.peer_up[src]:
-                self.c.peer_restarts += 1
+                self.count.peer_restarts += 1
         if not self.peer_up[src]:
             self.peer_up[src] = True
-            self.c.peer_joins += 1
+            self.count.peer_joins += 1
         self.peer_seen[src] = now
         return True
 
@@ -408,7 +407,7 @@ cdef class Gateway:
             self.respond_now(&t, &t.reply, ST_STOPPED, t.flags)
             return 0
         if self.enqueue(&t, &t.reply, t.flags | F_MIGRATED, t.origin, now):
-            self.c.forwarded_in += 1
+            self.count.forwarded_in += 1
         return 1
 
     cdef void on_steal_req(self, MsgBuf* m, int src, uint32_t blen) noexcept nogil:
@@ -422,7 +421,7 @@ cdef class Gateway:
         if rc < 0:
             self.bad(m, rc)
             return
-        self.c.steal_req_recv += 1
+        self.count.steal_req_recv += 1
         if not self.draining and mpmc_pop(self.pool.runq, &idx):
             slot_to_task(&self.pool.slots[idx], &t, self.pool.slots[idx].flags | F_STOLEN, seq)
             # what is left of the deadline travels with the task
@@ -430,11 +429,11 @@ cdef class Gateway:
             self.send_move(src, K_STEAL_REPLY, &t)
             self.pool.held -= 1
             self.free_slot(idx)
-            self.c.stolen_out += 1
+            self.count.stolen_out += 1
         else:
             b = self.tr.tx_next(&self.peers[src])
             b.len = self.seal(b, wire_put_steal_empty(b.data, b.cap, self.me, seq), src)
-            self.c.steal_empty_sent += 1
+            self.count.steal_empty_sent += 1
 
     cdef int on_steal_reply(self, MsgBuf* m, uint32_t blen, int64_t now) noexcept nogil:
         """The answer to our steal request: a task to keep, or empty."""
@@ -445,14 +444,14 @@ cdef class Gateway:
             return 0
         steal_gate_reply(&self.steals, t.seq, now)
         if rc == 0:
-            self.c.steal_empty_recv += 1
+            self.count.steal_empty_recv += 1
             return 0
         # A task always counts, even if its reply came after we gave up waiting.
         if self.draining:
             self.respond_now(&t, &t.reply, ST_STOPPED, t.flags | F_STOLEN)
             return 0
         if self.enqueue(&t, &t.reply, t.flags | F_STOLEN, t.origin, now):
-            self.c.stolen_in += 1
+            self.count.stolen_in += 1
             self.policy.steals += 1
         return 1
 
@@ -462,11 +461,11 @@ cdef class Gateway:
         cdef Heartbeat* hb
         cdef int rc
         if self.pt.hb_tail - mc_load_acq(&self.pt.hb_head) >= HB_RING:
-            self.c.hb_dropped += 1
+            self.count.hb_dropped += 1
             return
         if aseq <= self.hb_top[src]:
             # Reordered behind a newer one: the policy must not apply an old load.
-            self.c.hb_stale += 1
+            self.count.hb_stale += 1
             return
         hb = &self.pt.hb_in[self.pt.hb_tail % HB_RING]
         rc = wire_get_heartbeat(m.data, blen, hb)
@@ -479,9 +478,9 @@ cdef class Gateway:
         # of this peer's heartbeats, which a forged or restarted seq cannot freeze.
         self.hb_local_seq[src] += 1
         hb.seq = self.hb_local_seq[src]
-        self.c.hb_theta_recv += hb.n_theta
+        self.count.hb_theta_recv += hb.n_theta
         mc_store_rel(&self.pt.hb_tail, self.pt.hb_tail + 1)
-        self.c.hb_recv += 1
+        self.count.hb_recv += 1
 
     cdef bint client_fresh(self, MsgBuf* m, uint32_t client_id, uint64_t ep,
                            uint64_t aseq) noexcept nogil:
@@ -507,7 +506,7 @@ cdef class Gateway:
         for j in range(self.n):
             if self.peer_up[j] and now - self.peer_seen[j] > self.peer_timeout_ns:
                 self.peer_up[j] = False
-                self.c.peer_leaves += 1
+                self.count.peer_leaves += 1
 
     # ------------------------------------------------------------ completions and steals
     cdef void maybe_steal(self, int64_t now) noexcept nogil:
@@ -519,7 +518,7 @@ cdef class Gateway:
         if not (0 <= v < self.n and v != self.me):
             return
         if now - self.peer_seen[v] > self.suspect_ns:
-            self.c.steals_to_silent += 1
+            self.count.steals_to_silent += 1
             return
         seq = steal_gate_open(&self.steals, now)
         if seq == 0:
@@ -564,7 +563,7 @@ cdef class Gateway:
             n = self.seal(b, wire_put_heartbeat(b.data, b.cap, self.me, self.pt.hb_out), j)
             b.len = n
             if n:
-                self.c.hb_sent += 1
+                self.count.hb_sent += 1
         mc_store_rel(&self.pt.hb_out_pending, 0)
 
     cdef void drain_waiting(self) noexcept nogil:
@@ -601,7 +600,7 @@ cdef class Gateway:
             # Utilisation: a pass that did work is charged up to the next clock read, which
             # each pass makes anyway; idle polling and sleeping are not charged.
             if worked:
-                self.c.gateway_busy_ns += <uint64_t>(now - prev)
+                self.count.gateway_busy_ns += <uint64_t>(now - prev)
             prev = now
             if not self.draining and mc_load_acq(&self.stop_flag):
                 self.draining = True

@@ -5,7 +5,8 @@ from libc.stdint cimport int64_t, uint64_t
 from malcolm.net.transport cimport Transport
 from malcolm.policy.base cimport Heartbeat, Policy
 from malcolm.policy.driver cimport WindowState
-from malcolm.workers.pool cimport WorkerPool, mc_doorbell
+from malcolm._native cimport mc_doorbell
+from malcolm.workers.pool cimport WorkerPool
 
 
 cdef enum:

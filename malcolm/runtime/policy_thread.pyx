@@ -16,7 +16,7 @@ from libc.string cimport memset
 from malcolm._core cimport mc_aligned_alloc, mc_load_acq, mc_now_ns, mc_store_rel
 from malcolm._system cimport PR_SET_TIMERSLACK, prctl
 from malcolm.policy.driver cimport drv_end_window, drv_observe_peer, drv_start
-from malcolm.workers.pool cimport mc_bell_cancel, mc_bell_prepare, mc_bell_ring, mc_bell_wait
+from malcolm._native cimport mc_bell_cancel, mc_bell_prepare, mc_bell_ring, mc_bell_wait
 
 from malcolm.workers.pool import name_thread
 

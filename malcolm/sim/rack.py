@@ -11,7 +11,6 @@ import math
 import re
 from dataclasses import dataclass
 
-MAX_SERVERS = 64          # malcolm.policy.base.MAX_SERVERS
 MAX_WORKERS = 4096
 
 _GROUP = re.compile(r"^(\d+)\s*[xX*]\s*(\d+)(?:\s*@\s*([0-9.eE+-]+))?$")
@@ -39,7 +38,7 @@ class Rack:
         return self.spec or ",".join(f"1x{w}@{s:g}" for w, s in pairs)
 
 
-def parse_rack(spec) -> Rack:
+def parse_rack_spec(spec) -> Rack:
     """Parse a rack spec (or pass a :class:`Rack` through).
 
     Raises
@@ -72,6 +71,9 @@ def parse_rack(spec) -> Rack:
             raise ValueError(f"rack spec {spec!r}: at most {MAX_WORKERS} workers per server")
         workers += [w] * count
         speeds += [speed] * count
+    # the native layout's limit, imported here so that the parser works without a build
+    from malcolm.policy.base import MAX_SERVERS
+
     if len(workers) > MAX_SERVERS:
         raise ValueError(f"rack spec {spec!r}: {len(workers)} servers, at most {MAX_SERVERS}")
     return Rack(tuple(workers), tuple(speeds), spec.strip())

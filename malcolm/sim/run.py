@@ -15,17 +15,12 @@ from malcolm.policy.defaults import (
     STEAL_TIMEOUT_US,
     STEALS_IN_FLIGHT,
 )
-from malcolm.sim.rack import Rack, parse_rack
+from malcolm.sim.rack import Rack, parse_rack_spec
 from malcolm.workloads import Workload, parse_workload
-
-# Must match the enums in _engine.pyx.
-_MODE = {"dist": 0, "cfcfs": 1, "central_pod": 2}
-_SCHED = {"fcfs": 0, "rr": 1, "ps": 2}
-_CH = {"rate": 0, "shares": 1, "speed": 2}
 
 
 @dataclass(frozen=True)
-class Change:
+class RackChange:
     """A change of the offered traffic or of a server at time ``t_us``.
 
     Exactly one of:
@@ -158,8 +153,9 @@ def _check_mechanics(info, gateway_ns, capacity, max_steals, steal_timeout_us, p
         capacity = int(capacity)
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1 task per server, got {capacity}")
-        if info.name == "cfcfs":
-            raise ValueError("capacity: cfcfs has one rack-wide queue, no per-server slots")
+        if info.sim_mode == "cfcfs":
+            raise ValueError(f"capacity: {info.name} has one rack-wide queue, no per-server "
+                             "slots")
     if isinstance(max_steals, float) and not max_steals.is_integer():
         raise ValueError(f"max_steals_in_flight must be a whole number, got {max_steals}")
     max_steals = int(max_steals)
@@ -228,7 +224,7 @@ def simulate(rack="8x8", policy="random", workload="exp:50", load=0.5, tasks=100
         the policy saw), ``queue`` (true tasks in the server) and ``true_load_us`` (true
         tasks x mean service time / (workers x speed): the load a perfect estimator would
         report), each of shape (windows, servers).
-    changes : sequence of Change or dict
+    changes : sequence of RackChange or dict
         Changes of load, rate, shares or server speed at given times.
     rate_tps : float, optional
         Total arrival rate in tasks per second, instead of ``load``.
@@ -260,86 +256,159 @@ def simulate(rack="8x8", policy="random", workload="exp:50", load=0.5, tasks=100
     -------
     SimResult
     """
-    from malcolm.sim._engine import Engine
+    plan = _plan(dict(
+        rack=rack, policy=policy, workload=workload, load=load, tasks=tasks, seed=seed,
+        delay_us=delay_us, jitter_us=jitter_us, window_us=window_us, sched=sched,
+        quantum_us=quantum_us, shares=shares, loss=loss, clients=clients, warmup=warmup,
+        ewma=ewma, phase=phase, record_loads=record_loads, changes=changes,
+        rate_tps=rate_tps, policy_params=policy_params, gateway_ns=gateway_ns,
+        capacity=capacity, max_steals_in_flight=max_steals_in_flight,
+        steal_timeout_us=steal_timeout_us, prior_service_us=prior_service_us))
+    eng = _build_engine(plan)
+    t0 = time.perf_counter()
+    raw = eng.run()
+    return _assemble(plan, raw, time.perf_counter() - t0)
 
-    rk: Rack = parse_rack(rack)
-    wl: Workload = parse_workload(workload)
-    name, params = registry.parse_policy(policy)
-    if policy_params:
-        params = {**params, **policy_params}
+
+@dataclass
+class _Plan:
+    """A validated run: the caller's arguments (``args``, for the result's config) and what
+    the engine needs, in its units (ns, tasks per ns, engine enums)."""
+
+    args: dict
+    rack: Rack
+    workload: Workload
+    params: dict                # the policy's parameters, converted
+    tasks: int
+    n_warm: int
+    load: float
+    rate: float                 # tasks per ns
+    capacity: float             # the rack's capacity, tasks per ns
+    n_clients: int
+    gateway_ns: float
+    slots: int | None           # tasks per server (None: unbounded)
+    max_steals: int
+    changes: list               # (t_ns, kind, server, value, shares) sorted by time
+    engine: dict = field(default_factory=dict)     # policy-specific Engine arguments
+
+
+def _plan(a: dict) -> _Plan:
+    """Check every argument of :func:`simulate`; raise ValueError naming the bad one."""
+    rk: Rack = parse_rack_spec(a["rack"])
+    wl: Workload = parse_workload(a["workload"])
+    name, params = registry.parse_policy(a["policy"])
+    if a["policy_params"]:
+        params = {**params, **a["policy_params"]}
         if registry.POLICIES[name].params is not None:
             params = registry.check_params(name, params)
     info = registry.POLICIES[name]
-    n = rk.n
-    tasks = int(tasks)
+    tasks = int(a["tasks"])
     if tasks < 1:
         raise ValueError(f"tasks must be >= 1, got {tasks}")
-    if not 0.0 <= warmup < 1.0:
-        raise ValueError(f"warmup must be in [0, 1), got {warmup}")
-    for label, v in (("delay_us", delay_us), ("jitter_us", jitter_us),
-                     ("quantum_us", quantum_us)):
-        if not (math.isfinite(v) and v >= 0):
-            raise ValueError(f"{label} must be >= 0, got {v}")
-    if not (math.isfinite(window_us) and window_us > 0):
-        raise ValueError(f"window_us must be > 0, got {window_us}")
-    if not 0.0 <= loss < 1.0:
-        raise ValueError(f"loss must be in [0, 1), got {loss}")
-    if sched not in ("fcfs", "ps"):
-        raise ValueError(f"sched must be fcfs or ps, got {sched!r}")
-    gateway_ns, slots, max_steals_in_flight = _check_mechanics(
-        info, gateway_ns, capacity, max_steals_in_flight, steal_timeout_us, prior_service_us,
-        ewma)
-
-    mean_ns = wl.mean_us * 1e3
-    capacity = rk.capacity / mean_ns                     # tasks per ns
-    if rate_tps is not None:
-        rate = float(rate_tps) * 1e-9
+    if not 0.0 <= a["warmup"] < 1.0:
+        raise ValueError(f"warmup must be in [0, 1), got {a['warmup']}")
+    for label in ("delay_us", "jitter_us", "quantum_us"):
+        if not (math.isfinite(a[label]) and a[label] >= 0):
+            raise ValueError(f"{label} must be >= 0, got {a[label]}")
+    if not (math.isfinite(a["window_us"]) and a["window_us"] > 0):
+        raise ValueError(f"window_us must be > 0, got {a['window_us']}")
+    if not 0.0 <= a["loss"] < 1.0:
+        raise ValueError(f"loss must be in [0, 1), got {a['loss']}")
+    if a["sched"] not in ("fcfs", "ps"):
+        raise ValueError(f"sched must be fcfs or ps, got {a['sched']!r}")
+    gateway_ns, slots, max_steals = _check_mechanics(
+        info, a["gateway_ns"], a["capacity"], a["max_steals_in_flight"],
+        a["steal_timeout_us"], a["prior_service_us"], a["ewma"])
+    capacity = rk.capacity / (wl.mean_us * 1e3)         # tasks per ns
+    load = a["load"]
+    if a["rate_tps"] is not None:
+        rate = float(a["rate_tps"]) * 1e-9
         load = rate / capacity
     else:
         if not (math.isfinite(load) and load > 0):
             raise ValueError(f"load must be > 0, got {load}")
         rate = load * capacity
-
-    mode = "dist"
-    sched_kind = _SCHED["fcfs"] if sched == "fcfs" else (
-        _SCHED["rr"] if quantum_us > 0 else _SCHED["ps"])
-    quantum = quantum_us
-    central_delay = 0.0
-    pod_d = 2
-    policies = clients_pol = None
-    n_clients = int(clients) if clients else n
+    n_clients = int(a["clients"]) if a["clients"] else rk.n
     if n_clients < 1:
         raise ValueError("clients must be >= 1")
-    if info.kind == "central":
-        if name == "cfcfs":
-            mode = "cfcfs"
-            central_delay = float(params["delay"]) * 1e3
-            if central_delay < 0:
-                raise ValueError("cfcfs delay must be >= 0")
-            sched_kind = _SCHED["fcfs"]
-        else:
-            mode = "central_pod"
-            pod_d = int(params["d"])
-            if not 1 <= pod_d <= n:
-                raise ValueError(f"racksched d must be in 1..{n}")
-            quantum = float(params["quantum"])
-            if params["sched"] not in ("ps", "fcfs"):
-                raise ValueError("racksched sched must be ps or fcfs")
-            if params["sched"] == "fcfs":
-                sched_kind = _SCHED["fcfs"]
-            else:
-                sched_kind = _SCHED["rr"] if quantum > 0 else _SCHED["ps"]
-    elif info.kind == "client":
-        clients_pol = [registry.make_client_policy(name, n, seed, c, **params)
-                       for c in range(n_clients)]
-    else:
-        if name == "malcolm" and "window_ns" not in params:
-            params = {**params, "window_ns": int(round(window_us * 1e3))}   # learn per window
-        policies = [registry.make_policy(name, n, s, seed, **params) for s in range(n)]
+    plan = _Plan(args=a, rack=rk, workload=wl, params=params, tasks=tasks,
+                 n_warm=int(tasks * a["warmup"]), load=float(load), rate=rate,
+                 capacity=capacity, n_clients=n_clients, gateway_ns=gateway_ns, slots=slots,
+                 max_steals=max_steals, changes=_changes(a["changes"], rk.n, capacity))
+    plan.engine = _POLICY_SETUP[info.kind](plan, info)
+    return plan
+
+
+def _sched_kind(sched, quantum_us):
+    """The engine's scheduler: FCFS, or PS with a quantum (round robin), or ideal PS."""
+    from malcolm.sim._engine import SCHED_FCFS, SCHED_PS, SCHED_RR
+
+    if sched == "fcfs":
+        return SCHED_FCFS
+    return SCHED_RR if quantum_us > 0 else SCHED_PS
+
+
+def _setup_server(plan: _Plan, info) -> dict:
+    """Server policies: one per server, all servers in the distributed mode."""
+    from malcolm.sim._engine import MODE_DIST
+
+    a, params = plan.args, plan.params
+    if info.window_param and info.window_param not in params:
+        # the policy learns once per window: the simulator's window unless told
+        params = plan.params = {**params, info.window_param: int(round(a["window_us"] * 1e3))}
+    return dict(mode=MODE_DIST, sched=_sched_kind(a["sched"], a["quantum_us"]),
+                quantum_ns=a["quantum_us"] * 1e3,
+                policies=[registry.make_policy(info.name, plan.rack.n, s, a["seed"], **params)
+                          for s in range(plan.rack.n)])
+
+
+def _setup_client(plan: _Plan, info) -> dict:
+    """Client policies: one per client; servers accept every task."""
+    from malcolm.sim._engine import MODE_DIST
+
+    a = plan.args
+    return dict(mode=MODE_DIST, sched=_sched_kind(a["sched"], a["quantum_us"]),
+                quantum_ns=a["quantum_us"] * 1e3,
+                clients=[registry.make_client_policy(info.name, plan.rack.n, a["seed"], c,
+                                                     **plan.params)
+                         for c in range(plan.n_clients)])
+
+
+def _setup_central(plan: _Plan, info) -> dict:
+    """An ideal centralized reference: the registry names the engine mode that implements
+    it (``sim_mode``); its parameters set the scheduler (``delay``: scheduler-server delay;
+    ``d``: servers sampled; ``sched``/``quantum``: scheduling inside servers)."""
+    from malcolm.sim import _engine
+
+    p, n = plan.params, plan.rack.n
+    delay_us = float(p.get("delay", 0.0))
+    if delay_us < 0:
+        raise ValueError(f"{info.name} delay must be >= 0")
+    pod_d = int(p.get("d", 2))
+    if "d" in p and not 1 <= pod_d <= n:
+        raise ValueError(f"{info.name} d must be in 1..{n}")
+    sched = p.get("sched", "fcfs")
+    if sched not in ("ps", "fcfs"):
+        raise ValueError(f"{info.name} sched must be ps or fcfs")
+    quantum_us = float(p.get("quantum", 0.0))
+    return dict(mode={"cfcfs": _engine.MODE_CFCFS,
+                      "central_pod": _engine.MODE_CENTRAL_POD}[info.sim_mode],
+                sched=_sched_kind(sched, quantum_us), quantum_ns=quantum_us * 1e3,
+                central_delay_ns=delay_us * 1e3, pod_d=pod_d)
+
+
+# The simulator's side of each kind of policy in malcolm.policy.registry.
+_POLICY_SETUP = {"server": _setup_server, "client": _setup_client, "central": _setup_central}
+
+
+def _changes(changes, n, capacity):
+    """Validate the changes; return them as the engine's (t_ns, kind, server, value, shares)
+    tuples, sorted by time."""
+    from malcolm.sim._engine import CH_RATE, CH_SHARES, CH_SPEED
 
     ch = []
     for c in changes:
-        c = Change(**c) if isinstance(c, dict) else c
+        c = RackChange(**c) if isinstance(c, dict) else c
         set_ = [x for x in ("load", "rate_tps", "shares", "speed") if getattr(c, x) is not None]
         if len(set_) != 1:
             raise ValueError(f"change {c}: give exactly one of load, rate_tps, shares, speed")
@@ -350,35 +419,44 @@ def simulate(rack="8x8", policy="random", workload="exp:50", load=0.5, tasks=100
                 c.rate_tps is not None and not c.rate_tps > 0):
             raise ValueError(f"change {c}: the arrival rate must stay > 0")
         if c.load is not None:
-            ch.append((t, _CH["rate"], 0, float(c.load) * capacity, None))
+            ch.append((t, CH_RATE, 0, float(c.load) * capacity, None))
         elif c.rate_tps is not None:
-            ch.append((t, _CH["rate"], 0, float(c.rate_tps) * 1e-9, None))
+            ch.append((t, CH_RATE, 0, float(c.rate_tps) * 1e-9, None))
         elif c.shares is not None:
-            ch.append((t, _CH["shares"], 0, 0.0, _shares(c.shares, n)))
+            ch.append((t, CH_SHARES, 0, 0.0, _shares(c.shares, n)))
         else:
             if c.server is None or not 0 <= int(c.server) < n:
                 raise ValueError(f"change {c}: speed needs a server index in 0..{n - 1}")
             if not c.speed > 0:
                 raise ValueError(f"change {c}: speed must be > 0")
-            ch.append((t, _CH["speed"], int(c.server), float(c.speed), None))
+            ch.append((t, CH_SPEED, int(c.server), float(c.speed), None))
     ch.sort(key=lambda x: x[0])
+    return ch
 
-    window_ns = float(window_us) * 1e3
-    n_warm = int(tasks * warmup)
-    eng = Engine(list(rk.workers), list(rk.speeds), wl.native(), mode=_MODE[mode],
-                 sched=sched_kind, quantum_ns=quantum * 1e3, rate_per_ns=rate,
-                 shares=_shares(shares, n), n_tasks=tasks, n_warm=n_warm, seed=seed,
-                 delay_ns=delay_us * 1e3, jitter_ns=jitter_us * 1e3, window_ns=window_ns,
-                 loss=loss, phases_ns=_phases(phase, n, window_ns, seed), policies=policies,
-                 clients=clients_pol, n_clients=n_clients, central_delay_ns=central_delay,
-                 pod_d=pod_d, ewma=ewma, record=record_loads, changes=ch,
-                 prior_ns=(prior_service_us or 0.0) * 1e3, gateway_ns=gateway_ns,
-                 capacity=slots or 0, max_steals=max_steals_in_flight,
-                 steal_timeout_ns=steal_timeout_us * 1e3)
-    t0 = time.perf_counter()
-    raw = eng.run()
-    wall = time.perf_counter() - t0
 
+def _build_engine(plan: _Plan):
+    """The native engine for a validated run."""
+    from malcolm.sim._engine import Engine
+
+    a, rk = plan.args, plan.rack
+    window_ns = float(a["window_us"]) * 1e3
+    return Engine(list(rk.workers), list(rk.speeds), plan.workload.native(),
+                  rate_per_ns=plan.rate, shares=_shares(a["shares"], rk.n),
+                  n_tasks=plan.tasks, n_warm=plan.n_warm, seed=a["seed"],
+                  delay_ns=a["delay_us"] * 1e3, jitter_ns=a["jitter_us"] * 1e3,
+                  window_ns=window_ns, loss=a["loss"],
+                  phases_ns=_phases(a["phase"], rk.n, window_ns, a["seed"]),
+                  n_clients=plan.n_clients, ewma=a["ewma"], record=a["record_loads"],
+                  changes=plan.changes, prior_ns=(a["prior_service_us"] or 0.0) * 1e3,
+                  gateway_ns=plan.gateway_ns, capacity=plan.slots or 0,
+                  max_steals=plan.max_steals, steal_timeout_ns=a["steal_timeout_us"] * 1e3,
+                  **plan.engine)
+
+
+def _assemble(plan: _Plan, raw: dict, wall: float) -> SimResult:
+    """Summary statistics of a finished run (``raw``: what ``Engine.run`` returned)."""
+    a, rk, n_warm = plan.args, plan.rack, plan.n_warm
+    n = rk.n
     # Dropped tasks were answered, not served: like the load generator, the latency
     # statistics are over served tasks only, and the drops are counted.
     served = ~raw["dropped"][n_warm:]
@@ -395,32 +473,36 @@ def simulate(rack="8x8", policy="random", workload="exp:50", load=0.5, tasks=100
     windows = np.maximum(per["windows"], 1)
     has_windows = bool(per["windows"].sum())
     q = np.quantile(lat, [0.5, 0.99, 0.999, 0.9999]) if len(lat) else [math.nan] * 4
-
-    config = dict(rack=str(rk), policy=policy, workload=wl.name, load=float(load),
-                  tasks=tasks, seed=seed, delay_us=delay_us, jitter_us=jitter_us,
-                  window_us=window_us, sched=sched, quantum_us=quantum_us, loss=loss,
-                  clients=n_clients, warmup=warmup, ewma=ewma, phase=phase,
+    shares = a["shares"]
+    config = dict(rack=str(rk), policy=a["policy"], workload=plan.workload.name,
+                  load=plan.load, tasks=plan.tasks, seed=a["seed"], delay_us=a["delay_us"],
+                  jitter_us=a["jitter_us"], window_us=a["window_us"], sched=a["sched"],
+                  quantum_us=a["quantum_us"], loss=a["loss"], clients=plan.n_clients,
+                  warmup=a["warmup"], ewma=a["ewma"], phase=a["phase"],
                   shares=None if shares is None else _shares(shares, n),
-                  changes=[asdict(c) if isinstance(c, Change) else dict(c) for c in changes],
-                  policy_params=params, mean_service_us=wl.mean_us,
-                  capacity_tps=capacity * 1e9, gateway_ns=gateway_ns,
-                  capacity=slots, max_steals_in_flight=max_steals_in_flight,
-                  steal_timeout_us=steal_timeout_us, prior_service_us=prior_service_us)
+                  changes=[asdict(c) if isinstance(c, RackChange) else dict(c)
+                           for c in a["changes"]],
+                  policy_params=plan.params, mean_service_us=plan.workload.mean_us,
+                  capacity_tps=plan.capacity * 1e9, gateway_ns=plan.gateway_ns,
+                  capacity=plan.slots, max_steals_in_flight=plan.max_steals,
+                  steal_timeout_us=a["steal_timeout_us"],
+                  prior_service_us=a["prior_service_us"])
     loads = None
-    if record_loads:
-        loads = dict(t_us=np.arange(raw["rec_load_ns"].shape[0]) * window_us,
+    if a["record_loads"]:
+        loads = dict(t_us=np.arange(raw["rec_load_ns"].shape[0]) * a["window_us"],
                      load_us=raw["rec_load_ns"] / 1e3, queue=raw["rec_queue"],
                      true_load_us=raw["rec_true_ns"] / 1e3)
+    end_ns = raw["end_ns"]
     return SimResult(
         config=config, p50_us=float(q[0]), p99_us=float(q[1]), p999_us=float(q[2]),
         p9999_us=float(q[3]), mean_us=float(lat.mean()) if len(lat) else math.nan,
         max_us=float(lat.max()) if len(lat) else math.nan, throughput=thr,
-        offered=rate * 1e9,
+        offered=plan.rate * 1e9,
         mean_load=[float(x) for x in (per["load_sum"] / windows / 1e3)] if has_windows
         else [math.nan] * n,
         mean_queue=[float(x) for x in per["q_sum"] / windows] if has_windows
         else [math.nan] * n,
-        utilization=[float(b / (w * raw["end_ns"])) if raw["end_ns"] else 0.0
+        utilization=[float(b / (w * end_ns)) if end_ns else 0.0
                      for b, w in zip(per["busy_ns"], rk.workers, strict=False)],
         migrations=int(per["migrations"].sum()), steals=int(per["steals"].sum()),
         steal_requests=int(per["steal_requests"].sum()),
@@ -428,13 +510,13 @@ def simulate(rack="8x8", policy="random", workload="exp:50", load=0.5, tasks=100
         generated=int(raw["generated"]), completed=int(raw["completed"]),
         measured=int(len(lat)), sim_time_s=end_s, events=int(raw["events"]), wall_s=wall,
         loop_s=float(raw["loop_s"]),
-        little_L=raw["area"] / raw["end_ns"] if raw["end_ns"] else 0.0,
+        little_L=raw["area"] / end_ns if end_ns else 0.0,
         latencies_us=lat, types=raw["types"][n_warm:][served],
         service_us=raw["service_ns"][n_warm:][served] / 1e3,
         per_server={k: v.tolist() for k, v in per.items()}, loads=loads,
         dropped=int(raw["n_dropped"]), heartbeats_overrun=int(raw["hb_overrun"]),
         steal_suppressed=int(per["steal_suppressed"].sum()),
         steal_timeouts=int(per["steal_timeouts"].sum()),
-        gateway_util=[float(m * gateway_ns / raw["end_ns"]) if raw["end_ns"] else 0.0
+        gateway_util=[float(m * plan.gateway_ns / end_ns) if end_ns else 0.0
                       for m in per["gateway_msgs"]],
     )

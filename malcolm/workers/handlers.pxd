@@ -32,7 +32,7 @@ cdef class Handler:
     cdef readonly bint python          # calls into Python (takes the GIL per task)
     cdef object _keep                  # objects that must outlive the function pointer
     cdef void* _dl                     # dlopen handle
-    cdef malcolm_fini_fn _fini         # a shared-library handler's SYMBOL_fini, if any
+    cdef malcolm_fini_fn _fini         # a so: or cffi: handler's SYMBOL_fini, if any
     cdef uint8_t* _state               # the built-in handlers' parameters
 
 

@@ -24,7 +24,9 @@ User handlers (see ``malcolm/workers/malcolm_handler.h`` for the C ABI):
 ``so:PATH:SYMBOL[@ARG]``    a C function in a shared library (dlopen + dlsym); if the library
                             exports ``SYMBOL_init``, ``ctx = SYMBOL_init(ARG or "")`` once,
                             and ``SYMBOL_fini(ctx)`` (if exported) at the end;
-``cffi:MODULE:SYMBOL``      a C function of a cffi API-mode extension module;
+``cffi:MODULE:SYMBOL[@ARG]`` a C function of a cffi API-mode extension module, with the
+                            same optional ``SYMBOL_init``/``SYMBOL_fini`` (declared in the
+                            module's cdef);
 ``python:MODULE:FUNC``      a Python callable ``f(task_type, service_ns, payload) -> bytes | None``.
                             **Slow**: each task takes the GIL (microseconds, and the workers
                             serialise on it). For prototypes and tests only.
@@ -39,6 +41,7 @@ from libc.stdlib cimport free
 from libc.string cimport memcpy, memset
 
 from malcolm._core cimport mc_aligned_alloc, mc_cpu_relax, mc_now_ns, mc_rdtsc
+from malcolm._system cimport CLOCK_MONOTONIC, TIMER_ABSTIME, clock_nanosleep, timespec
 
 
 cdef extern from "<dlfcn.h>" nogil:
@@ -49,17 +52,6 @@ cdef extern from "<dlfcn.h>" nogil:
     enum:
         RTLD_NOW
         RTLD_LOCAL
-
-
-cdef extern from "<time.h>" nogil:
-    ctypedef long time_t
-    struct timespec:
-        time_t tv_sec
-        long tv_nsec
-    int clock_nanosleep(int clockid, int flags, const timespec* req, timespec* rem)
-    enum:
-        CLOCK_MONOTONIC
-        TIMER_ABSTIME
 
 
 ctypedef struct SleepState:
@@ -201,6 +193,14 @@ def _calibrate_tsc():
     return (c1 - c0) / float(t1 - t0)
 
 
+def _cffi_addr(ffi, lib, str name, bint optional=False):
+    """The C address of function ``name`` of a cffi API-mode module (0 when ``optional`` and
+    the module does not declare it)."""
+    if optional and not hasattr(lib, name):
+        return 0
+    return int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
+
+
 cdef class Handler:
     """A task handler, resolved from a spec string or a Python callable.
 
@@ -279,19 +279,27 @@ cdef class Handler:
             self.fn = <malcolm_handler_fn>dlsym(self._dl, bsym)
             if self.fn == NULL:
                 raise ValueError(f"handler {spec!r}: no symbol {sym} in {path}")
-            self._init_state(spec, path, sym, arg)
+            self._init_state(spec, path, sym, arg,
+                             <size_t>dlsym(self._dl, (sym + "_init").encode()),
+                             <size_t>dlsym(self._dl, (sym + "_fini").encode()))
         elif kind == "cffi":
-            modname, sep, sym = rest.rpartition(":")
-            if not sep or not modname or not sym:
-                raise ValueError(f"handler {spec!r} must be cffi:MODULE:SYMBOL")
+            # The module name holds no ':'; ARG (after '@') may hold anything.
+            m = re.fullmatch(r"([^:@]+):([A-Za-z_][A-Za-z0-9_]*)(?:@(.*))?", rest, re.S)
+            if not m:
+                raise ValueError(f"handler {spec!r} must be cffi:MODULE:SYMBOL[@ARG]")
+            modname, sym, arg = m.groups()
             try:
                 mod = importlib.import_module(modname)
                 ffi, lib = mod.ffi, mod.lib
-                addr = int(ffi.cast("uintptr_t", ffi.addressof(lib, sym)))
+                addr = _cffi_addr(ffi, lib, sym)
             except Exception as e:
                 raise ValueError(f"handler {spec!r}: {type(e).__name__}: {e}") from None
             self._keep = mod
             self.fn = <malcolm_handler_fn><void*><size_t>addr
+            # SYMBOL_init/SYMBOL_fini are optional: a module that does not declare them in
+            # its cdef has none (they are called through their C addresses, never Python).
+            self._init_state(spec, modname, sym, arg, _cffi_addr(ffi, lib, sym + "_init", True),
+                             _cffi_addr(ffi, lib, sym + "_fini", True))
         elif kind == "python":
             modname, sep, fname = rest.rpartition(":")
             if not sep or not modname or not fname:
@@ -305,20 +313,21 @@ cdef class Handler:
             self._set_python(f, spec)
         else:
             raise ValueError(f"unknown handler {spec!r}; use bench, spin, spin:tsc, sleep, "
-                             "echo, rocksdb:path=PATH, so:PATH:SYMBOL[@ARG], cffi:MODULE:SYMBOL or "
-                             "python:MODULE:FUNCTION")
+                             "echo, rocksdb:path=PATH, so:PATH:SYMBOL[@ARG], "
+                             "cffi:MODULE:SYMBOL[@ARG] or python:MODULE:FUNCTION")
 
-    def _init_state(self, spec, path, sym, arg):
-        """The optional per-handler state of a shared-library handler: ``SYMBOL_init(arg)``
-        makes the ``ctx`` every call gets, ``SYMBOL_fini(ctx)`` releases it."""
-        cdef malcolm_init_fn init = <malcolm_init_fn>dlsym(self._dl, (sym + "_init").encode())
+    def _init_state(self, spec, where, sym, arg, size_t init_addr, size_t fini_addr):
+        """The optional per-handler state of a shared-library or cffi handler:
+        ``SYMBOL_init(arg)`` (at ``init_addr``, 0 if none) makes the ``ctx`` every call gets,
+        ``SYMBOL_fini(ctx)`` (at ``fini_addr``, 0 if none) releases it."""
+        cdef malcolm_init_fn init = <malcolm_init_fn><void*>init_addr
         cdef bytes barg = (arg or "").encode()
         if init == NULL:
             if arg is not None:
-                raise ValueError(f"handler {spec!r}: @{arg} needs {sym}_init in {path}, "
+                raise ValueError(f"handler {spec!r}: @{arg} needs {sym}_init in {where}, "
                                  "which it does not export")
             return
-        self._fini = <malcolm_fini_fn>dlsym(self._dl, (sym + "_fini").encode())
+        self._fini = <malcolm_fini_fn><void*>fini_addr
         self.ctx = init(barg)
         if self.ctx == NULL:
             self._fini = NULL

@@ -21,7 +21,8 @@ typedef struct malcolm_task {
   uint32_t out_len;          /* ... and say how many */
 } malcolm_task;
 
-/* Optional per-handler state (a shared library, "so:PATH:SYMBOL[@ARG]"): export
+/* Optional per-handler state ("so:PATH:SYMBOL[@ARG]", or "cffi:MODULE:SYMBOL[@ARG]" with
+   both declared in the module's cdef): export
        void *SYMBOL_init(const char *arg);   called once, before any task, with ARG ("" if
                                              none); its result is the ctx of every call;
                                              NULL refuses to start the server

@@ -12,23 +12,13 @@ from libc.string cimport memcpy
 
 from malcolm._core cimport Estimator, Mpmc
 from malcolm._hist cimport Hist
+from malcolm._native cimport (
+    mc_add64_relaxed, mc_bell_cancel, mc_bell_prepare, mc_bell_ring, mc_bell_ring_n, mc_bell_wait,
+    mc_doorbell,
+)
 from malcolm.net._wire cimport MAX_PAYLOAD, NetAddr, WireTask
 from malcolm.net.transport cimport Transport
 from malcolm.workers.handlers cimport Handler
-
-
-# TODO(lead): the doorbell moves to _native.h/_core.pxd (issue 16, "one home for
-# primitives"); until then it is declared here, once, for the pool and the runtime.
-cdef extern from "net/_netc.h" nogil:
-    ctypedef struct mc_doorbell:
-        uint32_t seq
-        uint32_t sleepers
-    void mc_bell_ring(mc_doorbell* d)
-    void mc_bell_ring_n(mc_doorbell* d, int n)
-    uint32_t mc_bell_prepare(mc_doorbell* d)
-    void mc_bell_wait(mc_doorbell* d, uint32_t ticket, int64_t timeout_ns)
-    void mc_bell_cancel(mc_doorbell* d)
-    uint64_t mc_add64_relaxed(uint64_t* p, uint64_t v)
 
 
 cdef enum:
@@ -126,7 +116,7 @@ cdef class WorkerPool:
     cdef int64_t spin_ns
     cdef uint64_t stop_flag
     cdef mc_doorbell bell           # rung by the gateway, one sleeping worker per task
-    cdef PoolCounters c
+    cdef PoolCounters count
     cdef object threads
 
     cdef int64_t run_task(self, int w, uint64_t idx, int64_t t0) noexcept nogil

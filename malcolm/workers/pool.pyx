@@ -75,7 +75,7 @@ cdef class WorkerPool:
             raise ValueError("bad estimator parameters")
         self.est_ok = True
         memset(self.svc_hist, 0, sizeof(Hist) * max(workers, 1))
-        memset(&self.c, 0, sizeof(PoolCounters))
+        memset(&self.count, 0, sizeof(PoolCounters))
         memset(&self.bell, 0, sizeof(mc_doorbell))
         self.threads = []
 
@@ -122,7 +122,7 @@ cdef class WorkerPool:
             s.status = ST_TIMED_OUT
             s.out_len = 0
             s.measured_ns = 0
-            mc_add64_relaxed(&self.c.timed_out, 1)
+            mc_add64_relaxed(&self.count.timed_out, 1)
         else:
             # The handler's ABI (workers/malcolm_handler.h), not the wire's: a C struct that
             # shared-library handlers compile against.
@@ -147,14 +147,14 @@ cdef class WorkerPool:
             if rc == 0:
                 s.status = ST_OK
                 s.out_len = t.out_len if t.out_len <= MAX_PAYLOAD else MAX_PAYLOAD
-                mc_add64_relaxed(&self.c.completed, 1)
+                mc_add64_relaxed(&self.count.completed, 1)
             elif rc == MALCOLM_BAD_INPUT:
                 s.status = ST_BAD_INPUT     # the handler found the request malformed
                 s.out_len = 0               # (counted in bad_input by the gateway)
             else:
                 s.status = ST_HANDLER_ERROR
                 s.out_len = 0
-                mc_add64_relaxed(&self.c.handler_errors, 1)
+                mc_add64_relaxed(&self.count.handler_errors, 1)
         mpmc_push(self.doneq, idx)      # never full: it holds at most `capacity`
         return t1
 
@@ -186,7 +186,7 @@ cdef class WorkerPool:
     # ------------------------------------------------------------ statistics
     def counters(self):
         """The workers' counters (a dict, read racily while running)."""
-        return dict(self.c)
+        return dict(self.count)
 
     def service_times(self, buckets=True):
         """The measured handler times of all workers, merged (read racily while running).

@@ -34,6 +34,7 @@ from libc.string cimport memcpy, memset
 import numpy as np
 
 from malcolm._core cimport mc_aligned_alloc, mc_now_ns
+from malcolm._system cimport CLOCK_THREAD_CPUTIME_ID, clock_gettime, timespec
 from malcolm.workers.handlers cimport (BENCH_SLOTS, MALCOLM_BAD_INPUT, MALCOLM_ERROR,
                                        MALCOLM_OK, BenchState, bench_state_new, bench_wait,
                                        malcolm_task)
@@ -114,16 +115,6 @@ cdef extern from "workers/rocksdb_kv.h" nogil:
     void mc_kv_value(uint32_t k, uint8_t* out, uint32_t n)
     uint32_t mc_kv_ld32(const uint8_t* p)
     void mc_kv_st32(uint8_t* p, uint32_t v)
-
-
-cdef extern from "<time.h>" nogil:
-    ctypedef long time_t
-    struct timespec:
-        time_t tv_sec
-        long tv_nsec
-    int clock_gettime(int clockid, timespec* ts)
-    enum:
-        CLOCK_THREAD_CPUTIME_ID
 
 
 cdef inline int64_t _thread_cpu_ns() noexcept nogil:

@@ -20,24 +20,17 @@ gateway thread's CPU clock can be read.
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 
 import numpy as np
 
-
-def _free_port():
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+from malcolm.net.ports import free_udp_ports
 
 
 def _server(kind, poll, workers=1, spin_us=50.0):
     from malcolm.runtime.config import build_server, parse_rack
-    addr = f"127.0.0.1:{_free_port()}" if kind == "udp" else f"rb{os.getpid():x}"[:16]
+    addr = f"127.0.0.1:{free_udp_ports(1)[0]}" if kind == "udp" else f"rb{os.getpid():x}"[:16]
     cfg = parse_rack({"rack": {"name": "bench", "transport": kind, "poll": poll,
                                "workers": workers, "handler": "echo", "spin_us": spin_us,
                                "window_us": 1000.0, "grace_s": 0.5},
@@ -62,13 +55,13 @@ def _pct(a):
 def round_trip(kind, n=20000, poll="busy", max_s=3.0, spin_us=0.0, workers=1):
     """Floor and malcolm round trips over ``kind``; dict of p50/p99 (µs) and ratios.
     ``workers=0``: the gateway runs the task itself (no hand-off to a worker thread)."""
-    from malcolm.loadgen import _bench as B
+    from malcolm.bench import runtime_native
     from malcolm.net.transport import open_transport
     # A server that blocks when idle is compared with a ping-pong whose answering side blocks
     # too (udp: in recv; shm: on the ring's futex doorbell, as the shm transport does); the
     # client side busy-polls in both.
     blocking = poll == "adaptive"
-    f = B.floor_pingpong(kind, n, max_s=max_s, block=blocking)
+    f = runtime_native.floor_pingpong(kind, n, max_s=max_s, block=blocking)
     floor = _pct(f)
     floor["blocking"] = blocking
     # Spinning threads on the path: the client, and for a busy server its gateway and its
@@ -79,7 +72,7 @@ def round_trip(kind, n=20000, poll="busy", max_s=3.0, spin_us=0.0, workers=1):
     srv, addr = _server(kind, poll, workers=workers, spin_us=spin_us)
     tr = open_transport(kind, None if kind == "shm" else "127.0.0.1:0")
     try:
-        m = B.ping_server(tr, addr, n, warm=min(1000, n // 10), max_s=max_s)
+        m = runtime_native.ping_server(tr, addr, n, warm=min(1000, n // 10), max_s=max_s)
         mal = _pct(m)
         mal["n"] = int(m.size)
         floor["n"] = int(f.size)
@@ -102,9 +95,9 @@ def gateway_throughput(kind, seconds=2.0, workers=1):
     machine with fewer cores than flooder + gateway + worker, the gateway waits for its
     worker, and only the busy figure says what a pass costs.
     """
-    from malcolm.loadgen import _bench as B
+    from malcolm.bench import runtime_native
     from malcolm.net.transport import open_transport
-    f = B.floor_reflect(kind, seconds)
+    f = runtime_native.floor_reflect(kind, seconds)
     floor = {"per_cpu_s": f["count"] / f["cpu_s"], "per_wall_s": f["count"] / f["wall_s"],
              "per_busy_s": f["count"] / f["busy_s"] if f["busy_s"] > 0 else float("nan"),
              "cpu_share": f["cpu_s"] / f["wall_s"]}
@@ -114,7 +107,7 @@ def gateway_throughput(kind, seconds=2.0, workers=1):
     try:
         clk = _gateway_cpu_clock()
         s0, c0, w0 = srv.stats(), time.clock_gettime_ns(clk), time.monotonic()
-        B.flood_server(tr, addr, seconds)
+        runtime_native.flood_server(tr, addr, seconds)
         s1, c1, w1 = srv.stats(), time.clock_gettime_ns(clk), time.monotonic()
     finally:
         tr.close()
@@ -139,12 +132,13 @@ def gateway_throughput(kind, seconds=2.0, workers=1):
 
 def decision(repeats=5, iters=300_000):
     """Best-of-``repeats`` ns per task of the decision path, per policy, and the floor."""
-    from malcolm.loadgen import _bench as B
+    from malcolm.bench import runtime_native
     from malcolm.policy.registry import make_policy
-    out = {"floor_ns": min(B.decision_floor(iters)["total_ns"] for _ in range(repeats))}
+    out = {"floor_ns": min(runtime_native.decision_floor(iters)["total_ns"]
+                           for _ in range(repeats))}
     for name in ("random", "jsq", "malcolm"):
         pol = make_policy(name, 4, 0, 1)
-        runs = [B.decision_overhead(pol, iters) for _ in range(repeats)]
+        runs = [runtime_native.decision_overhead(pol, iters) for _ in range(repeats)]
         out[name] = {k: min(r[k] for r in runs) for k in
                      ("timestamp_ns", "decide_ns", "enqueue_ns", "total_ns")}
         out[name]["ratio"] = out[name]["total_ns"] / out["floor_ns"]
@@ -158,10 +152,10 @@ MAC_SIZES = {"task": 64, "response": 80, "heartbeat": 216, "task_1k": 1088}
 
 def mac(repeats=5, reps=200_000):
     """Best-of-``repeats`` ns per message to seal and to verify its SipHash-2-4 MAC."""
-    from malcolm.loadgen import _bench as B
+    from malcolm.bench import runtime_native
     out = {}
     for name, size in MAC_SIZES.items():
-        runs = [B.mac_cost(size, reps) for _ in range(repeats)]
+        runs = [runtime_native.mac_cost(size, reps) for _ in range(repeats)]
         out[name] = {"bytes": size, "seal_ns": min(r["seal_ns"] for r in runs),
                      "open_ns": min(r["open_ns"] for r in runs)}
     return out

@@ -18,7 +18,7 @@ from malcolm.net.transport cimport BATCH, MsgBuf, Transport, addr_parse
 from malcolm.policy.base cimport Policy
 
 
-cdef extern from "loadgen/_floor.h" nogil:
+cdef extern from "bench/_floor.h" nogil:
     ctypedef struct mc_ring_hdr:
         pass
     ctypedef struct fl_refl:
