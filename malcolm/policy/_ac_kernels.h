@@ -12,34 +12,33 @@
 #else
 #define MC_AC_CLONES
 #endif
+/* One parameter's AdamW step: decay, moments, bias-corrected update, gradient cleared.
+   `static inline`, so both loops below compile it in place (and the contiguous one still
+   vectorizes): the arithmetic is written once. */
+static inline __attribute__((always_inline)) void mc_ac_adamw_at(double *restrict p,
+        double *restrict g, double *restrict m, double *restrict v, long i, double lr,
+        double decay, double b1, double b2, double c1, double c2, double eps, double inv_b) {
+    double gi = g[i] * inv_b;
+    double mi = b1 * m[i] + (1.0 - b1) * gi;
+    double vi = b2 * v[i] + (1.0 - b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = p[i] * decay - lr * (mi * c1) / (sqrt(vi) * c2 + eps);
+    g[i] = 0.0;
+}
 static MC_AC_CLONES void mc_ac_adamw(double *restrict p, double *restrict g,
         double *restrict m, double *restrict v, int n, double lr, double decay,
         double b1, double b2, double c1, double c2, double eps, double inv_b) {
-    for (int i = 0; i < n; i++) {
-        double gi = g[i] * inv_b;
-        double mi = b1 * m[i] + (1.0 - b1) * gi;
-        double vi = b2 * v[i] + (1.0 - b2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        p[i] = p[i] * decay - lr * (mi * c1) / (sqrt(vi) * c2 + eps);
-        g[i] = 0.0;
-    }
+    for (int i = 0; i < n; i++)
+        mc_ac_adamw_at(p, g, m, v, i, lr, decay, b1, b2, c1, c2, eps, inv_b);
 }
 /* The same on every `stride`-th parameter (a matrix diagonal): one call, not n. */
 static MC_AC_CLONES void mc_ac_adamw_strided(double *restrict p, double *restrict g,
         double *restrict m, double *restrict v, int n, long stride, double lr,
         double decay, double b1, double b2, double c1, double c2, double eps,
         double inv_b) {
-    for (int k = 0; k < n; k++) {
-        long i = k * stride;
-        double gi = g[i] * inv_b;
-        double mi = b1 * m[i] + (1.0 - b1) * gi;
-        double vi = b2 * v[i] + (1.0 - b2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        p[i] = p[i] * decay - lr * (mi * c1) / (sqrt(vi) * c2 + eps);
-        g[i] = 0.0;
-    }
+    for (int k = 0; k < n; k++)
+        mc_ac_adamw_at(p, g, m, v, k * stride, lr, decay, b1, b2, c1, c2, eps, inv_b);
 }
 /* gw (column-major n x n) += coef u^T */
 static MC_AC_CLONES void mc_ac_rank1(double *restrict gw, const double *restrict u,
