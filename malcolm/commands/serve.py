@@ -41,6 +41,12 @@ def log_malformed(k, prev, cur):
     log.warning("server %d dropped %d malformed message(s): %s%s", k, new, ", ".join(parts), src)
 
 
+def _launcher_pid():
+    """The launcher's pid from ``MALCOLM_LAUNCHER_PID`` (set by ``LocalRack``), or None."""
+    text = os.environ.get("MALCOLM_LAUNCHER_PID", "")
+    return int(text) if text.isdigit() else None
+
+
 @click.command(epilog="""
 \b
 Examples:
@@ -122,12 +128,22 @@ def serve(rack_path, server_id, stats, interval, stats_json, duration, handler):
     sys.stdout.flush()
     t_end = None if duration is None else time.monotonic() + duration
     prev, t_prev = srv.stats(), time.monotonic()
+    # Started by a local launcher (malcolm.runtime.launcher): a server whose launcher died
+    # without stopping it (SIGKILL, a crash) would run on as an orphan and hold its ports;
+    # it stops itself instead, within a second of being re-parented.
+    parent = _launcher_pid()
     while not stop.is_set():
-        timeout = interval
+        timeout = interval if parent is None else min(interval, 1.0)
         if t_end is not None:
             timeout = min(timeout, max(0.0, t_end - time.monotonic()))
         stop.wait(timeout)
         now = time.monotonic()
+        if parent is not None and os.getppid() != parent:
+            got.append("its launcher exited")
+            break
+        if now - t_prev < 0.999 * interval and not stop.is_set() and (
+                t_end is None or now < t_end):
+            continue                    # woke early only to look at the launcher
         cur = srv.stats()
         log_malformed(k, prev, cur)
         if stats and now > t_prev:

@@ -57,8 +57,12 @@ class LocalRack:
         out = open(self.out_path(k), "w")
         cmd = server_command() + ["serve", "--rack", self.path, "--id", str(k),
                                   "--stats-json", self.stats_path(k)] + self.extra
+        # The server stops itself if this process dies without stopping it (no orphans
+        # holding ports after a SIGKILL): see _launcher_pid in commands/serve.py.
+        env = dict(os.environ if self.env is None else self.env,
+                   MALCOLM_LAUNCHER_PID=str(os.getpid()))
         self.procs[k] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=self.env)
+                                         stdin=subprocess.DEVNULL, env=env)
         out.close()
         if wait:
             self.wait_ready([k], timeout)
