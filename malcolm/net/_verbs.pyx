@@ -18,7 +18,7 @@ from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcmp, memcpy, memset
 
-from malcolm._core cimport mc_now_ns
+from malcolm._core cimport mc_load_relaxed, mc_now_ns
 from malcolm._system cimport nanosleep, timespec
 from malcolm.net._ibverbs cimport (ibv_ack_cq_events, ibv_comp_channel, ibv_cq,
                                    ibv_get_cq_event, ibv_poll_cq, ibv_req_notify_cq)
@@ -466,10 +466,14 @@ cdef class VerbsTransport(Transport):
         self.polls += 1
         if self.n_pend and (self.polls & 15) == 0:
             self._check_pending(mc_now_ns())
+        # New peers' introductions are turned into peers before this poll, busy or idle: a
+        # gateway kept busy by known peers would otherwise leave them queued until it idled,
+        # the queue would fill, and the address thread would stop answering new peers. One
+        # comparison per poll when there is nothing to do.
+        if mc_load_relaxed(&self.q.ihead) != self.q.itail:
+            uq_drain_intros(self.q)
         n = uq_poll_recv(self.q, self.msgs, max_n)
         if n <= 0:
-            if self.q.ihead != self.q.itail:
-                uq_drain_intros(self.q)
             return 0
         for i in range(n):
             self.rx[i].data = <uint8_t *>self.msgs[i].data
