@@ -86,15 +86,11 @@ def _loads(texts):
 
 
 def _dilate(text):
-    if text == "auto":
-        return "auto"
+    from malcolm.loadgen.method import parse_dilation
     try:
-        k = float(text)
-    except ValueError:
-        raise click.UsageError(f"--dilate {text!r} must be 'auto' or a number >= 1") from None
-    if not 1 <= k <= 10_000:
-        raise click.UsageError(f"--dilate {text!r} must be in [1, 10000]")
-    return k
+        return parse_dilation(text)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
 
 
 def _workers(text):

@@ -310,7 +310,10 @@ class Experiment:
                                              and 0 <= hop_delay_us <= 10_000):
             raise ExperimentError(f"hop delay {hop_delay_us!r} µs must be in 0..10000")
         self.hop_delay_arg = hop_delay_us
-        self.dilate_arg = dilate
+        try:
+            self.dilate_arg = method.parse_dilation(dilate)
+        except ValueError as e:
+            raise ExperimentError(str(e)) from None
         self.dilate = 1.0
         self.compare_sim = compare_sim
         self.handler = handler

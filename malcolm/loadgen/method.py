@@ -14,6 +14,25 @@ from dataclasses import dataclass
 # LATE_MAX of its sends or its effective load is more than LOAD_TOL off the target.
 LATE_MAX = 0.01
 LOAD_TOL = 0.03
+# The largest time dilation the runner accepts (a 50 µs task then runs 0.5 s).
+DILATE_MAX = 10_000
+
+
+def parse_dilation(value):
+    """``--dilate``: ``"auto"``, or a factor K in [1, DILATE_MAX] (returned as a float).
+
+    Raises ValueError with a one-line message naming the flag; every front end (the demo,
+    the figure scripts, :class:`~malcolm.loadgen.experiment.Experiment`) checks through here.
+    """
+    if value == "auto":
+        return "auto"
+    try:
+        k = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"--dilate {value!r} must be 'auto' or a number >= 1") from None
+    if not 1 <= k <= DILATE_MAX:       # NaN fails this too
+        raise ValueError(f"--dilate {value!r} must be in [1, {DILATE_MAX}]")
+    return k
 
 
 def run_order(policies, loads, repeat):
