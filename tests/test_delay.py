@@ -10,20 +10,8 @@ import time
 
 import pytest
 from malcolm.net.delay import DelayTransport, wrap
-from malcolm.net.transport import open_transport
-from test_transport import PARAMS, _addr
 
 DELAY_US = 20_000.0          # 20 ms: far above scheduling noise, so "not early" is exact
-
-
-@pytest.fixture(params=PARAMS)
-def pair(request):
-    kind = request.param
-    a = open_transport(kind, _addr(kind))
-    b = open_transport(kind, _addr(kind))
-    yield kind, a, b
-    a.close()
-    b.close()
 
 
 def _pump_until(sender, receiver, want, timeout=5.0):

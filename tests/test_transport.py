@@ -33,16 +33,6 @@ def _addr(kind):
 PARAMS = [k for k in KINDS if k != "verbs"] + [pytest.param("verbs", marks=pytest.mark.rdma)]
 
 
-@pytest.fixture(params=PARAMS)
-def pair(request):
-    kind = request.param
-    a = open_transport(kind, _addr(kind))
-    b = open_transport(kind, _addr(kind))
-    yield kind, a, b
-    a.close()
-    b.close()
-
-
 def _drain(t, want, timeout=5.0):
     got = []
     t_end = time.monotonic() + timeout
