@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import random
-import struct
 import sys
 import time
 
@@ -34,27 +34,21 @@ from malcolm import _argparse as g
 from malcolm.net import _wire as native
 from malcolm.net import wire
 
-KEY = bytes(range(30, 46))
+# The keys, the seed messages, the resealing and the decode wrapper are the test suite's
+# (tests/test_security_fuzz.py): this is the same fuzzing, longer.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "tests"))
+from test_security_fuzz import KEY, _code, _reseal, _seeds  # noqa: E402
 
 
 def seeds():
-    reply = (2, 7001, 0, bytes([127, 0, 0, 1]) + bytes(12))
-    kw = dict(key=KEY, epoch=5, auth_seq=9)
-    return [native.encode_task(7, 1, 2, 3, 4, b"xyz", **kw),
-            native.encode_move(1, 2, 3, reply, payload=b"p" * 40, **kw),
-            native.encode_move(1, 2, 3, reply, flags=2, steal_reply=True, **kw),
-            native.encode_steal_request(1, 4, 5, **kw), native.encode_steal_empty(1, 4, **kw),
-            native.encode_response(1, 2, 3, load=1.0, payload=b"r", **kw),
-            native.encode_heartbeat(1, 2, 3, 1.0, 2.0, 1e-4, 4, 5, [0.5] * 8, **kw),
-            native.encode_heartbeat(1, 2, 3, 1.0, 2.0, 1e-4, 4, 5, [1.0] * 256, **kw)]
+    """The test suite's seeds, and a heartbeat with the most critic parameters (256)."""
+    return _seeds() + [native.encode_heartbeat(1, 2, 3, 1.0, 2.0, 1e-4, 4, 5, [1.0] * 256,
+                                               key=KEY, epoch=5, auth_seq=9)]
 
 
 def reseal(m):
-    m = bytearray(m[:-24] if len(m) > 24 else m) + bytes(16)
-    if len(m) >= 8:
-        struct.pack_into("<H", m, 6, (len(m) + 8) & 0xFFFF)
-    m = bytes(m)
-    return m + struct.pack("<Q", native.siphash24(KEY, m))
+    return _reseal(m[:-24] if len(m) > 24 else m, KEY, native.siphash24)
 
 
 def mutate(rng, base, flips, cut_frac, tail):
@@ -74,13 +68,6 @@ def mutate(rng, base, flips, cut_frac, tail):
     return reseal(data) if rng.random() < 0.5 else data
 
 
-def decode_code(f, data):
-    try:
-        return 0, f(data, KEY)
-    except wire.BadMessage as e:
-        return e.code, None
-
-
 def stage_decoder(n_inputs, batch, check_every):
     stats = collections.Counter()
     failures = []
@@ -98,13 +85,13 @@ def stage_decoder(n_inputs, batch, check_every):
             data = mutate(rng, base[i], flips, cut_frac, tail)
             count[0] += 1
             try:
-                code, d = decode_code(native.decode, data)
+                code, d = _code(native.decode, data, KEY)
             except Exception as e:          # anything but BadMessage is a bug
                 failures.append(("native raised", repr(e), data.hex()))
                 continue
             stats[native.error_name(code) if code else "ok"] += 1
             if count[0] % check_every == 0:
-                code_py, d_py = decode_code(wire.decode, data)
+                code_py, d_py = _code(wire.decode, data, KEY)
                 if code_py != code or (code == 0 and repr(d) != repr(d_py)):
                     failures.append(("reference disagrees", code, code_py, data.hex()))
 
