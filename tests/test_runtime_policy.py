@@ -67,6 +67,22 @@ def test_heartbeat_reports_the_load_at_the_end_of_its_window():
     assert rep["stuck_threads"] == []
 
 
+def _frozen_keeper_and_stealer(handler, **kw):
+    """Server 0 of a two-server rack whose server 1 is the test's bare endpoint ``peer``:
+    Malcolm frozen (learn=0) to keep every task and to steal from server 1 after every
+    completion. Returns (peer, client endpoint, server transport, policy, started server)."""
+    import numpy as np
+    peer = open_transport("udp", "127.0.0.1:0")
+    client = open_transport("udp", "127.0.0.1:0")
+    tr = open_transport("udp", "127.0.0.1:0")
+    pol = make_policy("malcolm", 2, 0, 1, learn=0)
+    pol.set_params(W_migrate=np.zeros((2, 2)), B_migrate=np.array([50.0, 0.0]),
+                   W_steal=np.zeros((2, 2)), B_steal=np.array([0.0, 50.0]))
+    srv = Server(tr, [tr.address, peer.address], 0, pol, handler=handler, workers=1,
+                 window_us=WINDOW_US, **kw).start()
+    return peer, client, tr, pol, srv
+
+
 def test_end_window_learns_from_the_load_at_its_end():
     """``end_window`` sees the own load of the boundary it is called at.
 
@@ -76,15 +92,7 @@ def test_end_window_learns_from_the_load_at_its_end():
     after that window's heartbeat, a whole window before the next one) must include them. With
     ``observe_local`` after ``end_window`` it was 0: the own load was the window start's.
     """
-    import numpy as np
-    peer = open_transport("udp", "127.0.0.1:0")
-    client = open_transport("udp", "127.0.0.1:0")
-    tr = open_transport("udp", "127.0.0.1:0")
-    pol = make_policy("malcolm", 2, 0, 1, learn=0)
-    pol.set_params(W_migrate=np.zeros((2, 2)), B_migrate=np.array([50.0, 0.0]),
-                   W_steal=np.zeros((2, 2)), B_steal=np.array([0.0, 50.0]))
-    srv = Server(tr, [tr.address, peer.address], 0, pol, handler="sleep", workers=1,
-                 window_us=WINDOW_US).start()
+    peer, client, tr, pol, srv = _frozen_keeper_and_stealer("sleep")
     seq = [0]
 
     def report_idle():
@@ -140,16 +148,8 @@ def test_gateway_steals_through_the_drivers_steal_gate():
     sends a request and the others are suppressed while it is in flight. A reply that comes
     after the request was given up is counted late, and the gate lets a new request through.
     """
-    import numpy as np
-    peer = open_transport("udp", "127.0.0.1:0")
-    client = open_transport("udp", "127.0.0.1:0")
-    tr = open_transport("udp", "127.0.0.1:0")
-    pol = make_policy("malcolm", 2, 0, 1, learn=0)
-    pol.set_params(W_migrate=np.zeros((2, 2)), B_migrate=np.array([50.0, 0.0]),
-                   W_steal=np.zeros((2, 2)), B_steal=np.array([0.0, 50.0]))
-    srv = Server(tr, [tr.address, peer.address], 0, pol, handler="echo", workers=1,
-                 window_us=WINDOW_US, steal_timeout_us=50_000.0,
-                 peer_timeout_ms=60_000.0).start()
+    peer, client, tr, pol, srv = _frozen_keeper_and_stealer(
+        "echo", steal_timeout_us=50_000.0, peer_timeout_ms=60_000.0)
     try:
         for i in range(20):
             client.send(tr.address, wire.encode_task(1, i + 1, send_ns=now_ns()))
