@@ -11,12 +11,11 @@ Writes ``fig7_5.csv`` (t_ms, policy, fast_load_us, slow_load_us) and ``fig7_5.pn
     python3 bench/figures/fig7_5.py [--outdir out/figures] [--quick] [--json FILE]
 """
 
-import csv
 import os
 import sys
 
 import numpy as np
-from common import parse, parser, png, write_json
+from common import parse, parser, png, write_json, write_rows_csv
 
 from malcolm.sim import simulate
 
@@ -63,10 +62,7 @@ def main():
               f"{fast[half:].mean():8.1f} µs, slow {slow[half:].mean():8.1f} µs",
               file=sys.stderr)
     os.makedirs(a.outdir, exist_ok=True)
-    with open(os.path.join(a.outdir, "fig7_5.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_rows_csv(os.path.join(a.outdir, "fig7_5.csv"), rows)
     write_json(a, rack=RACK, rows=rows)
 
     import matplotlib

@@ -10,11 +10,10 @@ Writes ``fig7_8.csv`` and ``fig7_8.png``.
     python3 bench/figures/fig7_8.py [--outdir out/figures] [--quick] [--json FILE]
 """
 
-import csv
 import os
 import sys
 
-from common import parse, parser, png, write_json
+from common import parse, parser, png, write_json, write_rows_csv
 
 from malcolm import _argparse as g
 from malcolm.sim import simulate
@@ -45,10 +44,7 @@ def main():
                              steals=r.steals / max(r.generated, 1)))
             print(f"{label:>8} window {w:5d} µs: p99 {r.p99_us:9.1f} µs", file=sys.stderr)
     os.makedirs(a.outdir, exist_ok=True)
-    with open(os.path.join(a.outdir, "fig7_8.csv"), "w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=list(rows[0]))
-        wr.writeheader()
-        wr.writerows(rows)
+    write_rows_csv(os.path.join(a.outdir, "fig7_8.csv"), rows)
     write_json(a, rows=rows)
 
     import matplotlib

@@ -22,12 +22,11 @@ Writes ``fig7_9.csv`` (curves), ``fig7_9_reconverge.csv`` and ``fig7_9.png``.
     python3 bench/figures/fig7_9.py [--outdir out/figures] [--quick] [--policy malcolm]
 """
 
-import csv
 import os
 import sys
 
 import numpy as np
-from common import parse, parser, png, write_json
+from common import parse, parser, png, write_json, write_rows_csv
 
 from malcolm import _argparse as g
 from malcolm.sim import simulate
@@ -125,10 +124,7 @@ def main():
                   f"{r.p99_us:.0f} µs", file=sys.stderr)
     os.makedirs(a.outdir, exist_ok=True)
     for fname, data in (("fig7_9.csv", rows), ("fig7_9_reconverge.csv", recon)):
-        with open(os.path.join(a.outdir, fname), "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(data[0]))
-            w.writeheader()
-            w.writerows(data)
+        write_rows_csv(os.path.join(a.outdir, fname), data)
     write_json(a, rack=RACK, reconverge=recon, rows=rows)
 
     import matplotlib

@@ -16,12 +16,11 @@ Writes ``learning_curve.csv`` and ``learning_curve.png``.
     python3 bench/figures/learning_curve.py [--outdir out/figures] [--quick] [--servers 2x14,9x4]
 """
 
-import csv
 import os
 import sys
 
 import numpy as np
-from common import parse, parser, png, write_json
+from common import parse, parser, png, write_json, write_rows_csv
 
 from malcolm import _argparse as g
 from malcolm.sim import simulate
@@ -96,10 +95,7 @@ def main():
               file=sys.stderr)
     os.makedirs(a.outdir, exist_ok=True)
     for name, data in (("learning_curve.csv", rows), ("learning_curve_settle.csv", settle)):
-        with open(os.path.join(a.outdir, name), "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(data[0]))
-            w.writeheader()
-            w.writerows(data)
+        write_rows_csv(os.path.join(a.outdir, name), data)
     write_json(a, settle=settle, rows=rows)
 
     import matplotlib
