@@ -247,6 +247,32 @@ def test_hop_cost_is_measured_from_heartbeats():
     assert q.hop_estimate_ns == 3000.0
 
 
+def test_hop_gate_accepts_what_would_wait_less_than_a_hop():
+    """An idle server keeps the arrivals a hop would only delay; a busy one is left alone."""
+    n, rates = 4, rates_of([1, 1, 1, 1])
+
+    def run(own_load, arrivals, **kw):
+        p = MalcolmPolicy(n, 0, seed=1, hop_ns=10_000.0, learn=False, **kw)
+        for w in range(40):
+            hooks.sample_many(p, "arrival", arrivals)
+            feed(p, w * 100_000, [own_load, 0.0, 0.0, 0.0], rates)
+        return p
+
+    off = run(0.0, 1, hop_gate=False).probs_migrate
+    assert off[0] == pytest.approx(n / (2 * n - 1))          # the capacity shares' start
+    # idle, one arrival a window: K = 1 + hop * r = 1.2 tasks wait no longer than a hop
+    on = run(0.0, 1)
+    assert on.probs_migrate[0] == 1.0 and on.gated > 0
+    # five a window: accept K / A = 0.24 of them, less than the start already does
+    assert np.array_equal(run(0.0, 5).probs_migrate, off)
+    # 2 tasks queued on one worker wait 100 us > the hop: the gate stays out of it
+    assert np.array_equal(run(2 * T, 1).probs_migrate, run(2 * T, 1, hop_gate=False).probs_migrate)
+    # in between, the peers keep their ratios: 2 tasks a window, accept 1.2 / A
+    mid = run(0.0, 2).probs_migrate
+    assert mid[0] == pytest.approx(1.2 / 2, rel=1e-6)
+    np.testing.assert_allclose(mid[1:] / mid[1:].sum(), off[1:] / off[1:].sum(), rtol=1e-12)
+
+
 # ---------------------------------------------------------------- sparse actor arithmetic
 def test_sparse_actor_gradient_matches_numpy_reference():
     """Default actors: logit_i = B_i + W_ii z_i + W_i,me z_me (+ the capacity prior, masked),

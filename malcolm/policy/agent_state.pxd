@@ -44,6 +44,7 @@ cdef class AgentState(Policy):
     cdef readonly str consensus        # "median" (robust) or "mean" (the thesis)
     cdef bint cons_median
     cdef readonly bint capacity_prior  # migrate logits += log(rate_j / mean rate)
+    cdef readonly bint hop_gate        # accept while a local task waits no longer than a hop
     cdef readonly double init_scale
     cdef readonly str init
     cdef readonly str actor_input  # "absolute" (u) or "relative" (u_j - u_me)
@@ -107,6 +108,8 @@ cdef class AgentState(Policy):
     cdef bint hop_seen
     cdef int runaway_run                 # consecutive windows with a runaway own queue
     cdef double runaway_last
+    cdef double arr_ewma                 # EWMA of the arrivals offered per window
+    cdef bint arr_seen
 
     # decisions taken by the gateway: cumulative counts per outcome (gateway writes only)
     cdef uint64_t* cnt_mig
@@ -138,6 +141,7 @@ cdef class AgentState(Policy):
     cdef readonly uint64_t hb_clamped          # heartbeat fields clamped to sane bounds
     cdef readonly uint64_t masked              # migrate outcomes masked at publish (summed)
     cdef readonly uint64_t trust_clips         # actor parameters clipped to the trust region
+    cdef readonly uint64_t gated             # windows the hop gate raised accepting
     cdef int win_in_batch                # windows whose gradient the batch holds
     cdef int batch_clock                 # windows since the last AdamW step
     cdef int learn_clock                 # windows since the last sampled one
@@ -153,3 +157,5 @@ cdef class AgentState(Policy):
     cdef void _push_params(self) noexcept nogil
     cdef void _rescale(self) noexcept nogil
     cdef double _hop_units(self) noexcept nogil
+    cdef void _decisions_counted(self) noexcept nogil
+    cdef void _gate_accept(self) noexcept nogil

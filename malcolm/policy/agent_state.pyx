@@ -342,6 +342,48 @@ cdef class AgentState(Policy):
             di += fabs((vi - si) - (vme + sme)) - fabs(vi - vme)
             st[i] = -norm * di - cstl
 
+    cdef void _decisions_counted(self) noexcept nogil:
+        """End of a window's decision counting: the arrivals' EWMA, then the snapshot the
+        next window's decisions are counted from."""
+        cdef int j
+        cdef double arr = 0.0
+        for j in range(self.n):
+            arr += <double>(mc_load_relaxed(&self.cnt_mig[j]) - self.seen_mig[j])
+            self.seen_mig[j] = mc_load_relaxed(&self.cnt_mig[j])
+            self.seen_stl[j] = mc_load_relaxed(&self.cnt_stl[j])
+        # about a batch of windows: arrivals per window are a few Poisson counts at light load
+        self.arr_ewma = arr if not self.arr_seen else self.arr_ewma + 0.125 * (arr - self.arr_ewma)
+        self.arr_seen = True
+
+    cdef void _gate_accept(self) noexcept nogil:
+        """The hop gate: keep locally the arrivals that would wait here no longer than a hop.
+
+        A migrated task pays at least one hop (``hop_est``) before it can start anywhere. A
+        task accepted here waits at most the drain time of the work ahead of it, x_me for the
+        first one (x_me = tasks / service rate: an upper bound, exact for one worker) and
+        1 / r_me more for each further one; so the first K = 1 + (hop - x_me) r_me arrivals of
+        the window are no worse off accepted, whatever the peers' state. With A the arrivals
+        expected in the window (EWMA of the counts), accepting is raised to min(1, K / A)
+        when the migrate distribution accepts less (a logit shift of the own outcome: the
+        other outcomes keep their ratios, and the actor's gradient stays that of a softmax).
+        At light load this removes the hops the capacity shares would pay for nothing; above
+        that x_me > hop nearly always and the gate is idle.
+        """
+        cdef int j, me = self.me
+        cdef double h = self._hop_units() * self.load_scale, r = self.adv[2 * self.n + me]
+        cdef double k, tgt, p = self.pm_pub[me], sc
+        if not (h > 0.0) or not (r > 0.0) or self.x[me] > h or p >= 1.0:
+            return
+        k = 1.0 + (h - self.x[me]) * r
+        tgt = 1.0 if self.arr_ewma <= k else k / self.arr_ewma
+        if tgt <= p:
+            return
+        sc = (1.0 - tgt) / (1.0 - p)
+        for j in range(self.n):
+            self.pm_pub[j] *= sc
+        self.pm_pub[me] = tgt
+        self.gated += 1
+
     cdef void _set_load(self, int j, double load) noexcept nogil:
         cdef double v
         cdef int k
