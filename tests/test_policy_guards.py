@@ -248,29 +248,35 @@ def test_hop_cost_is_measured_from_heartbeats():
 
 
 def test_hop_gate_accepts_what_would_wait_less_than_a_hop():
-    """An idle server keeps the arrivals a hop would only delay; a busy one is left alone."""
-    n, rates = 4, rates_of([1, 1, 1, 1])
+    """The first K = floor(1 + (hop - x_me) r_me) arrivals after a publish stay; the rest,
+    and every arrival when x_me > hop, follow the published distribution untouched."""
+    n, hop = 4, 10_000.0
 
-    def run(own_load, arrivals, **kw):
-        p = MalcolmPolicy(n, 0, seed=1, hop_ns=10_000.0, learn=False, **kw)
-        for w in range(40):
-            hooks.sample_many(p, "arrival", arrivals)
-            feed(p, w * 100_000, [own_load, 0.0, 0.0, 0.0], rates)
-        return p
+    def window(workers, own_load, draws, **kw):
+        p = MalcolmPolicy(n, 0, seed=1, hop_ns=hop, learn=False, **kw)
+        rates = rates_of([workers] * n)
+        feed(p, 0, [own_load, 0.0, 0.0, 0.0], rates)
+        return p, [hooks.sample_many(p, "arrival", 1)[0] for _ in range(draws)]
 
-    off = run(0.0, 1, hop_gate=False).probs_migrate
-    assert off[0] == pytest.approx(n / (2 * n - 1))          # the capacity shares' start
-    # idle, one arrival a window: K = 1 + hop * r = 1.2 tasks wait no longer than a hop
-    on = run(0.0, 1)
-    assert on.probs_migrate[0] == 1.0 and on.gated > 0
-    # five a window: accept K / A = 0.24 of them, less than the start already does
-    assert np.array_equal(run(0.0, 5).probs_migrate, off)
-    # 2 tasks queued on one worker wait 100 us > the hop: the gate stays out of it
-    assert np.array_equal(run(2 * T, 1).probs_migrate, run(2 * T, 1, hop_gate=False).probs_migrate)
-    # in between, the peers keep their ratios: 2 tasks a window, accept 1.2 / A
-    mid = run(0.0, 2).probs_migrate
-    assert mid[0] == pytest.approx(1.2 / 2, rel=1e-6)
-    np.testing.assert_allclose(mid[1:] / mid[1:].sum(), off[1:] / off[1:].sum(), rtol=1e-12)
+    p, kept = window(1, 0.0, 3)            # idle, one worker: K = floor(1.2) = 1
+    assert kept[0] == 1 and p.gated == 1
+    off, _ = window(1, 0.0, 0, hop_gate=False)
+    np.testing.assert_array_equal(p.probs_migrate, off.probs_migrate)   # the table is untouched
+    assert off.probs_migrate[0] == pytest.approx(n / (2 * n - 1))
+    p, kept = window(8, 0.0, 3)            # eight workers: K = floor(1 + 10 us * 8 / 50 us) = 2
+    assert kept[:2] == [1, 1] and p.gated == 2
+    p, _ = window(1, 2 * T, 3)             # two tasks ahead wait 100 us > the hop: K = 0
+    assert p.gated == 0
+    # each publish renews the budget, K = 1.2 on average (1, 1, 1, 1, 2: the fraction is
+    # carried); beyond it, decisions are the table's
+    p, _ = window(1, 0.0, 0)
+    counts = np.zeros(n, int)
+    for w in range(1, 2001):
+        feed(p, w * 100_000, [0.0] * n, rates_of([1] * n))
+        counts += hooks.sample_many(p, "arrival", 2)
+    assert p.gated == 2400
+    rest, m = counts[0] - 2400, 4000 - 2400          # the table's draws: accept 4/7
+    assert abs(rest - m * 4 / 7) < 5 * np.sqrt(m * 4 / 7 * 3 / 7)
 
 
 # ---------------------------------------------------------------- sparse actor arithmetic

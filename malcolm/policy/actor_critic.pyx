@@ -125,8 +125,8 @@ cdef class MalcolmPolicy(AgentState):
         log(r_me / mean rate), a peer the log of its share of the spare capacity, so that
         the start routes every server its capacity share (see ``__init__``).
     hop_gate : bool
-        Accept (probability raised up to 1) the arrivals that would wait here no longer than
-        one hop, the least a migration costs (see ``AgentState._gate_accept``). Default True.
+        Accept outright the arrivals that would wait here no longer than one hop, the least
+        a migration costs (see ``AgentState._gate_accept``). Default True.
     mask_factor : float
         Never migrate to a peer whose load is above ours and above ``mask_factor`` times the
         rack's mean plus one task; never steal from a peer not busier than us. 0 disables.
@@ -669,8 +669,6 @@ cdef class MalcolmPolicy(AgentState):
                     nm += 1
         self.masked += nm
         softmax(lg, self.pm_pub, n)
-        if self.hop_gate:
-            self._gate_accept()
         for j in range(n):
             if self.sparse:
                 lg[j] = (P[self.off_bs + j] + P[self.off_ws + j * n + j] * z[j]
@@ -683,6 +681,8 @@ cdef class MalcolmPolicy(AgentState):
         softmax(lg, self.ps_pub, n)
         cat_publish_probs(&self.mig, self.pm_pub)
         cat_publish_probs(&self.stl, self.ps_pub)
+        if self.hop_gate:
+            self._gate_accept()         # with the new tables: its budget counts from here
         # feat_prev only before a window whose learning step reads it (see _learn_window)
         if not self.learn or self.learn_clock + 1 >= self.learn_every:
             self._features(self.feat_prev)

@@ -108,8 +108,13 @@ cdef class AgentState(Policy):
     cdef bint hop_seen
     cdef int runaway_run                 # consecutive windows with a runaway own queue
     cdef double runaway_last
-    cdef double arr_ewma                 # EWMA of the arrivals offered per window
-    cdef bint arr_seen
+    # the hop gate: the policy publishes (sequence << 32 | K); the gateway accepts the first
+    # K arrivals after each publish outright (gate_epoch, gate_used: gateway-owned)
+    cdef uint64_t gate_pub
+    cdef uint64_t gate_seq
+    cdef double gate_carry               # the budgets' fractional parts carried (dithering)
+    cdef uint64_t gate_epoch
+    cdef uint64_t gate_used
 
     # decisions taken by the gateway: cumulative counts per outcome (gateway writes only)
     cdef uint64_t* cnt_mig
@@ -141,7 +146,7 @@ cdef class AgentState(Policy):
     cdef readonly uint64_t hb_clamped          # heartbeat fields clamped to sane bounds
     cdef readonly uint64_t masked              # migrate outcomes masked at publish (summed)
     cdef readonly uint64_t trust_clips         # actor parameters clipped to the trust region
-    cdef readonly uint64_t gated             # windows the hop gate raised accepting
+    cdef readonly uint64_t gated             # arrivals the hop gate accepted (gateway)
     cdef int win_in_batch                # windows whose gradient the batch holds
     cdef int batch_clock                 # windows since the last AdamW step
     cdef int learn_clock                 # windows since the last sampled one
