@@ -243,8 +243,8 @@ def _delta(a, b):
     d["service_sum_ns"] = sum((lo + hi) / 2 * c for lo, hi, c in d["service_buckets"])
     # a dilating handler's own counters (rocksdb: padded calls, overruns of their target)
     ha, hb = a.get("handler") or {}, b.get("handler") or {}
-    d["padded"] = hb.get("calls", 0) - ha.get("calls", 0)
-    d["overruns"] = hb.get("overruns", 0) - ha.get("overruns", 0)
+    for k in ("calls", "overruns", "cpu_ns", "target_ns", "wall_ns"):
+        d["pad_" + k] = hb.get(k, 0) - ha.get(k, 0)
     return d
 
 
@@ -614,8 +614,9 @@ class Experiment:
         # dilated rate x dilated service time: the same fraction as at rack scale
         eff = method.effective_load(rep["offered_per_s"], s["measured_mean"], self.total_workers)
         late = rep["schedule"]["late_fraction"]
-        padded = sum(d["padded"] for d in delta if d is not None)
-        overruns = sum(d["overruns"] for d in delta if d is not None)
+        pad = {k: sum(d["pad_" + k] for d in delta if d is not None)
+               for k in ("calls", "overruns", "cpu_ns", "target_ns", "wall_ns")}
+        padded, overruns = pad["calls"], pad["overruns"]
         fl = method.flags(late, eff, load, rep["accounted"], rep["timed_out"], overruns, padded)
         done = max(1, rep["completed"])
         # busy fraction of each server's workers over the run (warm-up included: the
@@ -633,6 +634,13 @@ class Experiment:
                "migrations_per_task": rep["migrated"] / done,
                "steals_per_task": rep["stolen"] / done, "server_util": util,
                "padded": padded, "overruns": overruns, "flags": fl, "_delta": delta}
+        if padded:
+            # the dilating handler's own view, µs per call: the real GET's CPU time (real,
+            # undilated), the target it padded to and the wall time it took (rack scale;
+            # wall > target: late wake-ups and overruns)
+            run["pad_us"] = {"cpu": pad["cpu_ns"] / padded / 1e3,
+                             "target": pad["target_ns"] / padded / 1e3 / k,
+                             "wall": pad["wall_ns"] / padded / 1e3 / k}
         if self.app is not None:
             a = rep["app"]
             run["app"] = {"checked": a["checked"], "wrong_values": a["wrong_values"],
@@ -760,7 +768,10 @@ def format_run(x):
             f"{_f(x['p99_us'], 7)} µs, eff. load {x['effective_load']:.3f}, late "
             f"{100 * x['late_fraction']:.2f}%, migr {x['migrations_per_task']:.2f}/task, "
             f"steals {x['steals_per_task']:.2f}/task"
-            + (f", overran {x['overruns']}/{x['padded']}" if x.get("padded") else "") + flag)
+            + (f", GET cpu {x['pad_us']['cpu']:.0f} µs real, target/wall "
+               f"{x['pad_us']['target']:.0f}/{x['pad_us']['wall']:.0f} µs, overran "
+               f"{x['overruns']}/{x['padded']}"
+               if x.get("padded") else "") + flag)
 
 
 HEADER = (f"{'policy':<16} {'load':>4} {'eff':>5} {'p99 µs':>7} {'95% CI':>15} {'n':>3} "
