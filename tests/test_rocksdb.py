@@ -190,9 +190,43 @@ def test_warm_pad_service_time_does_not_depend_on_the_idle_gap(db):
     assert 0.75 <= means[500.0] / means[0.0] <= 1.33, means
 
 
-def test_a_get_past_its_target_is_not_padded_and_is_counted(db):
-    dil = rdb.RocksDB(db, 64.0, 5.0, calib=32)
-    dil._scale_warm(1e-9)               # every target ~0 ns: every real GET overruns it
+def _cal_file(path, q16, q64):
+    """A `malcolm rocksdb calibrate --json` file with these GET(16)/GET(64) CPU quantiles."""
+    ps = [0.0, 0.5, 1.0]
+    path.write_text(json.dumps({"sizes": [
+        {"n": n, "cpu": {"quantiles": [[p, v] for p, v in zip(ps, q, strict=True)]}}
+        for n, q in ((16, q16), (64, q64))]}))
+    return str(path)
+
+
+def test_warm_pad_from_a_calibration_file(db, tmp_path):
+    # warm=FILE: the table is the file's quantiles (linear between them), so every server
+    # pads to one distribution, the one the simulator's rocksdb1-measured:FILE samples
+    from malcolm.workloads import parse_workload
+    f = _cal_file(tmp_path / "cal.json", [10.0, 20.0, 60.0], [40.0, 80.0, 240.0])
+    dil = rdb.open_handler(f"path={db},dilate=7,warm={f}")
+    assert sorted(dil.warm_table()) == [16, 64]
+    d16, d64 = dil.warm_draws(16, 40_000), dil.warm_draws(64, 40_000)
+    assert d16.min() >= 10_000 and d16.max() <= 60_000
+    assert d16.mean() == pytest.approx(1e3 * (15 + 40) / 2, rel=0.02)    # mean of the pieces
+    assert d64.mean() == pytest.approx(4 * d16.mean(), rel=0.02)
+    assert np.median(dil.warm_draws(8, 40_000)) == pytest.approx(10_000, rel=0.03)  # 20 / 2
+    assert np.median(dil.warm_draws(32, 40_000)) == pytest.approx(40_000, rel=0.03)  # 1/3 way
+    wl = parse_workload(f"rocksdb1-measured:{f}")
+    assert wl.mean_us == pytest.approx(0.9 * d16.mean() / 1e3 + 0.1 * d64.mean() / 1e3,
+                                       rel=0.02)
+    for bad, msg in (("/nonexistent.json", "cannot read"), (str(tmp_path), "cannot read")):
+        with pytest.raises(ValueError, match=msg):
+            Handler(f"rocksdb:path={db},dilate=7,warm={bad}")
+    (tmp_path / "junk.json").write_text('{"sizes": [{"n": 16}]}')
+    with pytest.raises(ValueError, match="not a `malcolm rocksdb calibrate"):
+        Handler(f"rocksdb:path={db},dilate=7,warm={tmp_path / 'junk.json'}")
+
+
+def test_a_get_past_its_target_is_not_padded_and_is_counted(db, tmp_path):
+    # targets of a few ns: every real GET overruns its target
+    f = _cal_file(tmp_path / "tiny.json", [0.001, 0.001, 0.001], [0.001, 0.001, 0.001])
+    dil = rdb.open_handler(f"path={db},dilate=5,warm={f}")
     keys = np.ascontiguousarray(np.arange(320, dtype=np.uint32).reshape(20, 16))
     rdb.time_gets(dil, keys)
     st = dil.dilate_stats()

@@ -19,24 +19,21 @@ handler does the real GET(n), so the values are real and checked, then waits, wi
 targets (``pad=``):
 
 ``warm`` (the default)
-    ``K`` x a draw from this server's *back-to-back* GET(n) cost. When it opens, the handler
-    times a short warm calibration (``calib`` GETs of each size 1, 2, 4, ..., 64, interleaved,
-    after as many untimed ones; uniform keys; thread CPU time; at most 5 s) and keeps the
-    sorted costs per size. Per request it draws a uniform quantile and reads that quantile of
-    the request's size (linear between calibrated sizes, same quantile: comonotone). So the
-    service time is ``K`` x the warm distribution, tail included, whatever idle gap came
-    before: under dilation a GET follows an idle gap of about K times its length and runs
-    cold (2-9x the back-to-back cost on a busy 2-core machine, growing with the gap), which
-    made the service time, hence the effective load, depend on the load and the policy. A
-    GET whose real wall time is already past its target is not padded and is counted
-    (``dilate_stats()["overruns"]``): the service time is not the warm one for that request.
+    ``K`` x a draw from the *back-to-back* cost of GET(n): the sorted CPU times of GETs of
+    each size, from ``warm=FILE`` (a ``malcolm rocksdb calibrate --json`` measurement, so
+    that every server pads to one distribution; linear between its sizes, in proportion to
+    n outside them) or else timed when the handler opens (``calib`` GETs of each size 1, 2,
+    4, ..., 64 after as many untimed ones, at most 5 s). Per request: a uniform quantile,
+    read on the request's size (linear between sizes, same quantile). Under dilation a GET
+    follows an idle gap of about K times its length and runs cold (2-9x the back-to-back cost
+    on a busy 2-core machine), so padding to K x its own cost made the service time, hence
+    the effective load, depend on the load and the policy; this one does not. A GET whose
+    wall time is already past its target is not padded and is counted (``overruns``).
 ``cpu``
-    ``K`` x the CPU time ``t`` the thread spent on this very GET (CLOCK_THREAD_CPUTIME_ID:
-    the work, not the time another process held the core): the real distribution scaled by
-    ``K``, including the cold cost after a gap. A GET preempted for longer than ``K t`` is not
-    padded (and counted).
+    ``K`` x the CPU time the thread spent on this very GET (CLOCK_THREAD_CPUTIME_ID: not the
+    time another process held the core), cold cost included.
 
-Spec: ``rocksdb:path=/var/lib/malcolm/db[,cache_mb=64][,dilate=K][,pad=warm|cpu][,calib=N]``
+Spec: ``rocksdb:path=PATH[,cache_mb=64][,dilate=K][,pad=warm|cpu][,calib=N][,warm=FILE]``
 (``handler = ...`` in the rack file, per server). Build the dictionary with
 ``malcolm rocksdb load``.
 """
@@ -196,8 +193,10 @@ cdef inline double _warm_draw(const KvState* s, uint32_t n, uint64_t* rng) noexc
     while j + 1 < s.n_grid and s.grid[j] < n:
         j += 1
     hi = _row_at(s.warm + j * s.warm_stride, s.warm_m, pos)
-    if s.grid[j] == n or j == 0:
+    if s.grid[j] == n:
         return hi
+    if j == 0 or s.grid[j] < n:         # outside the sizes a file measured: in proportion
+        return hi * <double>n / <double>s.grid[j]
     lo = _row_at(s.warm + (j - 1) * s.warm_stride, s.warm_m, pos)
     w = <double>(n - s.grid[j - 1]) / <double>(s.grid[j] - s.grid[j - 1])
     return lo + w * (hi - lo)
@@ -337,13 +336,13 @@ cdef _raise_err(char* e, what):
 
 
 PAD_MODES = {"warm": PAD_WARM, "cpu": PAD_CPU}
-OPTIONS = "path, cache_mb, dilate, pad, calib"
+OPTIONS = "path, cache_mb, dilate, pad, calib, warm"
 
 
 def parse_spec(rest):
-    """``path=PATH[,cache_mb=N][,dilate=K][,pad=warm|cpu][,calib=N]`` (a handler spec after
-    ``rocksdb:``) -> dict."""
-    out = {"cache_mb": 64.0, "dilate": 1.0, "pad": "warm", "calib": 500}
+    """``path=PATH[,cache_mb=N][,dilate=K][,pad=warm|cpu][,calib=N][,warm=FILE]`` (a handler
+    spec after ``rocksdb:``) -> dict."""
+    out = {"cache_mb": 64.0, "dilate": 1.0, "pad": "warm", "calib": 500, "warm": None}
     if not rest:
         raise RocksDBError("needs a database: rocksdb:path=/path/to/db")
     for p in rest.split(","):           # (so a path cannot contain a comma)
@@ -371,6 +370,8 @@ def parse_spec(rest):
             if val not in PAD_MODES:
                 raise RocksDBError(f"pad must be warm or cpu, not {val!r}")
             out["pad"] = val
+        elif key == "warm":
+            out["warm"] = val
         elif key == "calib":
             try:
                 out["calib"] = int(val)
@@ -409,6 +410,11 @@ cdef class RocksDB:
         calibrated here when the database opens, or to ``dilate`` x this GET's CPU time.
     calib : int
         ``pad="warm"``: timed GETs per calibrated size (1, 2, 4, ..., 64).
+    warm : str or None
+        ``pad="warm"``: take the warm cost from this ``malcolm rocksdb calibrate --json``
+        file (its CPU-time quantiles per GET size) instead of calibrating here, so that every
+        server of every rack pads to the same distribution (and the simulator's
+        ``rocksdb1-measured:FILE`` is that distribution).
     """
     cdef KvState st
     cdef rocksdb_options_t* opts
@@ -417,7 +423,7 @@ cdef class RocksDB:
     cdef readonly str path
 
     def __init__(self, path, double cache_mb=64.0, double dilate=1.0, pad="warm",
-                 int calib=500):
+                 int calib=500, warm=None):
         cdef char* err = NULL
         cdef size_t mlen = 0
         cdef char* meta
@@ -470,8 +476,34 @@ cdef class RocksDB:
             for i in range(BENCH_SLOTS):        # distinct draw streams per worker
                 self.st.dil[i].rng = mc_kv_mix(<uint64_t>i * 0x632BE59BD9B4E019ULL + 1)
             self.st.pad_mode = PAD_MODES[pad]
-            if self.st.pad_mode == PAD_WARM:
+            if self.st.pad_mode == PAD_WARM and warm:
+                self._load_warm(warm)
+            elif self.st.pad_mode == PAD_WARM:
                 self._calibrate_warm(calib)
+
+    def _load_warm(self, path):
+        from malcolm.workloads import read_calibration
+        cdef uint32_t j, i
+        try:
+            cal = read_calibration(path)
+        except ValueError as e:
+            raise RocksDBError(f"warm={path}: {e}") from None
+        sizes = sorted(cal)
+        if len(sizes) > WARM_GRID_MAX or not all(1 <= n <= MC_KV_MAX_KEYS for n in sizes):
+            raise RocksDBError(f"warm={path}: at most {WARM_GRID_MAX} GET sizes, each in "
+                               f"1..{MC_KV_MAX_KEYS}")
+        m = 1024                # the file's quantiles, resampled: linear between them
+        self.st.n_grid = len(sizes)
+        self.st.warm_stride = m
+        self.st.warm = <double*>calloc(<size_t>self.st.n_grid * m, sizeof(double))
+        if self.st.warm == NULL:
+            raise MemoryError()
+        for j, n in enumerate(sizes):
+            self.st.grid[j] = n
+            row = np.interp(np.linspace(0.0, 1.0, m), cal[n][0], cal[n][1]) * 1e3
+            for i in range(m):
+                self.st.warm[j * m + i] = row[i]
+        self.st.warm_m = m
 
     def _calibrate_warm(self, uint32_t calib):
         cdef uint32_t n = 1, kept
@@ -576,13 +608,6 @@ cdef class RocksDB:
                 ov[i] = _warm_draw(&self.st, n, &rng)
         return out
 
-    def _scale_warm(self, double factor):
-        """Tests only: multiply the warm table by ``factor``."""
-        cdef uint32_t j, i
-        for j in range(self.st.n_grid):
-            for i in range(self.st.warm_m):
-                self.st.warm[j * self.st.warm_stride + i] *= factor
-
     def pad_calibration(self):
         """``dilate`` > 1: per-worker ``(margin_us, sleeps, overruns)`` of the padding's
         calibrated waits (as ``Handler.calibration`` for ``bench``); else None."""
@@ -671,7 +696,7 @@ def time_gets(RocksDB db not None, const uint32_t[:, ::1] keys, double gap_us=0.
 def open_handler(rest):
     """Open the database named by a ``rocksdb:...`` spec's options; return the state object."""
     o = parse_spec(rest)
-    return RocksDB(o["path"], o["cache_mb"], o["dilate"], o["pad"], o["calib"])
+    return RocksDB(o["path"], o["cache_mb"], o["dilate"], o["pad"], o["calib"], o["warm"])
 
 
 def value(uint32_t k, uint32_t value_size):
