@@ -447,3 +447,27 @@ def test_inline_server_and_calibration(db):
     assert g64["cpu"]["mean_us"] > g16["cpu"]["mean_us"] / 2   # a sanity bound, not a target
     with pytest.raises(ValueError, match="out of range"):
         calibrate(st, [65], samples=100)
+
+
+def test_calibrate_updates_the_measured_workloads(db, tmp_path, monkeypatch):
+    # `malcolm rocksdb calibrate --update-workloads` writes the file rocksdb*-measured read
+    # (here a temporary one): the path from a measurement to the simulator is a command
+    from click.testing import CliRunner
+
+    from malcolm import workloads
+    from malcolm.cli import main
+    dest = tmp_path / "cal.json"
+    monkeypatch.setattr(workloads, "CALIBRATION_FILE", str(dest))
+    r = CliRunner().invoke(main, ["rocksdb", "calibrate", db, "--samples", "200",
+                                  "--warmup-requests", "50", "--update-workloads"])
+    assert r.exit_code == 0, r.output
+    assert "rocksdb1-measured: mean" in r.output and dest.exists()
+    cal = workloads.read_calibration(str(dest))
+    assert sorted(cal) == [16, 64]
+    w1 = workloads.measured_workload("rocksdb1-measured")       # reads the new file
+    assert w1.mean_us == pytest.approx(workloads.parse_workload(
+        f"rocksdb1-measured:{dest}").mean_us)
+    assert w1.mean_us != workloads.NAMED["rocksdb1-measured"].mean_us
+    r = CliRunner().invoke(main, ["rocksdb", "calibrate", db, "--sizes", "16",
+                                  "--update-workloads"])
+    assert r.exit_code == 2 and "needs --sizes with 16 and 64" in r.output
