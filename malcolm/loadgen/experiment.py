@@ -374,7 +374,7 @@ class Experiment:
                         warmup_s=warmup, threads=threads, timeout_s=max(1.0, 0.02 * k),
                         policy=rack.client_policy, busy=self.layout.poll == "busy",
                         spin_us=SPIN_US / k, cpus=cpus, lag_threshold_us=LAG_US * k,
-                        seed=seed,
+                        seed=seed, crn=True,
                         nice=NICE if self.prioritized else None)
 
     # ------------------------------------------------------------ dilation
