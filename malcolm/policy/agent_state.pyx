@@ -174,13 +174,14 @@ cdef class AgentState(Policy):
     # ------------------------------------------------------------ gateway thread (hot path)
     cdef int decide_arrival(self, int64_t now, int task_type) noexcept nogil:
         cdef uint64_t g = mc_load_relaxed(&self.gate_pub)
+        cdef uint32_t k = <uint32_t>g       # the low half: the budget; 0 while closed
         cdef int a
-        if g & LOW32:
+        if k:
             # the hop gate's budget for this window (see _gate_accept): gateway-owned counts
             if g >> 32 != self.gate_epoch:
                 self.gate_epoch = g >> 32
                 self.gate_used = 0
-            if self.gate_used < (g & LOW32):
+            if self.gate_used < k:
                 self.gate_used += 1
                 mc_store_relaxed(&self.gated, self.gated + 1)
                 return self.me
