@@ -68,6 +68,7 @@ cdef class AgentState(Policy):
         self.logit = _dalloc(n)
         self.med = _dalloc(n)
         self.g_pub = _dalloc(2 * n)
+        self.wdiag = _dalloc(2 * n)
         self.srt = _dalloc(n)
         self.pre = _dalloc(n + 1)
         self.ord = <int*>_zalloc(sizeof(int) * n)
@@ -97,6 +98,7 @@ cdef class AgentState(Policy):
         self.peer_stl = <uint64_t*>_zalloc(8 * n)
         if (self.P == NULL or self.P0 == NULL or self.logit == NULL or self.med == NULL
                 or self.srt == NULL or self.g_pub == NULL or self.pre == NULL
+                or self.wdiag == NULL
                 or self.ord == NULL or self.pos == NULL
                 or self.G == NULL or self.M == NULL or self.V == NULL
                 or self.x == NULL or self.u == NULL or self.u_pub == NULL
@@ -133,6 +135,7 @@ cdef class AgentState(Policy):
         free(self.logit)
         free(self.med)
         free(self.g_pub)
+        free(self.wdiag)
         free(self.srt)
         free(self.pre)
         free(self.ord)
@@ -161,7 +164,7 @@ cdef class AgentState(Policy):
         free(self.peer_mig)
         free(self.peer_stl)
         self.P = self.P0 = self.logit = self.med = self.G = self.M = self.V = NULL
-        self.srt = self.pre = self.g_pub = NULL
+        self.srt = self.pre = self.g_pub = self.wdiag = NULL
         self.ord = self.pos = NULL
         self.x = self.u = self.u_pub = self.feat_prev = self.feat_cur = NULL
         self.pm_pub = self.ps_pub = self.coef = self.adv = self.peer_theta = NULL
@@ -497,9 +500,15 @@ cdef class AgentState(Policy):
     cdef void _push_params(self) noexcept nogil:
         """Hand the actors' new weights to their distributions (logits recomputed).
 
-        The sparse actors compute their logits at publish (O(n)); nothing to hand over.
+        Every change of the actors' parameters in ``P`` must be followed by this call. The
+        sparse actors compute their logits at publish (O(n)) from contiguous copies of
+        their diagonal weights, gathered here (once per batch instead of every window).
         """
+        cdef int j, n = self.n
         if self.sparse:
+            for j in range(n):
+                self.wdiag[j] = self.P[self.off_wm + j * n + j]
+                self.wdiag[n + j] = self.P[self.off_ws + j * n + j]
             return
         cat_set_params(&self.mig, self.P + self.off_wm, self.P + self.off_bm)
         cat_set_params(&self.stl, self.P + self.off_ws, self.P + self.off_bs)
