@@ -47,6 +47,9 @@ cdef extern from "policy/_ac_kernels.h" nogil:
                              double c1, double c2, double eps, double inv_b) noexcept nogil
     void mc_ac_rank1(double* gw, const double* u, const double* coef, int n) noexcept nogil
 
+cdef extern from "policy/_select.h" nogil:
+    double mc_median(double* a, int k) noexcept nogil
+
 cdef extern from "policy/_pub_kernels.h" nogil:
     int mc_pub_softmax_w(const double* g, const double* w, double* p, int n) noexcept nogil
 
@@ -461,13 +464,12 @@ cdef class MalcolmPolicy(AgentState):
 
         The thesis averages; a median keeps one bad peer (whose theta passed the finiteness
         and norm checks in observe_peer) from moving anyone's theta by more than the spread
-        of the honest ones. With two values it is their mean. O(d K^2), K <= n, every C
+        of the honest ones. With two values it is their mean. O(d K), K <= n, every C
         windows.
         """
-        cdef int n = self.n, d = self.n_theta, i, j, k, a
+        cdef int n = self.n, d = self.n_theta, i, j, k
         cdef double* th = self.P
         cdef double* m = self.med
-        cdef double t
         if not self.cons_median:
             k = 1
             for j in range(n):
@@ -485,14 +487,9 @@ cdef class MalcolmPolicy(AgentState):
             k = 1
             for j in range(n):
                 if j != self.me and self.peer_theta_ok[j]:
-                    t = self.peer_theta[<Py_ssize_t>j * d + i]
-                    a = k               # insertion sort as we go
-                    while a > 0 and m[a - 1] > t:
-                        m[a] = m[a - 1]
-                        a -= 1
-                    m[a] = t
+                    m[k] = self.peer_theta[<Py_ssize_t>j * d + i]
                     k += 1
-            th[i] = m[k // 2] if k % 2 == 1 else 0.5 * (m[k // 2 - 1] + m[k // 2])
+            th[i] = mc_median(m, k)     # quickselect: O(K), the same value as a sort's
         self.consensus_rounds += 1
 
     cdef void _reset_actors(self) noexcept nogil:
