@@ -13,7 +13,7 @@ gateway's ``Rng`` and the gateway-owned per-outcome decision counters; all other
 on the policy thread.
 """
 from libc.math cimport fabs, sqrt
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free
 from libc.string cimport memcpy, memset
 
@@ -88,14 +88,11 @@ cdef class AgentState(Policy):
         self.peer_theta = _dalloc(n * d)
         self.known = <uint8_t*>_zalloc(n)
         self.peer_theta_ok = <uint8_t*>_zalloc(n)
-        self.peer_seen = <uint8_t*>_zalloc(n)
-        self.peer_seq = <uint32_t*>_zalloc(4 * n)
+        self.peers = <PeerRec*>_zalloc(sizeof(PeerRec) * n)
         self.cnt_mig = <uint64_t*>_zalloc(8 * n)
         self.cnt_stl = <uint64_t*>_zalloc(8 * n)
         self.seen_mig = <uint64_t*>_zalloc(8 * n)
         self.seen_stl = <uint64_t*>_zalloc(8 * n)
-        self.peer_mig = <uint64_t*>_zalloc(8 * n)
-        self.peer_stl = <uint64_t*>_zalloc(8 * n)
         if (self.P == NULL or self.P0 == NULL or self.logit == NULL or self.med == NULL
                 or self.srt == NULL or self.g_pub == NULL or self.pre == NULL
                 or self.wdiag == NULL
@@ -105,9 +102,9 @@ cdef class AgentState(Policy):
                 or self.feat_prev == NULL or self.feat_cur == NULL or self.pm_pub == NULL
                 or self.ps_pub == NULL or self.coef == NULL or self.adv == NULL
                 or self.peer_theta == NULL or self.known == NULL
-                or self.peer_theta_ok == NULL or self.peer_seen == NULL or self.peer_seq == NULL
+                or self.peer_theta_ok == NULL or self.peers == NULL
                 or self.cnt_mig == NULL or self.cnt_stl == NULL or self.seen_mig == NULL
-                or self.seen_stl == NULL or self.peer_mig == NULL or self.peer_stl == NULL):
+                or self.seen_stl == NULL):
             self._release()
             raise MemoryError("MalcolmPolicy: out of memory")
         if cat_init(&self.mig, n, n) != 0 or cat_init(&self.stl, n, n) != 0:
@@ -155,23 +152,19 @@ cdef class AgentState(Policy):
         free(self.peer_theta)
         free(self.known)
         free(self.peer_theta_ok)
-        free(self.peer_seen)
-        free(self.peer_seq)
+        free(self.peers)
         free(self.cnt_mig)
         free(self.cnt_stl)
         free(self.seen_mig)
         free(self.seen_stl)
-        free(self.peer_mig)
-        free(self.peer_stl)
         self.P = self.P0 = self.logit = self.med = self.G = self.M = self.V = NULL
         self.srt = self.pre = self.g_pub = self.wdiag = NULL
         self.ord = self.pos = NULL
         self.x = self.u = self.u_pub = self.feat_prev = self.feat_cur = NULL
         self.pm_pub = self.ps_pub = self.coef = self.adv = self.peer_theta = NULL
-        self.known = self.peer_theta_ok = self.peer_seen = NULL
-        self.peer_seq = NULL
+        self.known = self.peer_theta_ok = NULL
+        self.peers = NULL
         self.cnt_mig = self.cnt_stl = self.seen_mig = self.seen_stl = NULL
-        self.peer_mig = self.peer_stl = NULL
 
     # ------------------------------------------------------------ gateway thread (hot path)
     cdef int decide_arrival(self, int64_t now, int task_type) noexcept nogil:
@@ -394,26 +387,28 @@ cdef class AgentState(Policy):
         cdef double rate = hb.rate, load = hb.load, nrm = 0.0, t, dly
         cdef uint64_t dm, ds
         cdef bint ok
+        cdef PeerRec* pr
         if src < 0 or src >= self.n or src == self.me:
             return
-        if self.peer_seen[src]:
+        pr = &self.peers[src]
+        if pr.seen:
             # A reordered (older) heartbeat carries nothing newer: drop it.
-            if <int32_t>(hb.seq - self.peer_seq[src]) <= 0:
+            if <int32_t>(hb.seq - pr.seq) <= 0:
                 return
             # Counts are cumulative, so a lost heartbeat's actions show up in the next one.
             # A jump beyond what a server can move in a heartbeat interval is a lie: clamp it.
-            dm = hb.migrations - self.peer_mig[src] if hb.migrations > self.peer_mig[src] else 0
-            ds = hb.steals - self.peer_stl[src] if hb.steals > self.peer_stl[src] else 0
+            dm = hb.migrations - pr.mig if hb.migrations > pr.mig else 0
+            ds = hb.steals - pr.stl if hb.steals > pr.stl else 0
             if dm > COUNT_JUMP_MAX or ds > COUNT_JUMP_MAX:
                 self.hb_clamped += 1
                 dm = COUNT_JUMP_MAX if dm > COUNT_JUMP_MAX else dm
                 ds = COUNT_JUMP_MAX if ds > COUNT_JUMP_MAX else ds
             self.win_peer_mig += dm
             self.win_peer_stl += ds
-        self.peer_seen[src] = 1
-        self.peer_seq[src] = hb.seq
-        self.peer_mig[src] = hb.migrations
-        self.peer_stl[src] = hb.steals
+        pr.seen = 1
+        pr.seq = hb.seq
+        pr.mig = hb.migrations
+        pr.stl = hb.steals
         # Every heartbeat-derived input within sane bounds: a NaN or absurd rate or load from
         # one peer must not reach the logits, the advantages or the capacity prior.
         if not (rate > 0.0) or rate > RATE_MAX:
