@@ -627,12 +627,12 @@ cdef class MalcolmPolicy(AgentState):
         cdef double* w = self.logit          # the prior's weights, 0 where masked
         cdef const double* rate = self.adv + 2 * n
         cdef const double* x = self.x
-        cdef const double* wd = self.wdiag
+        cdef const double* A = self.act
+        cdef double zme
         cdef double rbar = 0.0, vbar = 0.0, vme, ls = self.load_scale, inv_rbar, lim
         cdef double rsum = 0.0, spare = 0.0, c = 0.0, km1, xme
         cdef bint flow, prior
         cdef const double* z = self.u_pub
-        cdef const double* P = self.P
         self._actor_inputs(self.u_pub)     # the inputs the published logits are computed from
         for j in range(n):
             if self.known[j]:
@@ -647,14 +647,16 @@ cdef class MalcolmPolicy(AgentState):
                 rsum += rate[j]
                 k += 1
         rbar = rsum / k if k > 0 else 0.0
-        # The learned logit parts (what the actors add to the safe start), both actors.
-        for j in range(n):
-            if self.sparse:
-                g[j] = (P[self.off_bm + j] + wd[j] * z[j]
-                        + (P[self.off_wm + me * n + j] * z[me] if j != me else 0.0))
-                g[n + j] = (P[self.off_bs + j] + wd[n + j] * z[j]
-                            + (P[self.off_ws + me * n + j] * z[me] if j != me else 0.0))
-            else:
+        # The learned logit parts (what the actors add to the safe start), both actors;
+        # sparse: B_j + W_jj z_j + W_j,me z_me from the gathered block (W_me,me counted once:
+        # its column-me entry there is 0).
+        if self.sparse:
+            zme = z[me]
+            for j in range(n):
+                g[j] = A[j] + A[n + j] * z[j] + A[2 * n + j] * zme
+                g[n + j] = A[3 * n + j] + A[4 * n + j] * z[j] + A[5 * n + j] * zme
+        else:
+            for j in range(n):
                 g[j] = self.mig.f[j]
                 g[n + j] = self.stl.f[j]
         # The capacity prior (see __init__): accepting weighs n r_me (with the start's accept

@@ -111,10 +111,12 @@ cdef class AgentState(Policy):
     cdef int* pos                        # pos[j]: j's index in srt (known j)
     cdef bint sorted_ok                  # srt reflects the current loads
     cdef double* g_pub                   # 2n: the learned logit parts at publish (mig, stl)
-    # 2n: the sparse actors' diagonal weights W_jj (migrate, then steal), gathered from P by
-    # _push_params: in P they lie n + 1 doubles apart, one cache line each, and _publish
-    # reads them every window (64 agents x 128 misses per window was its largest cost)
-    cdef double* wdiag
+    # 6n: what the sparse actors' logits read, gathered from P by _push_params into one
+    # block, [B_j | W_jj | W_j,me (0 at j = me)] for migrate, then the same for steal. In P
+    # the diagonal lies n + 1 doubles apart (a cache line each) and the four runs in four
+    # pages; _publish reads them every window (on 64 servers the diagonal's 128 misses per
+    # window were its largest cost)
+    cdef double* act
     cdef double* logit                   # publish scratch: f + capacity prior, masked
     cdef double* med                     # consensus scratch (n values per coordinate)
     cdef double hop_est                  # EWMA of measured one-way heartbeat delays (ns)

@@ -68,7 +68,7 @@ cdef class AgentState(Policy):
         self.logit = _dalloc(n)
         self.med = _dalloc(n)
         self.g_pub = _dalloc(2 * n)
-        self.wdiag = _dalloc(2 * n)
+        self.act = _dalloc(6 * n)
         self.srt = _dalloc(n)
         self.pre = _dalloc(n + 1)
         self.ord = <int*>_zalloc(sizeof(int) * n)
@@ -95,7 +95,7 @@ cdef class AgentState(Policy):
         self.seen_stl = <uint64_t*>_zalloc(8 * n)
         if (self.P == NULL or self.P0 == NULL or self.logit == NULL or self.med == NULL
                 or self.srt == NULL or self.g_pub == NULL or self.pre == NULL
-                or self.wdiag == NULL
+                or self.act == NULL
                 or self.ord == NULL or self.pos == NULL
                 or self.G == NULL or self.M == NULL or self.V == NULL
                 or self.x == NULL or self.u == NULL or self.u_pub == NULL
@@ -132,7 +132,7 @@ cdef class AgentState(Policy):
         free(self.logit)
         free(self.med)
         free(self.g_pub)
-        free(self.wdiag)
+        free(self.act)
         free(self.srt)
         free(self.pre)
         free(self.ord)
@@ -158,7 +158,7 @@ cdef class AgentState(Policy):
         free(self.seen_mig)
         free(self.seen_stl)
         self.P = self.P0 = self.logit = self.med = self.G = self.M = self.V = NULL
-        self.srt = self.pre = self.g_pub = self.wdiag = NULL
+        self.srt = self.pre = self.g_pub = self.act = NULL
         self.ord = self.pos = NULL
         self.x = self.u = self.u_pub = self.feat_prev = self.feat_cur = NULL
         self.pm_pub = self.ps_pub = self.coef = self.adv = self.peer_theta = NULL
@@ -499,11 +499,17 @@ cdef class AgentState(Policy):
         sparse actors compute their logits at publish (O(n)) from contiguous copies of
         their diagonal weights, gathered here (once per batch instead of every window).
         """
-        cdef int j, n = self.n
+        cdef int a, j, n = self.n, me = self.me, w, b
+        cdef double* o
         if self.sparse:
-            for j in range(n):
-                self.wdiag[j] = self.P[self.off_wm + j * n + j]
-                self.wdiag[n + j] = self.P[self.off_ws + j * n + j]
+            for a in range(2):
+                o = self.act + 3 * n * a
+                w = self.off_wm if a == 0 else self.off_ws
+                b = self.off_bm if a == 0 else self.off_bs
+                for j in range(n):
+                    o[j] = self.P[b + j]
+                    o[n + j] = self.P[w + j * n + j]
+                    o[2 * n + j] = self.P[w + me * n + j] if j != me else 0.0
             return
         cat_set_params(&self.mig, self.P + self.off_wm, self.P + self.off_bm)
         cat_set_params(&self.stl, self.P + self.off_ws, self.P + self.off_bs)
