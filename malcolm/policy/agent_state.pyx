@@ -26,6 +26,10 @@ from malcolm.policy.base cimport MAX_THETA, Heartbeat, Policy
 
 # Sane bounds on heartbeat-derived inputs (issue 13): 1000 s of queued work, 1e9 tasks in a
 # server, 1e9 tasks per second of service rate, 1e6 tasks moved between two heartbeats.
+cdef extern from "policy/_sort_kernels.h" nogil:
+    void mc_sort_pairs(double* key, int* idx, int k) noexcept nogil
+
+
 cdef double LOAD_MAX_NS = 1e12
 cdef double QUEUE_MAX = 1e9
 cdef double RATE_MAX = 1.0
@@ -208,35 +212,25 @@ cdef class AgentState(Policy):
     cdef void _sort_loads(self) noexcept nogil:
         """srt <- the known loads v = x / load_scale (unclipped), sorted; pre <- prefix sums.
 
-        O(n log n); with it the imbalance and every one-decision change of it cost
-        O(log n) instead of O(n) (a 64-server rack was dominated by the O(n^2) loops).
+        With it the imbalance and every one-decision change of it cost O(log n) instead of
+        O(n) (a 64-server rack was dominated by the O(n^2) loops).
         """
         cdef int j, k = 0, a, t, n = self.n
-        cdef double inv = 1.0 / self.load_scale, v
+        cdef double inv = 1.0 / self.load_scale
         cdef int* o = self.ord
         cdef double* key = self.srt
         if self.sorted_ok:
             return
-        # Insertion sort in last window's order: loads move little between windows, so this
-        # is close to O(n) (no comparison callbacks either). The known servers are first
-        # compacted into o[:k] with their loads in srt[:k], so that the inner loop moves
-        # contiguous (load, index) pairs instead of chasing x[o[a]].
+        # The known servers are first compacted into o[:k] with their loads in srt[:k]
+        # (in last sort's order, so that unknown servers keep their places after them),
+        # then sorted in one vectorized rank sort (_sort_kernels.h).
         for j in range(n):
             t = o[j]
             if self.known[t]:
                 o[k] = t
                 key[k] = self.x[t]
                 k += 1
-        for j in range(1, k):
-            t = o[j]
-            v = key[j]
-            a = j
-            while a > 0 and key[a - 1] > v:
-                key[a] = key[a - 1]
-                o[a] = o[a - 1]
-                a -= 1
-            key[a] = v
-            o[a] = t
+        mc_sort_pairs(key, o, k)
         # unknown servers keep their places after the known ones
         a = k
         for j in range(n):
