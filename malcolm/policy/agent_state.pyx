@@ -28,6 +28,7 @@ from malcolm.policy.base cimport MAX_THETA, Heartbeat, Policy
 # server, 1e9 tasks per second of service rate, 1e6 tasks moved between two heartbeats.
 cdef extern from "policy/_sort_kernels.h" nogil:
     void mc_sort_pairs(double* key, int* idx, int k) noexcept nogil
+    int mc_count_below(const double* v, int k, double a) noexcept nogil
 
 
 cdef double LOAD_MAX_NS = 1e12
@@ -249,25 +250,12 @@ cdef class AgentState(Policy):
     cdef double _absdev(self, double a, int start) noexcept nogil:
         """sum_k |a - v_k| over the known loads (needs _sort_loads).
 
-        ``start``: a guess of the number of v_k < a (a server's own sorted position): the
-        search walks from there, so a point near a known load costs O(1) steps, at worst
-        O(n); -1 for a binary search.
+        ``start`` (a guess of the number of v_k < a) is not used: a branch-free binary
+        search (O(log n), ``mc_count_below``) beat walking from it, whose steps
+        mispredicted on a rack of many equal loads.
         """
-        cdef int lo = 0, hi = self.nsrt, mid, k = self.nsrt
-        cdef const double* v = self.srt
-        if start < 0:
-            while lo < hi:              # lo <- the number of v_k < a
-                mid = (lo + hi) >> 1
-                if v[mid] < a:
-                    lo = mid + 1
-                else:
-                    hi = mid
-        else:
-            lo = start if start <= k else k
-            while lo > 0 and v[lo - 1] >= a:
-                lo -= 1
-            while lo < k and v[lo] < a:
-                lo += 1
+        cdef int k = self.nsrt
+        cdef int lo = mc_count_below(self.srt, k, a)
         return (a * lo - self.pre[lo]) + (self.pre[k] - self.pre[lo] - a * (k - lo))
 
     cdef void _marginal_advantages(self, bint do_mig, bint do_stl) noexcept nogil:
