@@ -619,84 +619,19 @@ cdef class MalcolmPolicy(AgentState):
         them could only make things worse). If nothing is left, accept / do not steal.
 
         The prior enters as a weight, softmax(g + log w) = w exp(g) / sum(w exp(g)), and a
-        mask as w = 0: no logs per window (the n logs of the prior were a quarter of the
-        publish step on a 64-server rack; docs/policy.md "Scale").
+        mask as w = 0 (``AgentState._migrate_weights``, ``_steal_weights``): no logs per
+        window (the n logs of the prior were a quarter of the publish step on a 64-server
+        rack; docs/policy.md "Scale").
         """
-        cdef int n = self.n, me = self.me, j, k = 0, nm = 0
-        cdef double* g = self.g_pub
-        cdef double* w = self.logit          # the prior's weights, 0 where masked
-        cdef const double* rate = self.adv + 2 * n
-        cdef const double* x = self.x
-        cdef const double* A = self.act
-        cdef double zme
-        cdef double rbar = 0.0, vbar = 0.0, vme, ls = self.load_scale, inv_rbar, lim
-        cdef double rsum = 0.0, spare = 0.0, c = 0.0, km1, xme
-        cdef bint flow, prior
-        cdef const double* z = self.u_pub
+        cdef int n = self.n
         self._actor_inputs(self.u_pub)     # the inputs the published logits are computed from
-        for j in range(n):
-            if self.known[j]:
-                vbar += x[j]
-                k += 1
-        vbar /= (k if k > 0 else 1) * ls
-        vme = x[me] / ls
-        xme = x[me]
-        k = 0
-        for j in range(n):
-            if rate[j] > 0.0:
-                rsum += rate[j]
-                k += 1
-        rbar = rsum / k if k > 0 else 0.0
-        # The learned logit parts (what the actors add to the safe start), both actors;
-        # sparse: B_j + W_jj z_j + W_j,me z_me from the gathered block (W_me,me counted once:
-        # its column-me entry there is 0).
-        if self.sparse:
-            zme = z[me]
-            for j in range(n):
-                g[j] = A[j] + A[n + j] * z[j] + A[2 * n + j] * zme
-                g[n + j] = A[3 * n + j] + A[4 * n + j] * z[j] + A[5 * n + j] * zme
-        else:
-            for j in range(n):
-                g[j] = self.mig.f[j]
-                g[n + j] = self.stl.f[j]
-        # The capacity prior (see __init__): accepting weighs n r_me (with the start's accept
-        # bias), the peers together sum_{j != me} r_j, shared in proportion to the capacity
-        # each has left after keeping its own accepted arrivals, s_j ~ r_j^2 / (R + (k-1) r_j).
-        prior = self.capacity_prior and rbar > 0.0
-        flow = prior and k > 1 and rate[me] > 0.0
-        km1 = <double>(k - 1)
-        if flow:
-            for j in range(n):
-                w[j] = (rate[j] * rate[j] / (rsum + km1 * rate[j])
-                        if j != me and rate[j] > 0.0 else 0.0)
-                spare += w[j]
-            c = (rsum - rate[me]) / (spare * rbar)
-            for j in range(n):
-                w[j] = c * w[j] if rate[j] > 0.0 else 1.0
-        elif prior:
-            inv_rbar = 1.0 / rbar
-            for j in range(n):
-                w[j] = rate[j] * inv_rbar if rate[j] > 0.0 else 1.0
-        else:
-            for j in range(n):
-                w[j] = 1.0
-        if prior and rate[me] > 0.0:
-            w[me] = rate[me] / rbar
-        if self.mask_factor > 0.0:
-            lim = self.mask_factor * vbar
-            for j in range(n):
-                if j != me and self.known[j] and x[j] / ls > vme:
-                    if x[j] / ls > lim + (1.0 / (rate[j] * ls) if rate[j] > 0.0 else 1.0):
-                        w[j] = 0.0
-                        nm += 1
-        self.masked += nm
-        if mc_pub_softmax_w(g, w, self.pm_pub, n) != 0:
-            self._publish_only(self.pm_pub, me)
-        for j in range(n):
-            w[j] = (0.0 if j != me and self.mask_factor > 0.0 and self.known[j]
-                    and x[j] <= xme else 1.0)
-        if mc_pub_softmax_w(g + n, w, self.ps_pub, n) != 0:
-            self._publish_only(self.ps_pub, me)
+        self._learned_logits()
+        self._migrate_weights(self.logit)
+        if mc_pub_softmax_w(self.g_pub, self.logit, self.pm_pub, n) != 0:
+            self._publish_only(self.pm_pub)
+        self._steal_weights(self.logit)
+        if mc_pub_softmax_w(self.g_pub + n, self.logit, self.ps_pub, n) != 0:
+            self._publish_only(self.ps_pub)
         cat_publish_probs(&self.mig, self.pm_pub)
         cat_publish_probs(&self.stl, self.ps_pub)
         # feat_prev only before a window whose learning step reads it (see _learn_window)
@@ -704,11 +639,6 @@ cdef class MalcolmPolicy(AgentState):
             self._features(self.feat_prev)
         if self.marginal and not self.adv_next:
             self._marginal_advantages(True, True)
-
-    cdef void _publish_only(self, double* p, int j) noexcept nogil:
-        """p <- all mass on outcome j (what a softmax with nothing else left gives)."""
-        memset(p, 0, sizeof(double) * self.n)
-        p[j] = 1.0
 
     # ------------------------------------------------------------ Python inspection and driving
     def _vec(self, int off, int count):

@@ -166,3 +166,7 @@ cdef class AgentState(Policy):
     cdef void _push_params(self) noexcept nogil
     cdef void _rescale(self) noexcept nogil
     cdef double _hop_units(self) noexcept nogil
+    cdef void _learned_logits(self) noexcept nogil
+    cdef void _migrate_weights(self, double* w) noexcept nogil
+    cdef void _steal_weights(self, double* w) noexcept nogil
+    cdef void _publish_only(self, double* p) noexcept nogil

@@ -347,6 +347,95 @@ cdef class AgentState(Policy):
                     cat_update(&self.mig, k, self.u[k] - v)
                     cat_update(&self.stl, k, self.u[k] - v)
 
+    # ------------------------------------------------------------ what _publish weighs
+    cdef void _learned_logits(self) noexcept nogil:
+        """g_pub <- the learned logit parts (what the actors add to the safe start) of both
+        actors at the inputs u_pub: sparse, B_j + W_jj z_j + W_j,me z_me from the gathered
+        block ``act`` (W_me,me counted once: its column-me entry there is 0)."""
+        cdef int n = self.n, j
+        cdef double* g = self.g_pub
+        cdef const double* A = self.act
+        cdef const double* z = self.u_pub
+        cdef double zme = z[self.me]
+        if self.sparse:
+            for j in range(n):
+                g[j] = A[j] + A[n + j] * z[j] + A[2 * n + j] * zme
+                g[n + j] = A[3 * n + j] + A[4 * n + j] * z[j] + A[5 * n + j] * zme
+        else:
+            for j in range(n):
+                g[j] = self.mig.f[j]
+                g[n + j] = self.stl.f[j]
+
+    cdef void _migrate_weights(self, double* w) noexcept nogil:
+        """w <- the migrate outcomes' weights: the capacity prior (the softmax of g + log w is
+        w exp(g) / sum(w exp(g))), 0 where the overload mask applies (counted in ``masked``).
+
+        Accepting weighs r_me / mean rate (with the start's accept bias log n: n r_me), the
+        peers together sum_{j != me} r_j, shared in proportion to the capacity each has left
+        after keeping its own accepted arrivals, s_j ~ r_j^2 / (R + (k-1) r_j) (see
+        ``MalcolmPolicy.__init__``).
+        """
+        cdef int n = self.n, me = self.me, j, k = 0, nm = 0
+        cdef const double* rate = self.adv + 2 * n
+        cdef const double* x = self.x
+        cdef double rbar = 0.0, vbar = 0.0, vme, ls = self.load_scale, inv_rbar, lim
+        cdef double rsum = 0.0, spare = 0.0, c = 0.0, km1
+        cdef bint flow, prior
+        for j in range(n):
+            if self.known[j]:
+                vbar += x[j]
+                k += 1
+        vbar /= (k if k > 0 else 1) * ls
+        vme = x[me] / ls
+        k = 0
+        for j in range(n):
+            if rate[j] > 0.0:
+                rsum += rate[j]
+                k += 1
+        rbar = rsum / k if k > 0 else 0.0
+        prior = self.capacity_prior and rbar > 0.0
+        flow = prior and k > 1 and rate[me] > 0.0
+        km1 = <double>(k - 1)
+        if flow:
+            for j in range(n):
+                w[j] = (rate[j] * rate[j] / (rsum + km1 * rate[j])
+                        if j != me and rate[j] > 0.0 else 0.0)
+                spare += w[j]
+            c = (rsum - rate[me]) / (spare * rbar)
+            for j in range(n):
+                w[j] = c * w[j] if rate[j] > 0.0 else 1.0
+        elif prior:
+            inv_rbar = 1.0 / rbar
+            for j in range(n):
+                w[j] = rate[j] * inv_rbar if rate[j] > 0.0 else 1.0
+        else:
+            for j in range(n):
+                w[j] = 1.0
+        if prior and rate[me] > 0.0:
+            w[me] = rate[me] / rbar
+        if self.mask_factor > 0.0:
+            lim = self.mask_factor * vbar
+            for j in range(n):
+                if j != me and self.known[j] and x[j] / ls > vme:
+                    if x[j] / ls > lim + (1.0 / (rate[j] * ls) if rate[j] > 0.0 else 1.0):
+                        w[j] = 0.0
+                        nm += 1
+        self.masked += nm
+
+    cdef void _steal_weights(self, double* w) noexcept nogil:
+        """w <- 1 for the steal outcomes, 0 for the peers not busier than us (the mask)."""
+        cdef int j, me = self.me
+        cdef double xme = self.x[me]
+        cdef bint mask = self.mask_factor > 0.0
+        for j in range(self.n):
+            w[j] = 0.0 if j != me and mask and self.known[j] and self.x[j] <= xme else 1.0
+
+    cdef void _publish_only(self, double* p) noexcept nogil:
+        """p <- all mass on the own outcome (accept / do not steal): what a softmax with
+        nothing else left gives."""
+        memset(p, 0, sizeof(double) * self.n)
+        p[self.me] = 1.0
+
     cdef double _hop_units(self) noexcept nogil:
         """One hop's latency in units of ``load_scale``: what a migration or steal costs."""
         return (self.hop_est if self.auto_hop else self.hop_ns) / self.load_scale
