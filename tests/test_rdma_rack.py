@@ -87,3 +87,31 @@ def test_verbs_rack_steals_from_the_busy_server(tmp_path):
     st = _final_stats(lr)
     assert sum(x["stolen_in"] for x in st) == sum(x["stolen_out"] for x in st) >= s["stolen"]
     assert st[0]["stolen_out"] > 0
+
+
+def test_verbs_rack_server_restart_is_found_again_by_its_peer_and_its_client(tmp_path):
+    """A verbs server restarted on its address has a new queue pair. Its peer takes it at
+    once (the restarted server announces itself at start, and its first heartbeat is a new
+    epoch); a client that keeps sending to it, which the server cannot announce itself to,
+    finds it again by re-querying a silent peer. Every task is answered or reported lost,
+    and only those sent before the client's re-query was answered are lost: before, the
+    client sent server 1's share into the old queue pair for ever."""
+    from malcolm.net.client import Accounting, Client
+
+    with _rack(_rack_file(tmp_path, 'name = "random"')) as lr:
+        with Client("verbs", lr.cfg.addresses, address=f"{HOST}:0") as c:
+            first = c.run(200, service_ns=20_000, rate=1000, timeout=20).summary()
+            lr.kill(1)
+            lr.start(1, timeout=150)
+            c.acc = Accounting()
+            after = c.run(400, service_ns=20_000, rate=1000, timeout=20).summary()
+        codes = lr.down()
+    print(f"\nafter the restart: {after}")
+    assert first["answered"] == 200 and first["duplicates"] == 0, first
+    assert set(codes.values()) == {0}, codes
+    assert after["answered"] + after["lost"] == 400 and after["duplicates"] == 0, after
+    assert after["lost"] <= 60, after                   # ~200 (its share) before the fix
+    assert after["by_server"].get(1, 0) > 100, after
+    st = _final_stats(lr)
+    assert st[1]["forwarded_in"] > 20, st[1]            # its peer migrates to it again
+    assert st[0]["peer_restarts"] >= 1 and 1 in st[0]["peers_up"], st[0]
