@@ -114,4 +114,4 @@ def test_verbs_rack_server_restart_is_found_again_by_its_peer_and_its_client(tmp
     assert after["by_server"].get(1, 0) > 100, after
     st = _final_stats(lr)
     assert st[1]["forwarded_in"] > 20, st[1]            # its peer migrates to it again
-    assert st[0]["peer_restarts"] >= 1 and 1 in st[0]["peers_up"], st[0]
+    assert st[0]["peer_restarts"] >= 1, st[0]         # (peers_up: read after the rack is down)

@@ -432,7 +432,10 @@ def test_a_restarted_endpoint_announces_itself_and_loses_nothing():
         while len(got) < 50 and time.monotonic() < t_end:
             got += [int(d) for d, _ in b2.recv(0.5)]
         assert sorted(got) == list(range(50)), got
-        assert a.stats()["requeries"] == 0 and a.stats()["n_send_failed"] == 0, a.stats()
+        sa = a.stats()
+        print(f"\nafter the announcement: {sa}")
+        assert sa["n_send_failed"] == 0, sa
+        assert sa["requeries"] == 0, sa
     finally:
         a.close()
         b.close()
@@ -440,32 +443,40 @@ def test_a_restarted_endpoint_announces_itself_and_loses_nothing():
             b2.close()
 
 
+FLOOD = """
+import sys, time
+from malcolm.net.transport import open_transport
+tr = open_transport("verbs", sys.argv[1] + ":0")
+dst = (sys.argv[1], int(sys.argv[2]))
+t_end = time.monotonic() + float(sys.argv[3])
+while time.monotonic() < t_end:
+    tr.send_many([(dst, b"x")] * 32)
+    tr.recv(0.0)
+"""
+
+
 def test_introductions_are_taken_while_the_receiver_is_busy():
     """A receiver kept busy by a known peer still turns introductions into peers on every
     poll, so its address thread keeps answering joiners: twice the ring's capacity (256) of
-    queries during a sustained flood are all answered (none refused ``intro_full``), and a
-    real joiner is heard and answered during the flood. Were the ring drained only when the
-    receiver idles, or when a message comes from a sender it does not know (the flood's
-    sender is known), the 257th query would go unanswered until the flood stopped."""
+    queries during a sustained flood (another process) are all answered (none refused
+    ``intro_full``), and a real joiner is heard and answered during the flood. Were the ring
+    drained only when the receiver sleeps, or when a message comes from a sender it does not
+    know (the flood's sender is known), the 257th query would go unanswered until the flood
+    stopped."""
     import socket
     import struct
+    import subprocess
+    import sys
     import threading
     import time
 
     from malcolm.net.transport import open_transport
 
     s = open_transport("verbs", f"{_host()}:0")
-    flood = open_transport("verbs", f"{_host()}:0")
     joiner = open_transport("verbs", f"{_host()}:0")
     raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    stop = threading.Event()
     res = {"answered": 0, "joined": None}
-
-    def flooder():
-        while not stop.is_set():
-            flood.send_many([(s.address, b"x")] * 16)
-            flood.recv(0.0)
-            time.sleep(0.0005)
+    flood = subprocess.Popen([sys.executable, "-c", FLOOD, _host(), str(s.address[1]), "150"])
 
     def joiners():
         query = b"MCV1" + bytes([1, 0]) + struct.pack("!HII", 0, 0x1234, 0x11111111) + bytes(16)
@@ -483,30 +494,32 @@ def test_introductions_are_taken_while_the_receiver_is_busy():
         res["joined"] = [d for d, _ in got]
 
     try:
-        flood.send(s.address, b"x")             # the flood's sender is known before it starts
-        s.recv(5.0)
-        threads = [threading.Thread(target=flooder), threading.Thread(target=joiners)]
-        for t in threads:
-            t.start()
+        assert s.recv(120.0), "the flood never started"     # its sender is known from here
+        th = threading.Thread(target=joiners)
+        th.start()
         busy = polls = 0
         t_end = time.monotonic() + 120.0
-        while threads[1].is_alive() and time.monotonic() < t_end:
+        while th.is_alive() and time.monotonic() < t_end:
             got = s.recv(0.0)
             polls += 1
             busy += bool(got)
             for d, src in got:
                 if d == b"join":
                     s.send(src, b"welcome")
-        stop.set()
-        for t in threads:
-            t.join(30.0)
+            time.sleep(0.002)      # a gateway's work between polls (never the transport's wait)
+        th.join(30.0)
         st = s.stats()
-        assert busy > 0.5 * polls, (busy, polls)       # it really was busy
+        print(f"\n{busy} of {polls} polls found messages ({st['n_recv']} in all); "
+              f"{res['answered']} of 512 queries answered, intro_full {st['intro_full']}")
+        # The flood was on throughout (under the guest's emulation a Python sender through
+        # Soft-RoCE fills about a fifth of 0.5 ms-spaced polls; the property does not rest on
+        # it: a receiver that never sleeps and never hears an unknown sender must drain).
+        assert busy >= 50 and busy >= 0.25 * polls, (busy, polls)
         assert res["answered"] == 512 and st["intro_full"] == 0, (res, st)
         assert res["joined"] == [b"welcome"], res
     finally:
-        stop.set()
+        flood.kill()
+        flood.wait(10)
         raw.close()
         joiner.close()
-        flood.close()
         s.close()
