@@ -131,6 +131,9 @@ def scenario(name, seconds, rate, dilate=1.0):
     row["rejected_by_reason"] = rep["rejected"]
     row["bad_mac_at_servers"] = sum(s.get("malformed_by_reason", {}).get("bad MAC", 0)
                                     for s in stats)
+    # copies of a datagram already taken (netem duplicate): dropped by the replay windows
+    row["replayed_at_servers"] = sum(s.get("malformed_by_reason", {}).get("replayed", 0)
+                                     for s in stats)
     row["malformed_at_client"] = rep["malformed"]       # e.g. a response with a bit flipped
     row["p99_us"] = rep["latency_us"]["p99"]
     # answered after the client gave up: late (a stalled process), not lost
@@ -282,7 +285,12 @@ def in_netns(name, qdisc, seconds, rate, dilate=1.0):
         row["injected"] = how
         row["net_packets"] = net.get("packets")
         row["net_dropped"] = net.get("dropped")
-        row["expected_loss"] = "tasks or responses the network dropped (reported timed out)"
+        row["net_bad_checksum"] = net.get("bad_checksum")
+        row["expected_loss"] = (
+            "tasks whose task, forward or response was dropped (reported timed out)"
+            if "loss" in qdisc else
+            "tasks whose task, forward or response was corrupted: dropped for its udp "
+            "checksum, or its MAC (reported timed out)" if "corrupt" in qdisc else "none")
         return row
     finally:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)

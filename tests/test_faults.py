@@ -116,7 +116,8 @@ def test_kill_stop_and_restart_under_load_lose_nothing_unreported(tmp_path):
 
 
 # Time dilation for the netem runs: every time in them (service times, windows, the peers'
-# timeout, the client's timeout, netem's delays) x K, and the rate / K. They also run in the
+# timeout, the admission limit max_wait_ms, the client's timeout, netem's delays) x K, and
+# the rate / K. They also run in the
 # Soft-RoCE guest (scripts/rdma-vm: its kernel has netem), where TCG on a loaded host makes a
 # 200 us sleep take 5 ms and an undilated rack time out nearly everything; at K = 10 it keeps
 # up there with seconds to spare.
@@ -126,10 +127,11 @@ import json, sys, tempfile
 from malcolm.loadgen.faults import FaultRack
 K = float(sys.argv[1])
 with FaultRack(tempfile.mkdtemp(prefix="mcnetem-"), policy='name = "random"',
-               window_us=1000.0 * K, peer_timeout_ms=100.0 * K) as fr:
+               window_us=1000.0 * K, peer_timeout_ms=100.0 * K,
+               extra=f"max_wait_ms = {200.0 * K!r}") as fr:
     rep = fr.load(2000.0 / K, 3.0, timeout_s=0.5 * K, workload=f"exp:{200.0 * K}")
 print(json.dumps({k: rep[k] for k in ("sent", "completed", "timed_out", "rejected_total",
-                                      "accounted", "duplicates", "forged")}))
+                                      "rejected", "accounted", "duplicates", "forged")}))
 """
 
 

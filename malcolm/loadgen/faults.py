@@ -260,8 +260,10 @@ def impair(ns, spec):
 def impairment(ns):
     """What :func:`impair` did so far in namespace ``ns``: ``{"packets": datagrams that went
     through netem (None under the nftables fallback, which counts only its drops),
-    "dropped": datagrams dropped}``; None if neither is in place. netem's counters are the
-    qdisc's (``tc -s qdisc``): with loss, every datagram it drops is one "drop"."""
+    "dropped": datagrams dropped, "bad_checksum": udp datagrams the namespace's kernel
+    dropped for a bad checksum (netem ``corrupt``)}``; None if neither is in place. netem's
+    counters are the qdisc's (``tc -s qdisc``): with loss, every datagram it drops is one
+    "drop"."""
     import json
     import subprocess
     r = subprocess.run(["ip", "netns", "exec", ns, "tc", "-s", "-j", "qdisc", "show", "dev",
@@ -269,7 +271,8 @@ def impairment(ns):
     if r.returncode == 0:
         for q in json.loads(r.stdout or "[]"):
             if q.get("kind") == "netem":
-                return {"packets": int(q.get("packets", 0)), "dropped": int(q.get("drops", 0))}
+                return {"packets": int(q.get("packets", 0)), "dropped": int(q.get("drops", 0)),
+                        "bad_checksum": _udp_csum_errors(ns)}
     r = subprocess.run(["ip", "netns", "exec", ns, "nft", "-j", "list", "table", "inet",
                         "mcfault"], capture_output=True, text=True)
     if r.returncode == 0:
@@ -278,6 +281,17 @@ def impairment(ns):
                 if "counter" in expr:
                     return {"packets": None, "dropped": int(expr["counter"]["packets"])}
     return None
+
+
+def _udp_csum_errors(ns):
+    """Udp InCsumErrors of namespace ``ns`` (/proc/net/snmp there), None if unreadable."""
+    import subprocess
+    r = subprocess.run(["ip", "netns", "exec", ns, "cat", "/proc/net/snmp"],
+                       capture_output=True, text=True)
+    rows = [ln.split()[1:] for ln in r.stdout.splitlines() if ln.startswith("Udp:")]
+    if r.returncode or len(rows) < 2 or "InCsumErrors" not in rows[0]:
+        return None
+    return int(rows[1][rows[0].index("InCsumErrors")])
 
 
 def dilate_qdisc(spec, k):
