@@ -70,7 +70,8 @@ ctypedef struct Counts:
     uint64_t migrated               # completed tasks that carried the migrated flag
     uint64_t stolen
     uint64_t late                   # responses that came after their task timed out
-    uint64_t duplicates
+    uint64_t duplicates             # second answers to a task (a different message)
+    uint64_t replayed               # copies of the answer already taken (same epoch, seq)
     uint64_t unknown                # responses to ids this client never sent (or too old)
     uint64_t foreign                # responses for another client id
     uint64_t malformed
@@ -166,6 +167,8 @@ cdef class LoadClient:
     cdef uint64_t cap, mask
     cdef int64_t* req_t
     cdef uint8_t* req_state
+    cdef uint64_t* resp_ep          # the (epoch, seq) of the answer that completed the slot
+    cdef uint64_t* resp_seq
     cdef uint64_t next_id, oldest
     cdef Hist* lat
     cdef Hist* lag
@@ -277,9 +280,12 @@ cdef class LoadClient:
                 raise MemoryError()
         self.req_t = <int64_t*>mc_aligned_alloc(64, self.cap * sizeof(int64_t))
         self.req_state = <uint8_t*>mc_aligned_alloc(64, self.cap)
+        self.resp_ep = <uint64_t*>mc_aligned_alloc(64, self.cap * sizeof(uint64_t))
+        self.resp_seq = <uint64_t*>mc_aligned_alloc(64, self.cap * sizeof(uint64_t))
         self.lat = <Hist*>mc_aligned_alloc(64, sizeof(Hist))
         self.lag = <Hist*>mc_aligned_alloc(64, sizeof(Hist))
-        if self.req_t == NULL or self.req_state == NULL or self.lat == NULL or self.lag == NULL:
+        if self.req_t == NULL or self.req_state == NULL or self.lat == NULL or self.lag == NULL \
+                or self.resp_ep == NULL or self.resp_seq == NULL:
             raise MemoryError()
         memset(self.req_state, 0, self.cap)
         memset(self.lat, 0, sizeof(Hist))
@@ -347,6 +353,8 @@ cdef class LoadClient:
         free(self.req_len)
         free(self.req_t)
         free(self.req_state)
+        free(self.resp_ep)
+        free(self.resp_seq)
         free(self.lat)
         free(self.lag)
         free(self.raw)
@@ -521,8 +529,10 @@ cdef class LoadClient:
         if kind != K_RESPONSE:
             self.c.unexpected += 1
             return
-        # Replays need no window here: a response completes its request id at most once,
-        # and a copy is counted as a duplicate (or late) like any other.
+        # Replays need no window here: a response completes its request id at most once.
+        # A second response to it is a duplicate (two answers: a bug in the rack) unless it
+        # is a copy of the one taken, the same sender epoch and sequence number: a datagram
+        # the network delivered twice (netem duplicate) or a replay, counted apart.
         rc = wire_get_resp(m.data, <uint32_t>rc, &r)
         if rc < 0:
             self.c.malformed += 1
@@ -542,9 +552,14 @@ cdef class LoadClient:
             self.c.late += 1
             return
         if st != R_OUT and st != R_OUT_WARM:
-            self.c.duplicates += 1
+            if st == R_DONE and self.resp_ep[slot] == ep and self.resp_seq[slot] == aseq:
+                self.c.replayed += 1
+            else:
+                self.c.duplicates += 1
             return
         self.req_state[slot] = R_DONE
+        self.resp_ep[slot] = ep
+        self.resp_seq[slot] = aseq
         if self.use_app:
             self.app.on_response(rid, r.status, r.task_type, r.payload, r.payload_len,
                                  now - self.req_t[slot], st == R_OUT)

@@ -44,10 +44,15 @@ class FaultRack:
         Seconds between the servers' statistics snapshots (``serve --interval``).
     peer_timeout_ms : float or None
         ``[rack] peer_timeout_ms``; None leaves the rack's default (20 windows, >= 100 ms).
+    ready_timeout_s : float
+        How long :meth:`up` waits for the servers to say they are ready. Generous: under
+        emulation (the Soft-RoCE guest, TCG) three servers importing the package over 9p on
+        a loaded host take 30-40 s; only a broken start waits this long.
     """
 
     def __init__(self, workdir, n=3, policy='name = "jsq"', keyed=True, workers=1,
-                 extra="", hop=None, window_us=1000.0, interval=1.0, peer_timeout_ms=100.0):
+                 extra="", hop=None, window_us=1000.0, interval=1.0, peer_timeout_ms=100.0,
+                 ready_timeout_s=120.0):
         from malcolm.runtime.config import load_rack, read_key, write_key
         os.makedirs(workdir, exist_ok=True)
         self.dir = workdir
@@ -78,6 +83,7 @@ grace_s = 1.0
 {policy}
 {servers}""")
         self.addresses = [("127.0.0.1", p) for p in self.ports]
+        self.ready_timeout_s = float(ready_timeout_s)
         cfg = load_rack(self.path)          # a bad file fails here, with its reason
         self.hop = cfg.hop
         # The rack file names its key: an outer MALCOLM_RACK_KEY_FILE must not override it.
@@ -86,7 +92,7 @@ grace_s = 1.0
 
     def up(self, ids=None):
         """Start the servers (``ids``: only those; the others can join later)."""
-        self.lr.up(ids=ids)
+        self.lr.up(timeout=self.ready_timeout_s, ids=ids)
         return self
 
     def down(self):
@@ -153,7 +159,7 @@ grace_s = 1.0
         def go():
             self.lr.kill(k)
             time.sleep(down_s)
-            self.lr.start(k, wait=True)
+            self.lr.start(k, wait=True, timeout=self.ready_timeout_s)
             return {"restarted": k}
         return go
 
@@ -242,13 +248,64 @@ def impair(ns, spec):
     rules = ["add table inet mcfault",
              "add chain inet mcfault in { type filter hook input priority 0; }",
              f"add rule inet mcfault in meta l4proto udp numgen random mod 10000 lt "
-             f"{int(round(pct * 100))} drop"]
+             f"{int(round(pct * 100))} counter drop"]
     for rule in rules:
         r = subprocess.run(["ip", "netns", "exec", ns, "nft", *rule.split()],
                            capture_output=True, text=True)
         if r.returncode:
             raise RuntimeError(f"nft: {r.stderr.strip()}")
     return f"nftables: drop {pct:g}% of udp datagrams at random"
+
+
+def impairment(ns):
+    """What :func:`impair` did so far in namespace ``ns``: ``{"packets": datagrams that went
+    through netem (None under the nftables fallback, which counts only its drops),
+    "dropped": datagrams dropped, "bad_checksum": udp datagrams the namespace's kernel
+    dropped for a bad checksum (netem ``corrupt``)}``; None if neither is in place. netem's
+    counters are the qdisc's (``tc -s qdisc``): with loss, every datagram it drops is one
+    "drop"."""
+    import json
+    import subprocess
+    r = subprocess.run(["ip", "netns", "exec", ns, "tc", "-s", "-j", "qdisc", "show", "dev",
+                        "lo"], capture_output=True, text=True)
+    if r.returncode == 0:
+        for q in json.loads(r.stdout or "[]"):
+            if q.get("kind") == "netem":
+                return {"packets": int(q.get("packets", 0)), "dropped": int(q.get("drops", 0)),
+                        "bad_checksum": _udp_csum_errors(ns)}
+    r = subprocess.run(["ip", "netns", "exec", ns, "nft", "-j", "list", "table", "inet",
+                        "mcfault"], capture_output=True, text=True)
+    if r.returncode == 0:
+        for item in json.loads(r.stdout).get("nftables", []):
+            for expr in item.get("rule", {}).get("expr", []):
+                if "counter" in expr:
+                    return {"packets": None, "dropped": int(expr["counter"]["packets"])}
+    return None
+
+
+def _udp_csum_errors(ns):
+    """Udp InCsumErrors of namespace ``ns`` (/proc/net/snmp there), None if unreadable."""
+    import subprocess
+    r = subprocess.run(["ip", "netns", "exec", ns, "cat", "/proc/net/snmp"],
+                       capture_output=True, text=True)
+    rows = [ln.split()[1:] for ln in r.stdout.splitlines() if ln.startswith("Udp:")]
+    if r.returncode or len(rows) < 2 or "InCsumErrors" not in rows[0]:
+        return None
+    return int(rows[1][rows[0].index("InCsumErrors")])
+
+
+def dilate_qdisc(spec, k):
+    """A netem spec with its times (``1ms``, ``500us``, ``2s``) multiplied by ``k``: the
+    network slowed down with the rest of a time-dilated run. Percentages stay."""
+    out = []
+    for tok in spec.split():
+        for unit, scale in (("us", 1.0), ("ms", 1e3), ("s", 1e6)):
+            num = tok[:-len(unit)]
+            if tok.endswith(unit) and num.replace(".", "", 1).isdigit():
+                tok = f"{float(num) * scale * k:.3f}".rstrip("0").rstrip(".") + "us"
+                break
+        out.append(tok)
+    return " ".join(out)
 
 
 def check(rep, allow_timeouts=0):
@@ -268,5 +325,7 @@ def summary(name, injected, rep, lost_expected=0):
     return {"fault": name, "injected": injected, "sent": rep["sent"],
             "completed": rep["completed"], "rejected": rep["rejected_total"],
             "timed_out": rep["timed_out"], "unaccounted": rep["unaccounted"],
-            "duplicates": rep["duplicates"], "forged_at_client": rep.get("forged", 0),
+            "duplicates": rep["duplicates"],
+            "replayed_responses": rep.get("replayed_responses", 0),
+            "forged_at_client": rep.get("forged", 0),
             "lost_expected": lost_expected}

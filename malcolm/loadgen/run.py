@@ -405,7 +405,8 @@ def report(spec: LoadSpec, rate, results, wl=None):
     n = len(spec.target.servers)
     tot = {}
     for k in ("sent", "sent_warm", "completed", "timed_out", "warm_answered",
-              "warm_timed_out", "migrated", "stolen", "late", "duplicates", "unknown",
+              "warm_timed_out", "migrated", "stolen", "late", "duplicates", "replayed",
+              "unknown",
               "foreign", "malformed", "forged", "unexpected", "send_failed", "window_full",
               "late_sends", "late_episodes", "outstanding", "svc_req_ns", "svc_ns",
               "payload_bytes", "echo_checked", "echo_bad"):
@@ -458,6 +459,8 @@ def report(spec: LoadSpec, rate, results, wl=None):
         "stolen": tot["stolen"],
         "late_responses": tot["late"],
         "duplicates": tot["duplicates"],
+        # copies of a response already taken (the network sent it twice): not a 2nd answer
+        "replayed_responses": tot["replayed"],
         "unknown_responses": tot["unknown"] + tot["foreign"],
         "malformed": tot["malformed"] + tot["unexpected"],
         "forged": tot["forged"],

@@ -43,7 +43,8 @@ class Accounting:
 
     sent: int = 0
     answered: dict = field(default_factory=dict)       # request_id -> first response (dict)
-    duplicates: int = 0
+    duplicates: int = 0                                 # second answers (another message)
+    replayed: int = 0           # copies of the answer taken (its epoch and seq): the network's
     malformed: int = 0
     forged: int = 0                                     # responses whose MAC did not verify
     pending: dict = field(default_factory=dict)        # request_id -> server index sent to
@@ -71,7 +72,8 @@ class Accounting:
     def summary(self):
         mig, st = self.moved()
         return {"sent": self.sent, "answered": len(self.answered), "lost": self.lost,
-                "duplicates": self.duplicates, "malformed": self.malformed,
+                "duplicates": self.duplicates, "replayed": self.replayed,
+                "malformed": self.malformed,
                 "forged": self.forged,
                 "status": dict(self.by_status()), "migrated": mig, "stolen": st,
                 "by_server": dict(self.by_server()),
@@ -158,7 +160,13 @@ class Client:
                 continue
             rid = r["request_id"]
             if rid in self.acc.answered:
-                self.acc.duplicates += 1
+                # the same datagram again (a network that duplicates, or a replay) is not
+                # a second answer to the task
+                first = self.acc.answered[rid]
+                if (first["epoch"], first["auth_seq"]) == (r["epoch"], r["auth_seq"]):
+                    self.acc.replayed += 1
+                else:
+                    self.acc.duplicates += 1
             elif rid in self.acc.pending:
                 del self.acc.pending[rid]
                 self.acc.answered[rid] = r
