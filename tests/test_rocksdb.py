@@ -143,9 +143,18 @@ def test_warm_pad_draws_follow_the_calibrated_back_to_back_cost(db):
         d = dil.warm_draws(n, 40_000, seed=3)
         row = table[n]
         assert row[0] <= d.min() and d.max() <= row[-1]
-        assert d.mean() == pytest.approx(row.mean(), rel=0.03)
+        # The draws are uniform quantiles of the piecewise-linear table, so their mean is
+        # the trapezoid mean, and their q-quantile lies at table position q (m - 1). With
+        # 40 000 draws that position's sampling error is ~0.15 of a step, so the check is
+        # a bracket of one step either side: a timing outlier in the table's tail (a big
+        # step) cannot fail it, a sampler that draws the wrong positions does.
+        m = row.size
+        trapezoid = (row.sum() - (row[0] + row[-1]) / 2) / (m - 1)
+        assert d.mean() == pytest.approx(trapezoid, rel=0.02)
         for q in (0.5, 0.9, 0.99):
-            assert np.quantile(d, q) == pytest.approx(np.quantile(row, q), rel=0.05), (n, q)
+            pos = q * (m - 1)
+            lo, hi = row[max(0, int(pos) - 1)], row[min(m - 1, int(pos) + 2)]
+            assert lo <= np.quantile(d, q) <= hi, (n, q, lo, np.quantile(d, q), hi)
     # GET(24): the same quantile of GET(16) and GET(32), 1/2 of the way
     d24 = dil.warm_draws(24, 40_000, seed=4)
     assert d24.mean() == pytest.approx(0.5 * (table[16].mean() + table[32].mean()), rel=0.03)
