@@ -95,8 +95,9 @@ def main(argv=None):
     for p in res["policies"]:
         print(longrun.format_verdict(p["policy"], p["verdict"]))
     st = "interrupted" if res.get("interrupted") else res["verdict"]
-    print(f"longrun verdict: {st.upper()} ({', '.join(p['policy'] + ' ' + p['verdict']['status'] for p in res['policies'])}; "
-          f"K={res.get('dilate', 0):g}, {a.rack_time:g} s rack time, load {a.load[0]:g})")
+    each = ", ".join(f"{p['policy']} {p['verdict']['status']}" for p in res["policies"])
+    print(f"longrun verdict: {st.upper()} ({each}; K={res.get('dilate') or 0:g}, "
+          f"{a.rack_time:g} s rack time, load {a.load[0]:g})")
     return {"pass": 0, "fail": 1}.get(st, 3)
 
 
