@@ -143,3 +143,24 @@ def test_server_samples_become_segment_figures():
                                        rejected_total=0, timed_out=0, late_sends=0,
                                        migrated=1, stolen=0, flags=[]))
     assert "0.50" in line and "20.0" not in line.split("]")[0]
+
+
+def test_loadgen_cli_prints_and_writes_segments():
+    import json
+
+    from click.testing import CliRunner
+
+    from malcolm.cli import main
+    with StubServer("udp", delay_us=300) as s:
+        args = ["loadgen", "--server", s.address, "--rate", "800", "--duration", "0.6s",
+                "--warmup", "0.1s", "--segment", "200ms"]
+        text = CliRunner().invoke(main, args)
+        js = CliRunner().invoke(main, args + ["--json", "-"])
+        bad = CliRunner().invoke(main, args[:-1] + ["2s"])
+    assert text.exit_code == 0, text.output
+    assert "segment s" in text.output and "0.40-0.60" in text.output
+    assert js.exit_code == 0, js.output
+    run = json.loads(js.output)["runs"][0]
+    assert [sg["index"] for sg in run["segments"]] == [0, 1, 2]
+    assert sum(sg["sent"] for sg in run["segments"]) == run["sent"]
+    assert bad.exit_code == 2 and "segments" in bad.output

@@ -327,10 +327,15 @@ class LongRun:
                       f" s per policy and repeat, in {self.segment_s:g} s segments "
                       f"({self.segment_s * k:g} s real); {exp.layout.reason}")
             for r in range(self.repeat):
+                # one rate per repeat, fixed before its first policy runs: every policy gets
+                # the same arrivals (common random numbers), whatever the machine did to
+                # the handler in the run before
+                rate = method.corrected_rate(self.load, exp.capacity(),
+                                             exp.service_factor(self.load))
                 for p in exp.policies:
                     if exp.stop.is_set():
                         break
-                    self._one(r, p, tmp)
+                    self._one(r, p, rate, tmp)
         pols = []
         for p in exp.policies:
             rs = [x for x in self.runs if x["policy"] == p]
@@ -345,7 +350,7 @@ class LongRun:
                 "verdict": overall([x["verdict"] for x in pols]),
                 "interrupted": exp.stop.is_set(), "runs": self.runs}
 
-    def _one(self, r, p, tmp):
+    def _one(self, r, p, rate, tmp):
         from malcolm.loadgen.experiment import PolicyRack
         from malcolm.loadgen.run import run_load
         exp, k = self.exp, self.exp.dilate
@@ -353,7 +358,6 @@ class LongRun:
         try:
             rk.start()
             rk.wait_ready()
-            rate = method.corrected_rate(self.load, exp.capacity(), exp.service_factor(self.load))
             spec = exp._spec(rk, k, exp.layout.client_threads, exp.layout.client_cpus,
                              self.rack_s * k, exp.warmup_s, seed=7 + 1000 * r)
             spec.segment_s = self.segment_s * k

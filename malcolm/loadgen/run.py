@@ -579,6 +579,22 @@ def row(rep):
             f"{100 * rep['schedule']['late_fraction']:8.2f}%")
 
 
+def segment_lines(rep):
+    """The run's segments (``LoadSpec.segment_s``), a line each; [] without."""
+    segs = rep.get("segments") or []
+    if not segs:
+        return []
+    out = [f"  {'segment s':>13} {'sent':>8} {'p50 µs':>9} {'p99 µs':>9} {'p99 95% CI':>21} "
+           f"{'lost':>6} {'late-send':>9}"]
+    for sg in segs:
+        lo, hi = sg["p99_ci_us"]
+        out.append(f"  {sg['start_s']:6.2f}-{sg['end_s']:<6.2f} {sg['sent']:8d} "
+                   f"{_f(sg['p50_us'])} {_f(sg['p99_us'])} [{_f(lo)},{_f(hi)}] "
+                   f"{sg['rejected_total'] + sg['timed_out']:6d} "
+                   f"{100 * sg['late_sends'] / max(1, sg['sent']):8.2f}%")
+    return out
+
+
 def notes(rep):
     """Lines that explain what the row cannot: unaccounted tasks, a lagging generator."""
     out = []
