@@ -172,3 +172,22 @@ def test_loadgen_cli_prints_and_writes_segments():
     assert [sg["index"] for sg in run["segments"]] == [0, 1, 2]
     assert sum(sg["sent"] for sg in run["segments"]) == run["sent"]
     assert bad.exit_code == 2 and "segments" in bad.output
+
+
+def test_a_dilated_rack_dilates_its_admission_limit(tmp_path):
+    """Every time constant of the rack scales with K: admission (max_wait_ms) was left at
+    200 ms real, so a K=200 rack refused tasks after 1 ms of rack time (20 services on a
+    1-worker server) that the real rack would have queued."""
+    from malcolm.loadgen import method
+    from malcolm.loadgen.experiment import Experiment, PolicyRack
+    from malcolm.runtime.config import load_rack
+
+    class NoRack:
+        def __init__(self, path, extra_args=(), logdir=None):
+            self.path = path
+
+    exp = Experiment([3, 1], policies=["jsq"], loads=[0.8], dilate=50, rack_class=NoRack)
+    exp.dilate = 50.0
+    exp.layout = method.layout(exp.workers, [0, 1], 1000.0)
+    cfg = load_rack(PolicyRack(exp, "jsq", str(tmp_path), "t").path)
+    assert cfg.window_us == 100.0 * 50 and cfg.max_wait_ms == 200.0 * 50
