@@ -412,7 +412,7 @@ def _f(v, w, d=0):
     return f"{v:{w}.{d}f}" if isinstance(v, (int, float)) and math.isfinite(v) else f"{'-':>{w}}"
 
 
-SEG_HEADER = (f"{'rack s':>9} {'p50':>6} {'p99':>7} {'95% CI':>15} {'sent':>7} {'lost':>5} "
+SEG_HEADER = (f"{'rack s':>11}{'p50':>6} {'p99':>7} {'95% CI':>15} {'sent':>7} {'lost':>5} "
               f"{'late%':>6} {'eff':>5} {'migr':>5} {'steal':>5} {'rate/nom':>8} "
               f"{'pace':>5} {'MB':>5}  queue mean per server")
 
@@ -428,7 +428,7 @@ def format_segment(sg):
     done = max(1, sg["completed"])
     ci = sg["p99_ci_us"]
     flag = "  FLAGGED: " + "; ".join(sg["flags"]) if sg.get("flags") else ""
-    return (f"{sg['start_s']:4.1f}-{sg['end_s']:<4.1f} {_f(sg['p50_us'], 6)} "
+    return (f"{sg['start_s']:5.2f}-{sg['end_s']:<5.2f}{_f(sg['p50_us'], 6)} "
             f"{_f(sg['p99_us'], 7)} [{_f(ci[0], 6)},{_f(ci[1], 6)}] {sg['sent']:7d} "
             f"{sg['rejected_total'] + sg['timed_out']:5d} "
             f"{100 * sg['late_sends'] / max(1, sg['sent']):6.2f} "
