@@ -4,14 +4,14 @@ runs that did not measure what they claim flagged and kept out of the result.
 
 One experiment is a rack shape (workers per server), a workload, policies and loads:
 
-* **Time dilation** ``K``: service times, the policy window and the steal timeout are
-  multiplied by ``K``, and latencies divided by ``K`` on the way out, so a 50 µs rack's
-  dynamics play out at 1/K speed (a 2-core machine cannot run 50 µs tasks, a loaded load
-  generator and a dozen server threads in real time). ``K = "auto"`` picks the smallest
-  ``K`` of :data:`~malcolm.loadgen.method.DILATION_LADDER` at which a short calibration run
-  at the highest load kept time (generator on schedule, handler on its service time).
-  The generator's lateness threshold is ``K`` x 50 µs: one nominal mean service time late,
-  whatever the scale.
+* **Time dilation** ``K``: service times, the policy window, the steal timeout and the
+  admission limit (``max_wait_ms``) are multiplied by ``K``, and latencies divided by ``K``
+  on the way out, so a 50 µs rack's dynamics play out at 1/K speed (a 2-core machine cannot
+  run 50 µs tasks, a loaded load generator and a dozen server threads in real time). ``K =
+  "auto"`` picks the smallest ``K`` of :data:`~malcolm.loadgen.method.DILATION_LADDER` at
+  which a short calibration run at the highest load kept time (generator on schedule,
+  handler on its service time). The generator's lateness threshold is ``K`` x 50 µs: one
+  nominal mean service time late, whatever the scale.
 * **Network delay** scales with ``K`` too: every endpoint's transport (servers and load
   generator) holds each message for ``K x hop_delay_us`` (``malcolm/net/delay.pyx``; this
   VM's kernel has no netem), so the ratio of per-hop delay to service time is the real
