@@ -18,7 +18,9 @@ Names
 ``rocksdb2``      50% GET(16), 50% GET(64).
 ``rocksdb1-measured``, ``rocksdb2-measured``
                   the same mixes with the GET(16) and GET(64) service times measured on the
-                  real ``rocksdb`` handler of this project's 2-vCPU development VM (empirical).
+                  real ``rocksdb`` handler of this project's 2-vCPU development VM (empirical);
+                  ``rocksdb1-measured:FILE`` takes them from another ``malcolm rocksdb
+                  calibrate --json`` file.
 ``fig2.1a``       Exp(20) (thesis Fig 2.1, low dispersion).
 ``fig2.1b``       95% Exp(20), 5% Exp(400) (thesis Fig 2.1, high dispersion).
 ``fig3.2a``       50% Exp(10), 50% Exp(1000) (thesis Fig 3.2 "HyperExp-1").
@@ -34,9 +36,10 @@ variation about 10%).
 
 The ``-measured`` variants are empirical instead: the CPU time per GET of the real handler,
 measured by ``malcolm rocksdb calibrate`` (20 000 GETs of each size, uniform keys over a
-1 000 000-key dictionary of 16-byte values; ``docs/figures/rocksdb-calibration.json`` and
-``docs/rocksdb.md`` have the run). The run kept 18 quantiles per size, dense in the tail; the
-inverse CDF is linear between them.
+1 000 000-key dictionary of 16-byte values; ``docs/rocksdb.md`` has the run). They are read
+from :data:`CALIBRATION_FILE` (``malcolm/data/rocksdb-calibration.json``), which
+``malcolm rocksdb calibrate --update-workloads`` rewrites: 18 quantiles per size, dense in
+the tail; the inverse CDF is linear between them.
 
 Mixture syntax
 --------------
@@ -53,7 +56,9 @@ Example: ``mix:90:const:50,10:exp:500``. At most 16 components.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -245,17 +250,61 @@ def _from_quantiles(points_p, points_us):
     return Component(1.0, "empirical", mean, 0.0, tuple(float(v) for v in q))
 
 
-# CPU time (µs) of one rocksdb-handler GET at these probabilities: `malcolm rocksdb calibrate
-# DB --samples 20000 --warmup 20000` on the 2-vCPU AMD EPYC development VM, 2026-11-23 00:55
-# UTC, load average 8.3 (five other engineers building); docs/figures/rocksdb-calibration.json.
-_P = (0.0, 0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995,
-      0.999, 1.0)
-_GET16_US = (30.53, 34.08, 35.83, 36.9, 38.16, 39.22, 40.24, 41.36, 42.67, 44.42, 47.2, 53.41,
-             62.13, 85.62, 134.42, 176.21, 226.57, 308.6)
-_GET64_US = (124.63, 134.88, 140.38, 143.81, 148.36, 152.18, 156.21, 161.02, 167.26, 177.39,
-             195.4, 227.29, 263.96, 329.89, 378.23, 405.89, 474.89, 695.09)
-_GET16 = _from_quantiles(_P, _GET16_US)
-_GET64 = _from_quantiles(_P, _GET64_US)
+#: The measurement behind ``rocksdb1-measured``/``rocksdb2-measured``: the JSON that
+#: ``malcolm rocksdb calibrate --json`` writes (``--update-workloads`` writes it here). The one
+#: shipped: ``malcolm rocksdb calibrate DB --samples 20000 --warmup-requests 20000`` on the
+#: 2-vCPU AMD EPYC development VM, 2026-11-23 00:55 UTC, load average 8.3 (five other
+#: engineers building); the same file as docs/figures/rocksdb-calibration.json.
+CALIBRATION_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
+                                "rocksdb-calibration.json")
+#: (weight, GET size) of the measured mixes.
+MEASURED_MIXES = {"rocksdb1-measured": ((90, 16), (10, 64)),
+                  "rocksdb2-measured": ((50, 16), (50, 64))}
+
+
+def read_calibration(path, clock="cpu"):
+    """The quantiles of a ``malcolm rocksdb calibrate --json`` file.
+
+    Returns
+    -------
+    dict
+        ``{n: (probabilities, quantiles_us)}`` per GET size, for ``clock`` (``cpu``: the
+        thread's CPU time per GET; ``wall``: with preemption). Raises ValueError (one line)
+        for a file that is missing or not such a measurement.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+        out = {}
+        for sz in d["sizes"]:
+            pts = sz[clock]["quantiles"]
+            ps, qs = [float(p) for p, _ in pts], [float(q) for _, q in pts]
+            if (len(ps) < 2 or ps[0] != 0.0 or ps[-1] != 1.0 or np.any(np.diff(ps) <= 0)
+                    or np.any(np.diff(qs) < 0) or not qs[0] > 0 or not math.isfinite(qs[-1])):
+                raise ValueError(f"GET({sz['n']}): quantiles must rise from p=0 to p=1, > 0")
+            out[int(sz["n"])] = (ps, qs)
+    except OSError as e:
+        raise ValueError(f"cannot read the calibration {path}: {e.strerror}") from None
+    except (ValueError, KeyError, TypeError, IndexError) as e:
+        raise ValueError(f"{path} is not a `malcolm rocksdb calibrate --json` measurement "
+                         f"({type(e).__name__}: {e})") from None
+    if not out:
+        raise ValueError(f"{path}: no GET sizes in the calibration")
+    return out
+
+
+def measured_workload(name, path=None):
+    """``rocksdb1-measured``/``rocksdb2-measured`` from a calibration file (default: the
+    shipped :data:`CALIBRATION_FILE`): the mix of that file's GET(16) and GET(64) CPU-time
+    quantiles, linear between them."""
+    cal = read_calibration(path or CALIBRATION_FILE)
+    pairs = MEASURED_MIXES[name]
+    missing = [n for _, n in pairs if n not in cal]
+    if missing:
+        raise ValueError(f"{path or CALIBRATION_FILE} has no GET({missing[0]}) (calibrate "
+                         "with --sizes 16,64)")
+    return _mixture(name if path is None else f"{name}:{path}",
+                    [(w, _from_quantiles(*cal[n])) for w, n in pairs])
 
 
 NAMED = {
@@ -265,8 +314,7 @@ NAMED = {
     "hyperexp2": _mixture("hyperexp2", [(75, _exp(50)), (20, _exp(500)), (5, _exp(5000))]),
     "rocksdb1": _mixture("rocksdb1", [(90, _lognormal_get(30)), (10, _lognormal_get(100))]),
     "rocksdb2": _mixture("rocksdb2", [(50, _lognormal_get(30)), (50, _lognormal_get(100))]),
-    "rocksdb1-measured": _mixture("rocksdb1-measured", [(90, _GET16), (10, _GET64)]),
-    "rocksdb2-measured": _mixture("rocksdb2-measured", [(50, _GET16), (50, _GET64)]),
+    **{name: measured_workload(name) for name in MEASURED_MIXES},
     "fig2.1a": _mixture("fig2.1a", [(1, _exp(20))]),
     "fig2.1b": _mixture("fig2.1b", [(95, _exp(20)), (5, _exp(400))]),
     "fig3.2a": _mixture("fig3.2a", [(50, _exp(10)), (50, _exp(1000))]),
@@ -347,6 +395,12 @@ def parse_workload(spec: str | Workload) -> Workload:
         return NAMED[low]
     if low.startswith("exp:"):
         return Workload(s, (Component(1.0, "exp", _num(s[4:], "mean", spec)),))
+    name, colon, path = s.partition(":")
+    if colon and name.lower() in MEASURED_MIXES:
+        try:
+            return measured_workload(name.lower(), path.strip())
+        except ValueError as e:
+            raise ValueError(f"workload {spec!r}: {e}") from None
     if low.startswith("empirical:"):
         path = s[len("empirical:"):].strip()
         if not path:

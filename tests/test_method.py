@@ -53,6 +53,10 @@ def test_effective_load_and_flags():
     f = method.flags(0.0, 0.8805, 0.85)
     assert len(f) == 1 and "effective load" in f[0]
     assert len(method.flags(0.5, float("nan"), 0.85, accounted=False, timed_out=3)) == 4
+    # a dilating handler's overruns: at most 1% of its padded calls
+    assert method.flags(0.0, 0.85, 0.85, overruns=10, padded=1000) == []
+    f = method.flags(0.0, 0.85, 0.85, overruns=11, padded=1000)
+    assert len(f) == 1 and "11 of 1000 handler calls overran" in f[0]
 
 
 def test_corrected_rate():

@@ -7,7 +7,12 @@ Every server is a ``malcolm serve`` process with the ``rocksdb`` handler on one 
 native client sends ``--app`` requests (every value checked). The experiment runner
 (:mod:`malcolm.loadgen.experiment`) runs it: time dilation ``K`` (``--dilate auto``: the
 smallest K at which a calibration run kept time, one rung up; the handler does the real GET
-and pads it to K x its CPU time, the window, steal timeout and network delay are dilated by K,
+and pads it to K x a draw from the warm back-to-back cost of GET(n) (``--pad warm``, the
+default: measured once, by this script before the racks start, with ``malcolm rocksdb
+calibrate``'s loop, or read from ``--warm FILE``; every server pads to that distribution and
+the runner's nominal workload is the same one, ``rocksdb1-measured:FILE``; ``--pad cpu``: K x
+the GET's own CPU time, which grows with the idle gap before it), the window, steal timeout
+and network delay are dilated by K,
 latencies reported /K), the policies' racks interleaved at every load, ``--repeat`` fresh
 racks, medians of p99 with a distribution-free CI, runs that did not measure what they claim
 (generator late, effective load off, timeouts, a wrong value) flagged and kept out, and the
@@ -20,7 +25,7 @@ run, flags included).
 
     python3 bench/figures/fig7_3_4_rack.py [--outdir DIR] [--db PATH] [--app rocksdb1]
         [--load 0.5,0.7,0.85] [--repeat 3] [--dilate auto|K] [--duration 2s]
-        [--servers homo|hetero|SPEC]
+        [--servers homo|hetero|SPEC] [--pad warm|cpu] [--warm FILE]
 """
 
 import argparse
@@ -98,6 +103,13 @@ def main():
     ap.add_argument("--servers", action="append", type=servers, default=None, metavar="SPEC",
                     help="the rack: homo (3 x 1 worker), hetero (1 x 2 + 2 x 1) or "
                          "COUNTxWORKERS,...; repeatable (default: both presets)")
+    ap.add_argument("--pad", choices=("warm", "cpu"), default="warm",
+                    help="what a dilated GET is padded to: K x a draw from the warm "
+                         "back-to-back cost (default) or K x its own CPU time")
+    ap.add_argument("--warm", metavar="FILE",
+                    help="--pad warm: the warm cost, a `malcolm rocksdb calibrate --json` "
+                         "file (default: measure it first, 5000 GETs per size, and write "
+                         "OUTDIR/rocksdb-warm.json)")
     ap.add_argument("--no-sim", dest="sim", action="store_false",
                     help="skip the simulator twin")
     ap.add_argument("--replot", metavar="JSON",
@@ -130,9 +142,27 @@ def main():
     app = apps.parse_app(a.app, db.n_keys, db.value_size)
     loads = a.load or [0.5, 0.7, 0.85]
     os.makedirs(a.outdir, exist_ok=True)
+    workload = f"{a.app}-measured"
+    warm = ""
+    if a.pad == "warm":
+        path = a.warm or os.path.join(a.outdir, "rocksdb-warm.json")
+        if not a.warm:
+            from malcolm.loadgen import rocksdb_calibrate as cal
+            print(f"measuring the warm GET cost -> {path}", file=sys.stderr)
+            res = cal.calibrate(db, sorted({n for _, n in app.mix}), samples=5000, warmup=5000)
+            with open(path, "w") as f:
+                json.dump(res, f, indent=1)
+        workload = f"{a.app}-measured:{os.path.abspath(path)}"
+        try:
+            from malcolm.workloads import parse_workload
+            print(f"warm cost: {parse_workload(workload).mean_us:.1f} µs per {a.app} GET "
+                  f"(mean, CPU time, back to back) from {path}", file=sys.stderr)
+        except ValueError as e:
+            sys.exit(f"fig7_3_4_rack: --warm: {e}")
+        warm = f",warm={os.path.abspath(path)}"
 
     def handler(k):
-        return f"rocksdb:path={a.db}" + (f",dilate={k:g}" if k > 1 else "")
+        return f"rocksdb:path={a.db}" + (f",dilate={k:g},pad={a.pad}{warm}" if k > 1 else "")
 
     def echo(line):
         print(line, file=sys.stderr, flush=True)
@@ -140,7 +170,7 @@ def main():
     everything = []
     for name, workers, title in racks:
         echo(f"== {name}: {title}, {a.app}")
-        exp = Experiment(workers, workload=f"{a.app}-measured", policies=policies,
+        exp = Experiment(workers, workload=workload, policies=policies,
                          loads=loads, repeat=a.repeat, duration_s=a.duration,
                          warmup_s=a.warmup, window_us=a.window_us, dilate=a.dilate,
                          compare_sim=a.sim, handler=handler, app=app, echo=echo)
@@ -158,15 +188,17 @@ def main():
             w.writerow(["policy", "load", "effective_load", "p99_us", "p99_ci_lo_us",
                         "p99_ci_hi_us", "ci_coverage", "p50_us", "sim_p99_us", "runs_used",
                         "runs", "valid", "flagged", "migrations_per_task", "steals_per_task",
-                        "dilate"])
+                        "dilate", "pad", "overruns", "padded"])
             for r in rows:
                 w.writerow([LABELS.get(r["policy"], r["policy"]), r["load"],
                             _r(r["effective_load"]), _r(r["p99_us"]), _r(r["p99_ci_us"][0]),
                             _r(r["p99_ci_us"][1]), _r(r["ci_coverage"]), _r(r["p50_us"]),
                             _r(r.get("sim_p99_us")), r["used"], r["repeats"], r["valid"],
                             len(r["flagged"]), _r(r["migrations_per_task"]),
-                            _r(r["steals_per_task"]), res["dilate"]])
-        fig = {"figure": name, "workers": workers, "app": a.app, **res}
+                            _r(r["steals_per_task"]), res["dilate"], a.pad,
+                            r.get("overruns", 0), r.get("padded", 0)])
+        fig = {"figure": name, "workers": workers, "app": a.app, "pad": a.pad,
+               "command": " ".join(sys.argv), **res}
         _plot(rows, os.path.join(a.outdir, f"{name}.png"), _title(fig, res))
         everything.append(fig)
     g.write_json(a, {"runs": everything}, os.path.join(a.outdir, "fig7_3_4_rack.json"))
@@ -176,8 +208,8 @@ def main():
 def _title(fig, res):
     return (f"{fig['figure'].replace('fig', 'Fig ').replace('_', '.', 1)}: real rack, "
             f"{RACK_TITLES.get(tuple(fig['workers']), fig['workers'])}, {fig['app']}, "
-            f"K={res['dilate']:g}\nsolid: runtime, median p99 and CI; dashed: simulator twin; "
-            "x: no clean run")
+            f"K={res['dilate']:g}, pad={fig.get('pad', 'cpu')}\nsolid: runtime, median p99 "
+            "and CI; dashed: simulator twin; x: no clean run")
 
 
 def replot(path, outdir):

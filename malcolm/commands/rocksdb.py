@@ -99,6 +99,7 @@ def get(path, keys):
 Examples:
   malcolm rocksdb calibrate /tmp/kv
   malcolm rocksdb calibrate /tmp/kv --sizes 16,64 --key-dist zipf:0.99 --json cal.json
+  malcolm rocksdb calibrate /tmp/kv --samples 20000 --warmup-requests 20000 --update-workloads
 """)
 @click.option("--sizes", default="16,64", show_default=True,
               help="GET sizes to time (keys per request).")
@@ -111,13 +112,20 @@ Examples:
 @click.option("--seed", default=1, show_default=True, help="Seed of the key choice.")
 @json_option("the measurement (quantiles per size, the machine, the run metadata)")
 @click.option("--out", "out_old", type=click.Path(dir_okay=False), default=None, hidden=True)
+@click.option("--update-workloads", is_flag=True,
+              help="Also write the measurement where the simulator's rocksdb1-measured and "
+                   "rocksdb2-measured workloads read it (malcolm/data/rocksdb-calibration"
+                   ".json; needs --sizes with 16 and 64, uniform keys).")
 @click.argument("path", type=click.Path())
-def calibrate(sizes, samples, warmup, warmup_old, key_dist, seed, json_out, out_old, path):
+def calibrate(sizes, samples, warmup, warmup_old, key_dist, seed, json_out, out_old,
+              update_workloads, path):
     """Time the handler's GET(n) on this machine (one thread, no network).
 
     Each request goes through the handler's C function exactly as a worker calls it. Two
     clocks time the same calls: wall (CLOCK_MONOTONIC, what a worker measures, preemption
-    included) and cpu (the thread's CPU time, the work alone).
+    included) and cpu (the thread's CPU time, the work alone). The CPU-time quantiles are
+    what the simulator's rocksdb*-measured workloads sample (--update-workloads) and what a
+    dilated handler with warm=FILE pads to.
     """
     rdb = _rdb()
     warmup = warmup if warmup_old is None else warmup_old     # the old spelling, hidden
@@ -131,6 +139,9 @@ def calibrate(sizes, samples, warmup, warmup_old, key_dist, seed, json_out, out_
         ns = [int(x) for x in sizes.split(",") if x.strip()]
     except ValueError:
         raise click.UsageError(f"--sizes {sizes!r} must be GET sizes, e.g. 16,64") from None
+    if update_workloads and (not {16, 64} <= set(ns) or s):
+        raise click.UsageError("--update-workloads needs --sizes with 16 and 64 and uniform "
+                               "keys (the workloads' GET(16) and GET(64))")
     try:
         db = rdb.open_handler(f"path={path}")
     except rdb.RocksDBError as e:
@@ -140,6 +151,14 @@ def calibrate(sizes, samples, warmup, warmup_old, key_dist, seed, json_out, out_
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     out_path = json_out or out_old
+    if update_workloads:
+        from malcolm._metadata import run_metadata
+        from malcolm.workloads import CALIBRATION_FILE, MEASURED_MIXES, measured_workload
+        res["metadata"] = run_metadata(click.get_current_context().params)
+        write_json(CALIBRATION_FILE, res, indent=1)
+        click.echo("; ".join(f"{w}: mean {measured_workload(w).mean_us:.1f} µs"
+                             for w in MEASURED_MIXES) + f" (wrote {CALIBRATION_FILE})",
+                   err=out_path == "-")
     if out_path == "-":
         from malcolm._metadata import run_metadata
         res["metadata"] = run_metadata(click.get_current_context().params)

@@ -215,7 +215,7 @@ cdef class LoadClient:
                  double lag_threshold_us=50.0, long long window=0, KvApp app=None,
                  key=None, int arrival=A_POISSON, trace=None, long long trace_start=0,
                  double first_offset_s=0.0, payload_size=(PS_FIXED, 0, 0),
-                 int payload_content=PC_ZEROS, bint check_echo=False,
+                 int payload_content=PC_ZEROS, bint check_echo=False, long long stream=-1,
                  double segment_s=0.0):
         cdef int i, j, n
         cdef double rate, tot, acc
@@ -241,7 +241,9 @@ cdef class LoadClient:
         if not 0 <= client_id <= 0xFFFFFFFF:
             raise ValueError(f"client_id {client_id} must fit in 32 bits")
         self.client_id = <uint32_t>client_id
-        rng_seed(&self.rng, seed, 7919 + client_id)
+        # the random stream: per client id (distinct across runs and processes), or a given
+        # one (``stream`` >= 0: common random numbers, the same arrivals in every run)
+        rng_seed(&self.rng, seed, 7919 + (client_id if stream < 0 else stream))
         self.use_pol = policy is not None
         self.app = app
         self.use_app = app is not None
@@ -425,6 +427,9 @@ cdef class LoadClient:
         cdef double u
         cdef int j
         if self.use_pol:
+            # one draw all the same: the arrivals that follow stay those of a client without
+            # a client policy (common random numbers across policies)
+            rng_uniform(&self.rng)
             return self.pol.pick(now)
         if self.ph_uniform[ph]:
             return <int>(rng_uniform(&self.rng) * self.n_servers)

@@ -246,6 +246,10 @@ def _delta(a, b):
     d["service_buckets"] = [[lo, hi, c - ca.get(lo, 0)] for lo, hi, c in sb.get("buckets", [])
                             if c - ca.get(lo, 0) > 0]
     d["service_sum_ns"] = sum((lo + hi) / 2 * c for lo, hi, c in d["service_buckets"])
+    # a dilating handler's own counters (rocksdb: padded calls, overruns of their target)
+    ha, hb = a.get("handler") or {}, b.get("handler") or {}
+    for k in ("calls", "overruns", "cpu_ns", "target_ns", "wall_ns"):
+        d["pad_" + k] = hb.get(k, 0) - ha.get(k, 0)
     return d
 
 
@@ -281,7 +285,9 @@ class Experiment:
         :class:`malcolm.runtime.launcher.LocalRack`.
     handler : str or callable
         The servers' handler spec, or ``handler(K)`` -> spec for a handler that dilates real
-        work itself (``rocksdb:path=...,dilate=K``).
+        work itself (``rocksdb:path=...,dilate=K``: pads to K x the warm GET cost by
+        default). Its padded calls that overran their target are counted per run
+        (``overruns`` of ``padded``) and flag a run beyond ``method.OVERRUN_MAX``.
     app : malcolm.loadgen.apps.AppSpec or None
         Real requests (GET(n), values checked) instead of requested service times. The
         nominal service times are then ``workload``'s (e.g. ``rocksdb1-measured``, this
@@ -373,7 +379,7 @@ class Experiment:
                         warmup_s=warmup, threads=threads, timeout_s=max(1.0, 0.02 * k),
                         policy=rack.client_policy, busy=self.layout.poll == "busy",
                         spin_us=SPIN_US / k, cpus=cpus, lag_threshold_us=LAG_US * k,
-                        seed=seed,
+                        seed=seed, crn=True,
                         nice=NICE if self.prioritized else None)
 
     # ------------------------------------------------------------ dilation
@@ -613,7 +619,10 @@ class Experiment:
         # dilated rate x dilated service time: the same fraction as at rack scale
         eff = method.effective_load(rep["offered_per_s"], s["measured_mean"], self.total_workers)
         late = rep["schedule"]["late_fraction"]
-        fl = method.flags(late, eff, load, rep["accounted"], rep["timed_out"])
+        pad = {k: sum(d["pad_" + k] for d in delta if d is not None)
+               for k in ("calls", "overruns", "cpu_ns", "target_ns", "wall_ns")}
+        padded, overruns = pad["calls"], pad["overruns"]
+        fl = method.flags(late, eff, load, rep["accounted"], rep["timed_out"], overruns, padded)
         done = max(1, rep["completed"])
         # busy fraction of each server's workers over the run (warm-up included: the
         # service-time counters cover it)
@@ -629,7 +638,14 @@ class Experiment:
                "timed_out": rep["timed_out"], "accounted": rep["accounted"],
                "migrations_per_task": rep["migrated"] / done,
                "steals_per_task": rep["stolen"] / done, "server_util": util,
-               "flags": fl, "_delta": delta}
+               "padded": padded, "overruns": overruns, "flags": fl, "_delta": delta}
+        if padded:
+            # the dilating handler's own view, µs per call: the real GET's CPU time (real,
+            # undilated), the target it padded to and the wall time it took (rack scale;
+            # wall > target: late wake-ups and overruns)
+            run["pad_us"] = {"cpu": pad["cpu_ns"] / padded / 1e3,
+                             "target": pad["target_ns"] / padded / 1e3 / k,
+                             "wall": pad["wall_ns"] / padded / 1e3 / k}
         if self.app is not None:
             a = rep["app"]
             run["app"] = {"checked": a["checked"], "wrong_values": a["wrong_values"],
@@ -667,6 +683,8 @@ class Experiment:
                     "migrations_per_task": method.median_ci(
                         [x["migrations_per_task"] for x in use])[0],
                     "steals_per_task": method.median_ci([x["steals_per_task"] for x in use])[0],
+                    "overruns": sum(x.get("overruns", 0) for x in rs),
+                    "padded": sum(x.get("padded", 0) for x in rs),
                     "server_util": util})
         return out
 
@@ -754,7 +772,11 @@ def format_run(x):
     return (f"  run {x['repeat'] + 1} {x['policy']:<16} load {x['load']:4.2f}: p99 "
             f"{_f(x['p99_us'], 7)} µs, eff. load {x['effective_load']:.3f}, late "
             f"{100 * x['late_fraction']:.2f}%, migr {x['migrations_per_task']:.2f}/task, "
-            f"steals {x['steals_per_task']:.2f}/task{flag}")
+            f"steals {x['steals_per_task']:.2f}/task"
+            + (f", GET cpu {x['pad_us']['cpu']:.0f} µs real, target/wall "
+               f"{x['pad_us']['target']:.0f}/{x['pad_us']['wall']:.0f} µs, overran "
+               f"{x['overruns']}/{x['padded']}"
+               if x.get("padded") else "") + flag)
 
 
 HEADER = (f"{'policy':<16} {'load':>4} {'eff':>5} {'p99 µs':>7} {'95% CI':>15} {'n':>3} "

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 # LATE_MAX of its sends or its effective load is more than LOAD_TOL off the target.
 LATE_MAX = 0.01
 LOAD_TOL = 0.03
+# ... or more than OVERRUN_MAX of a dilating handler's calls overran their target.
+OVERRUN_MAX = 0.01
 # The largest time dilation the runner accepts (a 50 µs task then runs 0.5 s).
 DILATE_MAX = 10_000
 
@@ -86,9 +88,16 @@ def effective_load(offered_per_s, measured_mean_us, total_workers):
     return offered_per_s * measured_mean_us * 1e-6 / total_workers
 
 
-def flags(late_fraction, eff_load, target, accounted=True, timed_out=0):
-    """Why a run must not enter a result (empty list: it may)."""
+def flags(late_fraction, eff_load, target, accounted=True, timed_out=0, overruns=0,
+          padded=0):
+    """Why a run must not enter a result (empty list: it may). ``overruns`` of ``padded``
+    handler calls ended past their dilated target (a real handler's work took longer than
+    the service time it pads to): more than ``OVERRUN_MAX`` of them and the service-time
+    distribution is not the one the run claims."""
     out = []
+    if padded and overruns > OVERRUN_MAX * padded:
+        out.append(f"{overruns} of {padded} handler calls overran their dilated service time "
+                   f"(> {100 * OVERRUN_MAX:g}%)")
     if late_fraction > LATE_MAX:
         out.append(f"generator late for {100 * late_fraction:.1f}% of sends "
                    f"(> {100 * LATE_MAX:g}%)")

@@ -208,6 +208,10 @@ class LoadSpec:
     raw_max: int = 10_000_000
     lag_threshold_us: float = 50.0
     seed: int = 1
+    # common random numbers: every run with this seed and rate draws the same arrivals,
+    # task types and GET keys (the streams depend on the seed and the thread, not on the
+    # run's client id); off, two generators with one seed still draw independent streams
+    crn: bool = False
     bind: str | None = None
     cpus: list | None = None             # pin client thread i to cpus[i % len(cpus)]
     nice: int | None = None              # the client threads' nice value (if permitted)
@@ -326,9 +330,10 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
             except ValueError as e:
                 raise LoadgenError(f"bad server address: {e}") from None
             cid = ((base_id << 6) + i) & 0xFFFFFFFF
-            kv.append(spec.app.make(cid) if spec.app else None)
+            stream = (spec.seed * 64 + i) & 0x7FFFFFFFFFFFFFFF if spec.crn else -1
+            kv.append(spec.app.make(cid if stream < 0 else stream) if spec.app else None)
             clients.append(LoadClient(
-                tr, servers, wl.native(), client_id=cid,
+                tr, servers, wl.native(), client_id=cid, stream=stream,
                 seed=spec.seed * 1_000_003 + int(rate), phases=per,
                 warmup_s=spec.warmup_s, duration_s=spec.duration_s,
                 timeout_s=spec.timeout_s, policy=spec.client_policy(i), busy=spec.busy,

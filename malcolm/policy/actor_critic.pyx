@@ -34,7 +34,7 @@ from libc.math cimport log, sqrt
 from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memcpy, memset
 
-from malcolm._core cimport cat_publish_probs, mc_load_relaxed, softmax
+from malcolm._core cimport cat_publish_probs, mc_load_relaxed
 from malcolm.policy.agent_state cimport ZCLIP, AgentState
 from malcolm.policy.base cimport MAX_THETA, Policy
 
@@ -46,6 +46,12 @@ cdef extern from "policy/_ac_kernels.h" nogil:
                              long stride, double lr, double decay, double b1, double b2,
                              double c1, double c2, double eps, double inv_b) noexcept nogil
     void mc_ac_rank1(double* gw, const double* u, const double* coef, int n) noexcept nogil
+
+cdef extern from "policy/_select.h" nogil:
+    double mc_median(double* a, int k) noexcept nogil
+
+cdef extern from "policy/_pub_kernels.h" nogil:
+    int mc_pub_softmax_w(const double* g, const double* w, double* p, int n) noexcept nogil
 
 
 from malcolm.policy.ac_params import DEFAULTS, THESIS, check_params
@@ -458,13 +464,12 @@ cdef class MalcolmPolicy(AgentState):
 
         The thesis averages; a median keeps one bad peer (whose theta passed the finiteness
         and norm checks in observe_peer) from moving anyone's theta by more than the spread
-        of the honest ones. With two values it is their mean. O(d K^2), K <= n, every C
+        of the honest ones. With two values it is their mean. O(d K), K <= n, every C
         windows.
         """
-        cdef int n = self.n, d = self.n_theta, i, j, k, a
+        cdef int n = self.n, d = self.n_theta, i, j, k
         cdef double* th = self.P
         cdef double* m = self.med
-        cdef double t
         if not self.cons_median:
             k = 1
             for j in range(n):
@@ -482,14 +487,9 @@ cdef class MalcolmPolicy(AgentState):
             k = 1
             for j in range(n):
                 if j != self.me and self.peer_theta_ok[j]:
-                    t = self.peer_theta[<Py_ssize_t>j * d + i]
-                    a = k               # insertion sort as we go
-                    while a > 0 and m[a - 1] > t:
-                        m[a] = m[a - 1]
-                        a -= 1
-                    m[a] = t
+                    m[k] = self.peer_theta[<Py_ssize_t>j * d + i]
                     k += 1
-            th[i] = m[k // 2] if k % 2 == 1 else 0.5 * (m[k // 2 - 1] + m[k // 2])
+            th[i] = mc_median(m, k)     # quickselect: O(K), the same value as a sort's
         self.consensus_rounds += 1
 
     cdef void _reset_actors(self) noexcept nogil:
@@ -608,7 +608,7 @@ cdef class MalcolmPolicy(AgentState):
             self.trust_clips += 1
 
     cdef void _publish(self) noexcept nogil:
-        """Softmax of the incrementally maintained logits -> live CDFs; remember the state.
+        """Softmax of the actors' logits -> live CDFs; remember the state.
 
         Migrate: logits + the capacity prior (accepting: log(r_me / mean rate); peer j: the
         log of its share of the capacity left after the servers keep their own arrivals, see
@@ -617,67 +617,21 @@ cdef class MalcolmPolicy(AgentState):
         0): a server that every agent overloads stops receiving migrations at once, whatever
         the actors learnt. Steal: peers whose load is not above ours are masked (a steal from
         them could only make things worse). If nothing is left, accept / do not steal.
+
+        The prior enters as a weight, softmax(g + log w) = w exp(g) / sum(w exp(g)), and a
+        mask as w = 0 (``AgentState._migrate_weights``, ``_steal_weights``): no logs per
+        window (the n logs of the prior were a quarter of the publish step on a 64-server
+        rack; docs/policy.md "Scale").
         """
-        cdef int n = self.n, me = self.me, j, k = 0, nm = 0
-        cdef double* lg = self.logit
-        cdef const double* rate = self.adv + 2 * n
-        cdef double rbar = 0.0, vbar = 0.0, vme, vj, sj, ls = self.load_scale
-        cdef double rsum = 0.0, spare = 0.0, c = 0.0
-        cdef bint flow
-        cdef const double* z = self.u_pub
-        cdef const double* P = self.P
+        cdef int n = self.n
         self._actor_inputs(self.u_pub)     # the inputs the published logits are computed from
-        for j in range(n):
-            if self.known[j]:
-                vbar += self.x[j]
-                k += 1
-        vbar /= (k if k > 0 else 1) * ls
-        vme = self.x[me] / ls
-        k = 0
-        for j in range(n):
-            if rate[j] > 0.0:
-                rsum += rate[j]
-                k += 1
-        rbar = rsum / k if k > 0 else 0.0
-        # The capacity prior (see __init__): accepting weighs n r_me (with the start's accept
-        # bias), the peers together sum_{j != me} r_j, shared in proportion to the capacity
-        # each has left after keeping its own accepted arrivals, s_j ~ r_j^2 / (R + (k-1) r_j).
-        flow = self.capacity_prior and k > 1 and rate[me] > 0.0
-        if flow:
-            for j in range(n):
-                if j != me and rate[j] > 0.0:
-                    spare += rate[j] * rate[j] / (rsum + (k - 1) * rate[j])
-            c = (rsum - rate[me]) / (spare * rbar)
-        for j in range(n):
-            if self.sparse:
-                lg[j] = (P[self.off_bm + j] + P[self.off_wm + j * n + j] * z[j]
-                         + (P[self.off_wm + me * n + j] * z[me] if j != me else 0.0))
-            else:
-                lg[j] = self.mig.f[j]
-            self.g_pub[j] = lg[j]
-            if self.capacity_prior and rbar > 0.0 and rate[j] > 0.0:
-                if flow and j != me:
-                    lg[j] += log(c * rate[j] * rate[j] / (rsum + (k - 1) * rate[j]))
-                else:
-                    lg[j] += log(rate[j] / rbar)
-            if j != me and self.mask_factor > 0.0 and self.known[j]:
-                vj = self.x[j] / ls
-                sj = 1.0 / (rate[j] * ls) if rate[j] > 0.0 else 1.0
-                if vj > vme and vj > self.mask_factor * vbar + sj:
-                    lg[j] = -1e300
-                    nm += 1
-        self.masked += nm
-        softmax(lg, self.pm_pub, n)
-        for j in range(n):
-            if self.sparse:
-                lg[j] = (P[self.off_bs + j] + P[self.off_ws + j * n + j] * z[j]
-                         + (P[self.off_ws + me * n + j] * z[me] if j != me else 0.0))
-            else:
-                lg[j] = self.stl.f[j]
-            self.g_pub[n + j] = lg[j]
-            if j != me and self.mask_factor > 0.0 and self.known[j] and self.x[j] <= self.x[me]:
-                lg[j] = -1e300
-        softmax(lg, self.ps_pub, n)
+        self._learned_logits()
+        self._migrate_weights(self.logit)
+        if mc_pub_softmax_w(self.g_pub, self.logit, self.pm_pub, n) != 0:
+            self._publish_only(self.pm_pub)
+        self._steal_weights(self.logit)
+        if mc_pub_softmax_w(self.g_pub + n, self.logit, self.ps_pub, n) != 0:
+            self._publish_only(self.ps_pub)
         cat_publish_probs(&self.mig, self.pm_pub)
         cat_publish_probs(&self.stl, self.ps_pub)
         # feat_prev only before a window whose learning step reads it (see _learn_window)

@@ -15,6 +15,16 @@ cdef enum:
     ZCLIP = 4
 
 
+ctypedef struct PeerRec:
+    # What the last heartbeat from one peer said, in one record: observe_peer reads and
+    # writes all of it, and on a 64-server rack four separate arrays cost four cache misses
+    # per heartbeat (n - 1 heartbeats per agent and window).
+    uint64_t mig                         # cumulative migrations and steals it reported
+    uint64_t stl
+    uint32_t seq
+    uint8_t seen
+
+
 cdef class AgentState(Policy):
     # configuration (read-only from Python)
     cdef readonly int64_t window_ns
@@ -101,6 +111,12 @@ cdef class AgentState(Policy):
     cdef int* pos                        # pos[j]: j's index in srt (known j)
     cdef bint sorted_ok                  # srt reflects the current loads
     cdef double* g_pub                   # 2n: the learned logit parts at publish (mig, stl)
+    # 6n: what the sparse actors' logits read, gathered from P by _push_params into one
+    # block, [B_j | W_jj | W_j,me (0 at j = me)] for migrate, then the same for steal. In P
+    # the diagonal lies n + 1 doubles apart (a cache line each) and the four runs in four
+    # pages; _publish reads them every window (on 64 servers the diagonal's 128 misses per
+    # window were its largest cost)
+    cdef double* act
     cdef double* logit                   # publish scratch: f + capacity prior, masked
     cdef double* med                     # consensus scratch (n values per coordinate)
     cdef double hop_est                  # EWMA of measured one-way heartbeat delays (ns)
@@ -118,10 +134,7 @@ cdef class AgentState(Policy):
     # peers, from heartbeats only
     cdef double* peer_theta              # n x d, latest critic received from each peer
     cdef uint8_t* peer_theta_ok
-    cdef uint8_t* peer_seen
-    cdef uint32_t* peer_seq
-    cdef uint64_t* peer_mig
-    cdef uint64_t* peer_stl
+    cdef PeerRec* peers
     cdef uint64_t win_peer_mig, win_peer_stl
     cdef uint32_t hb_seq
 
@@ -153,3 +166,7 @@ cdef class AgentState(Policy):
     cdef void _push_params(self) noexcept nogil
     cdef void _rescale(self) noexcept nogil
     cdef double _hop_units(self) noexcept nogil
+    cdef void _learned_logits(self) noexcept nogil
+    cdef void _migrate_weights(self, double* w) noexcept nogil
+    cdef void _steal_weights(self, double* w) noexcept nogil
+    cdef void _publish_only(self, double* p) noexcept nogil

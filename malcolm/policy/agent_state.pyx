@@ -13,7 +13,7 @@ gateway's ``Rng`` and the gateway-owned per-outcome decision counters; all other
 on the policy thread.
 """
 from libc.math cimport fabs, sqrt
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free
 from libc.string cimport memcpy, memset
 
@@ -26,6 +26,11 @@ from malcolm.policy.base cimport MAX_THETA, Heartbeat, Policy
 
 # Sane bounds on heartbeat-derived inputs (issue 13): 1000 s of queued work, 1e9 tasks in a
 # server, 1e9 tasks per second of service rate, 1e6 tasks moved between two heartbeats.
+cdef extern from "policy/_sort_kernels.h" nogil:
+    void mc_sort_pairs(double* key, int* idx, int k) noexcept nogil
+    int mc_count_below(const double* v, int k, double a) noexcept nogil
+
+
 cdef double LOAD_MAX_NS = 1e12
 cdef double QUEUE_MAX = 1e9
 cdef double RATE_MAX = 1.0
@@ -68,6 +73,7 @@ cdef class AgentState(Policy):
         self.logit = _dalloc(n)
         self.med = _dalloc(n)
         self.g_pub = _dalloc(2 * n)
+        self.act = _dalloc(6 * n)
         self.srt = _dalloc(n)
         self.pre = _dalloc(n + 1)
         self.ord = <int*>_zalloc(sizeof(int) * n)
@@ -87,25 +93,23 @@ cdef class AgentState(Policy):
         self.peer_theta = _dalloc(n * d)
         self.known = <uint8_t*>_zalloc(n)
         self.peer_theta_ok = <uint8_t*>_zalloc(n)
-        self.peer_seen = <uint8_t*>_zalloc(n)
-        self.peer_seq = <uint32_t*>_zalloc(4 * n)
+        self.peers = <PeerRec*>_zalloc(sizeof(PeerRec) * n)
         self.cnt_mig = <uint64_t*>_zalloc(8 * n)
         self.cnt_stl = <uint64_t*>_zalloc(8 * n)
         self.seen_mig = <uint64_t*>_zalloc(8 * n)
         self.seen_stl = <uint64_t*>_zalloc(8 * n)
-        self.peer_mig = <uint64_t*>_zalloc(8 * n)
-        self.peer_stl = <uint64_t*>_zalloc(8 * n)
         if (self.P == NULL or self.P0 == NULL or self.logit == NULL or self.med == NULL
                 or self.srt == NULL or self.g_pub == NULL or self.pre == NULL
+                or self.act == NULL
                 or self.ord == NULL or self.pos == NULL
                 or self.G == NULL or self.M == NULL or self.V == NULL
                 or self.x == NULL or self.u == NULL or self.u_pub == NULL
                 or self.feat_prev == NULL or self.feat_cur == NULL or self.pm_pub == NULL
                 or self.ps_pub == NULL or self.coef == NULL or self.adv == NULL
                 or self.peer_theta == NULL or self.known == NULL
-                or self.peer_theta_ok == NULL or self.peer_seen == NULL or self.peer_seq == NULL
+                or self.peer_theta_ok == NULL or self.peers == NULL
                 or self.cnt_mig == NULL or self.cnt_stl == NULL or self.seen_mig == NULL
-                or self.seen_stl == NULL or self.peer_mig == NULL or self.peer_stl == NULL):
+                or self.seen_stl == NULL):
             self._release()
             raise MemoryError("MalcolmPolicy: out of memory")
         if cat_init(&self.mig, n, n) != 0 or cat_init(&self.stl, n, n) != 0:
@@ -133,6 +137,7 @@ cdef class AgentState(Policy):
         free(self.logit)
         free(self.med)
         free(self.g_pub)
+        free(self.act)
         free(self.srt)
         free(self.pre)
         free(self.ord)
@@ -152,23 +157,19 @@ cdef class AgentState(Policy):
         free(self.peer_theta)
         free(self.known)
         free(self.peer_theta_ok)
-        free(self.peer_seen)
-        free(self.peer_seq)
+        free(self.peers)
         free(self.cnt_mig)
         free(self.cnt_stl)
         free(self.seen_mig)
         free(self.seen_stl)
-        free(self.peer_mig)
-        free(self.peer_stl)
         self.P = self.P0 = self.logit = self.med = self.G = self.M = self.V = NULL
-        self.srt = self.pre = self.g_pub = NULL
+        self.srt = self.pre = self.g_pub = self.act = NULL
         self.ord = self.pos = NULL
         self.x = self.u = self.u_pub = self.feat_prev = self.feat_cur = NULL
         self.pm_pub = self.ps_pub = self.coef = self.adv = self.peer_theta = NULL
-        self.known = self.peer_theta_ok = self.peer_seen = NULL
-        self.peer_seq = NULL
+        self.known = self.peer_theta_ok = NULL
+        self.peers = NULL
         self.cnt_mig = self.cnt_stl = self.seen_mig = self.seen_stl = NULL
-        self.peer_mig = self.peer_stl = NULL
 
     # ------------------------------------------------------------ gateway thread (hot path)
     cdef int decide_arrival(self, int64_t now, int task_type) noexcept nogil:
@@ -212,35 +213,25 @@ cdef class AgentState(Policy):
     cdef void _sort_loads(self) noexcept nogil:
         """srt <- the known loads v = x / load_scale (unclipped), sorted; pre <- prefix sums.
 
-        O(n log n); with it the imbalance and every one-decision change of it cost
-        O(log n) instead of O(n) (a 64-server rack was dominated by the O(n^2) loops).
+        With it the imbalance and every one-decision change of it cost O(log n) instead of
+        O(n) (a 64-server rack was dominated by the O(n^2) loops).
         """
         cdef int j, k = 0, a, t, n = self.n
-        cdef double inv = 1.0 / self.load_scale, v
+        cdef double inv = 1.0 / self.load_scale
         cdef int* o = self.ord
         cdef double* key = self.srt
         if self.sorted_ok:
             return
-        # Insertion sort in last window's order: loads move little between windows, so this
-        # is close to O(n) (no comparison callbacks either). The known servers are first
-        # compacted into o[:k] with their loads in srt[:k], so that the inner loop moves
-        # contiguous (load, index) pairs instead of chasing x[o[a]].
+        # The known servers are first compacted into o[:k] with their loads in srt[:k]
+        # (in last sort's order, so that unknown servers keep their places after them),
+        # then sorted in one vectorized rank sort (_sort_kernels.h).
         for j in range(n):
             t = o[j]
             if self.known[t]:
                 o[k] = t
                 key[k] = self.x[t]
                 k += 1
-        for j in range(1, k):
-            t = o[j]
-            v = key[j]
-            a = j
-            while a > 0 and key[a - 1] > v:
-                key[a] = key[a - 1]
-                o[a] = o[a - 1]
-                a -= 1
-            key[a] = v
-            o[a] = t
+        mc_sort_pairs(key, o, k)
         # unknown servers keep their places after the known ones
         a = k
         for j in range(n):
@@ -259,25 +250,12 @@ cdef class AgentState(Policy):
     cdef double _absdev(self, double a, int start) noexcept nogil:
         """sum_k |a - v_k| over the known loads (needs _sort_loads).
 
-        ``start``: a guess of the number of v_k < a (a server's own sorted position): the
-        search walks from there, so a point near a known load costs O(1) steps, at worst
-        O(n); -1 for a binary search.
+        ``start`` (a guess of the number of v_k < a) is not used: a branch-free binary
+        search (O(log n), ``mc_count_below``) beat walking from it, whose steps
+        mispredicted on a rack of many equal loads.
         """
-        cdef int lo = 0, hi = self.nsrt, mid, k = self.nsrt
-        cdef const double* v = self.srt
-        if start < 0:
-            while lo < hi:              # lo <- the number of v_k < a
-                mid = (lo + hi) >> 1
-                if v[mid] < a:
-                    lo = mid + 1
-                else:
-                    hi = mid
-        else:
-            lo = start if start <= k else k
-            while lo > 0 and v[lo - 1] >= a:
-                lo -= 1
-            while lo < k and v[lo] < a:
-                lo += 1
+        cdef int k = self.nsrt
+        cdef int lo = mc_count_below(self.srt, k, a)
         return (a * lo - self.pre[lo]) + (self.pre[k] - self.pre[lo] - a * (k - lo))
 
     cdef void _marginal_advantages(self, bint do_mig, bint do_stl) noexcept nogil:
@@ -369,6 +347,95 @@ cdef class AgentState(Policy):
                     cat_update(&self.mig, k, self.u[k] - v)
                     cat_update(&self.stl, k, self.u[k] - v)
 
+    # ------------------------------------------------------------ what _publish weighs
+    cdef void _learned_logits(self) noexcept nogil:
+        """g_pub <- the learned logit parts (what the actors add to the safe start) of both
+        actors at the inputs u_pub: sparse, B_j + W_jj z_j + W_j,me z_me from the gathered
+        block ``act`` (W_me,me counted once: its column-me entry there is 0)."""
+        cdef int n = self.n, j
+        cdef double* g = self.g_pub
+        cdef const double* A = self.act
+        cdef const double* z = self.u_pub
+        cdef double zme = z[self.me]
+        if self.sparse:
+            for j in range(n):
+                g[j] = A[j] + A[n + j] * z[j] + A[2 * n + j] * zme
+                g[n + j] = A[3 * n + j] + A[4 * n + j] * z[j] + A[5 * n + j] * zme
+        else:
+            for j in range(n):
+                g[j] = self.mig.f[j]
+                g[n + j] = self.stl.f[j]
+
+    cdef void _migrate_weights(self, double* w) noexcept nogil:
+        """w <- the migrate outcomes' weights: the capacity prior (the softmax of g + log w is
+        w exp(g) / sum(w exp(g))), 0 where the overload mask applies (counted in ``masked``).
+
+        Accepting weighs r_me / mean rate (with the start's accept bias log n: n r_me), the
+        peers together sum_{j != me} r_j, shared in proportion to the capacity each has left
+        after keeping its own accepted arrivals, s_j ~ r_j^2 / (R + (k-1) r_j) (see
+        ``MalcolmPolicy.__init__``).
+        """
+        cdef int n = self.n, me = self.me, j, k = 0, nm = 0
+        cdef const double* rate = self.adv + 2 * n
+        cdef const double* x = self.x
+        cdef double rbar = 0.0, vbar = 0.0, vme, ls = self.load_scale, inv_rbar, lim
+        cdef double rsum = 0.0, spare = 0.0, c = 0.0, km1
+        cdef bint flow, prior
+        for j in range(n):
+            if self.known[j]:
+                vbar += x[j]
+                k += 1
+        vbar /= (k if k > 0 else 1) * ls
+        vme = x[me] / ls
+        k = 0
+        for j in range(n):
+            if rate[j] > 0.0:
+                rsum += rate[j]
+                k += 1
+        rbar = rsum / k if k > 0 else 0.0
+        prior = self.capacity_prior and rbar > 0.0
+        flow = prior and k > 1 and rate[me] > 0.0
+        km1 = <double>(k - 1)
+        if flow:
+            for j in range(n):
+                w[j] = (rate[j] * rate[j] / (rsum + km1 * rate[j])
+                        if j != me and rate[j] > 0.0 else 0.0)
+                spare += w[j]
+            c = (rsum - rate[me]) / (spare * rbar)
+            for j in range(n):
+                w[j] = c * w[j] if rate[j] > 0.0 else 1.0
+        elif prior:
+            inv_rbar = 1.0 / rbar
+            for j in range(n):
+                w[j] = rate[j] * inv_rbar if rate[j] > 0.0 else 1.0
+        else:
+            for j in range(n):
+                w[j] = 1.0
+        if prior and rate[me] > 0.0:
+            w[me] = rate[me] / rbar
+        if self.mask_factor > 0.0:
+            lim = self.mask_factor * vbar
+            for j in range(n):
+                if j != me and self.known[j] and x[j] / ls > vme:
+                    if x[j] / ls > lim + (1.0 / (rate[j] * ls) if rate[j] > 0.0 else 1.0):
+                        w[j] = 0.0
+                        nm += 1
+        self.masked += nm
+
+    cdef void _steal_weights(self, double* w) noexcept nogil:
+        """w <- 1 for the steal outcomes, 0 for the peers not busier than us (the mask)."""
+        cdef int j, me = self.me
+        cdef double xme = self.x[me]
+        cdef bint mask = self.mask_factor > 0.0
+        for j in range(self.n):
+            w[j] = 0.0 if j != me and mask and self.known[j] and self.x[j] <= xme else 1.0
+
+    cdef void _publish_only(self, double* p) noexcept nogil:
+        """p <- all mass on the own outcome (accept / do not steal): what a softmax with
+        nothing else left gives."""
+        memset(p, 0, sizeof(double) * self.n)
+        p[self.me] = 1.0
+
     cdef double _hop_units(self) noexcept nogil:
         """One hop's latency in units of ``load_scale``: what a migration or steal costs."""
         return (self.hop_est if self.auto_hop else self.hop_ns) / self.load_scale
@@ -391,26 +458,28 @@ cdef class AgentState(Policy):
         cdef double rate = hb.rate, load = hb.load, nrm = 0.0, t, dly
         cdef uint64_t dm, ds
         cdef bint ok
+        cdef PeerRec* pr
         if src < 0 or src >= self.n or src == self.me:
             return
-        if self.peer_seen[src]:
+        pr = &self.peers[src]
+        if pr.seen:
             # A reordered (older) heartbeat carries nothing newer: drop it.
-            if <int32_t>(hb.seq - self.peer_seq[src]) <= 0:
+            if <int32_t>(hb.seq - pr.seq) <= 0:
                 return
             # Counts are cumulative, so a lost heartbeat's actions show up in the next one.
             # A jump beyond what a server can move in a heartbeat interval is a lie: clamp it.
-            dm = hb.migrations - self.peer_mig[src] if hb.migrations > self.peer_mig[src] else 0
-            ds = hb.steals - self.peer_stl[src] if hb.steals > self.peer_stl[src] else 0
+            dm = hb.migrations - pr.mig if hb.migrations > pr.mig else 0
+            ds = hb.steals - pr.stl if hb.steals > pr.stl else 0
             if dm > COUNT_JUMP_MAX or ds > COUNT_JUMP_MAX:
                 self.hb_clamped += 1
                 dm = COUNT_JUMP_MAX if dm > COUNT_JUMP_MAX else dm
                 ds = COUNT_JUMP_MAX if ds > COUNT_JUMP_MAX else ds
             self.win_peer_mig += dm
             self.win_peer_stl += ds
-        self.peer_seen[src] = 1
-        self.peer_seq[src] = hb.seq
-        self.peer_mig[src] = hb.migrations
-        self.peer_stl[src] = hb.steals
+        pr.seen = 1
+        pr.seq = hb.seq
+        pr.mig = hb.migrations
+        pr.stl = hb.steals
         # Every heartbeat-derived input within sane bounds: a NaN or absurd rate or load from
         # one peer must not reach the logits, the advantages or the capacity prior.
         if not (rate > 0.0) or rate > RATE_MAX:
@@ -497,9 +566,21 @@ cdef class AgentState(Policy):
     cdef void _push_params(self) noexcept nogil:
         """Hand the actors' new weights to their distributions (logits recomputed).
 
-        The sparse actors compute their logits at publish (O(n)); nothing to hand over.
+        Every change of the actors' parameters in ``P`` must be followed by this call. The
+        sparse actors compute their logits at publish (O(n)) from contiguous copies of
+        their diagonal weights, gathered here (once per batch instead of every window).
         """
+        cdef int a, j, n = self.n, me = self.me, w, b
+        cdef double* o
         if self.sparse:
+            for a in range(2):
+                o = self.act + 3 * n * a
+                w = self.off_wm if a == 0 else self.off_ws
+                b = self.off_bm if a == 0 else self.off_bs
+                for j in range(n):
+                    o[j] = self.P[b + j]
+                    o[n + j] = self.P[w + j * n + j]
+                    o[2 * n + j] = self.P[w + me * n + j] if j != me else 0.0
             return
         cat_set_params(&self.mig, self.P + self.off_wm, self.P + self.off_bm)
         cat_set_params(&self.stl, self.P + self.off_ws, self.P + self.off_bs)

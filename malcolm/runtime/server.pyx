@@ -239,6 +239,9 @@ cdef class Server:
             d["net_emulation"] = emu()
         d["uptime_s"] = (mc_now_ns() - self.started_ns) / 1e9 if self.started_ns else 0.0
         d["service"] = pool.service_times()
+        hs = self.handler_obj.handler_stats() if self.handler_obj is not None else None
+        if hs is not None:
+            d["handler"] = hs
         if hasattr(self.policy_obj, "stats"):
             try:
                 d["policy"] = self.policy_obj.stats()

@@ -14,10 +14,12 @@ Built-in (``spec`` in the rack file or ``--handler``):
                 that much short of the deadline (``bench:q=0.95`` for another quantile,
                 ``bench:max_spin_us=200`` caps the margin).
 ``echo``        answer with the task's payload.
-``rocksdb:path=PATH[,cache_mb=64][,dilate=K]``
+``rocksdb:path=PATH[,cache_mb=64][,dilate=K][,pad=warm|cpu]``
                 GET(n) on a RocksDB dictionary (:mod:`malcolm.workers.rocksdb`; needs
                 librocksdb, and a database built by ``malcolm rocksdb load``); ``dilate=K``
-                pads each real GET to K x its CPU time with ``bench``'s calibrated wait.
+                pads each real GET, with ``bench``'s calibrated wait, to K x a draw from
+                the warm back-to-back cost of GET(n) (``pad=warm``, the default) or to
+                K x its own CPU time (``pad=cpu``).
 
 User handlers (see ``malcolm/workers/malcolm_handler.h`` for the C ABI):
 
@@ -364,6 +366,12 @@ cdef class Handler:
         b = <BenchState*>self._state
         return [(b.slot[i].margin_ns / 1000.0, b.slot[i].sleeps, b.slot[i].overruns)
                 for i in range(BENCH_SLOTS) if b.slot[i].sleeps]
+
+    def handler_stats(self):
+        """Counters of a handler that keeps them (``rocksdb`` with ``dilate``: its
+        ``dilate_stats()``), else None. For the server's statistics."""
+        f = getattr(self._keep, "dilate_stats", None)
+        return f() if f is not None else None
 
     def _set_python(self, f, spec):
         self._keep = f

@@ -14,27 +14,44 @@ and several server processes on one host can serve the same files), the read opt
 dictionary's shape. Per-request buffers live on the worker's stack.
 
 Time dilation (``dilate=K``, set by the experiment runner from the rack's dilation): the
-handler does the real GET(n), so the values are real and checked, measures the CPU time ``t``
-its thread spent on it (CLOCK_THREAD_CPUTIME_ID: the work itself, not the time another
-process held the core, which on a busy machine is the machine's cost, not RocksDB's), then
-waits, with the ``bench`` handler's calibrated sleep and spin, until ``K t`` after it started.
-The service-time distribution is then the real one scaled by ``K``. A GET preempted for longer
-than ``K t`` is not padded (its wall time is already past the target).
+handler does the real GET(n), so the values are real and checked, then waits, with the
+``bench`` handler's calibrated sleep and spin, until a target after the GET started. Two
+targets (``pad=``):
 
-Spec: ``rocksdb:path=/var/lib/malcolm/db[,cache_mb=64][,dilate=K]`` (``handler = ...`` in the
-rack file, per server). Build the dictionary with ``malcolm rocksdb load``.
+``warm`` (the default)
+    ``K`` x a draw from the *back-to-back* cost of GET(n): the sorted CPU times of GETs of
+    each size, from ``warm=FILE`` (a ``malcolm rocksdb calibrate --json`` measurement, so
+    that every server pads to one distribution; linear between its sizes, in proportion to
+    n outside them) or else timed when the handler opens (``calib`` GETs of each size 1, 2,
+    4, ..., 64 after as many untimed ones, at most 5 s). Per request: a uniform quantile,
+    read on the request's size (linear between sizes, same quantile). Under dilation a GET
+    follows an idle gap of about K times its length and runs cold (2-9x the back-to-back cost
+    on a busy 2-core machine), so padding to K x its own cost made the service time, hence
+    the effective load, depend on the load and the policy; this one does not. A GET whose
+    wall time is already past its target is not padded and is counted (``overruns``).
+``cpu``
+    ``K`` x the CPU time the thread spent on this very GET (CLOCK_THREAD_CPUTIME_ID: not the
+    time another process held the core), cold cost included.
+
+Spec: ``rocksdb:path=PATH[,cache_mb=64][,dilate=K][,pad=warm|cpu][,calib=N][,warm=FILE]``
+(``handler = ...`` in the rack file, per server). Build the dictionary with
+``malcolm rocksdb load``.
 """
 import os
 import re
 
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
-from libc.stdlib cimport free
+from libc.stdlib cimport free, qsort
 from libc.string cimport memcpy, memset
 
 import numpy as np
 
 from malcolm._core cimport mc_aligned_alloc, mc_now_ns
-from malcolm._system cimport CLOCK_THREAD_CPUTIME_ID, clock_gettime, timespec
+from malcolm._system cimport (CLOCK_MONOTONIC, CLOCK_THREAD_CPUTIME_ID, clock_gettime,
+                              clock_nanosleep, timespec)
+
+cdef extern from "<stdlib.h>" nogil:
+    void* calloc(size_t n, size_t size)
 from malcolm.workers.handlers cimport (BENCH_SLOTS, MALCOLM_BAD_INPUT, MALCOLM_ERROR,
                                        MALCOLM_OK, BenchState, bench_state_new, bench_wait,
                                        malcolm_task)
@@ -115,6 +132,7 @@ cdef extern from "workers/rocksdb_kv.h" nogil:
     void mc_kv_value(uint32_t k, uint8_t* out, uint32_t n)
     uint32_t mc_kv_ld32(const uint8_t* p)
     void mc_kv_st32(uint8_t* p, uint32_t v)
+    uint64_t mc_kv_mix(uint64_t x)
 
 
 cdef inline int64_t _thread_cpu_ns() noexcept nogil:
@@ -128,7 +146,16 @@ ctypedef struct DilSlot:
     uint64_t calls
     uint64_t cpu_ns              # the GETs' own CPU time
     uint64_t wall_ns             # start to end of the padded calls
-    uint8_t _pad[40]
+    uint64_t target_ns           # the targets padded to (K x the warm draw, or K x cpu)
+    uint64_t overruns            # the GET itself ended past its target: not padded
+    uint64_t rng                 # this worker's draws (pad=warm)
+    uint8_t _pad[16]
+
+
+cdef enum:
+    PAD_CPU = 0                  # K x this GET's CPU time
+    PAD_WARM = 1                 # K x a draw from the warm back-to-back cost of GET(n)
+    WARM_GRID_MAX = 8            # calibrated sizes: 1, 2, 4, ..., 64
 
 
 ctypedef struct KvState:
@@ -137,16 +164,49 @@ ctypedef struct KvState:
     uint32_t n_keys
     uint32_t value_size
     uint32_t max_keys            # the most keys one GET may ask for (fits in a response)
-    double dilate                # pad each GET to dilate x its CPU time (1: no padding)
+    double dilate                # pad each GET to dilate x its cost (1: no padding)
     BenchState* pad              # the bench handler's per-worker sleep margins (dilate > 1)
     DilSlot* dil                 # BENCH_SLOTS of them (dilate > 1)
+    int pad_mode                 # PAD_CPU or PAD_WARM
+    uint32_t n_grid              # calibrated GET sizes (pad=warm), ascending, 1 .. max_keys
+    uint32_t grid[WARM_GRID_MAX]
+    uint32_t warm_m              # samples kept per size (>= 2)
+    uint32_t warm_stride         # row stride of warm
+    double* warm                 # n_grid rows of warm_m sorted CPU ns, one row per size
+
+
+cdef inline double _row_at(const double* row, uint32_t m, double pos) noexcept nogil:
+    """The empirical quantile at fractional rank ``pos`` in [0, m - 1] of a sorted row."""
+    cdef uint32_t i = <uint32_t>pos
+    if i >= m - 1:
+        return row[m - 1]
+    return row[i] + (pos - <double>i) * (row[i + 1] - row[i])
+
+
+cdef inline double _warm_draw(const KvState* s, uint32_t n, uint64_t* rng) noexcept nogil:
+    """One draw (ns) from the warm cost of GET(n): a uniform quantile of the calibrated size n,
+    or the same quantile of the two calibrated sizes around n, linear in n."""
+    cdef uint32_t j = 0
+    cdef double pos, hi, lo, w
+    rng[0] += 0x9E3779B97F4A7C15ULL
+    pos = <double>(mc_kv_mix(rng[0]) >> 11) * (1.0 / 9007199254740992.0) * (s.warm_m - 1)
+    while j + 1 < s.n_grid and s.grid[j] < n:
+        j += 1
+    hi = _row_at(s.warm + j * s.warm_stride, s.warm_m, pos)
+    if s.grid[j] == n:
+        return hi
+    if j == 0 or s.grid[j] < n:         # outside the sizes a file measured: in proportion
+        return hi * <double>n / <double>s.grid[j]
+    lo = _row_at(s.warm + (j - 1) * s.warm_stride, s.warm_m, pos)
+    w = <double>(n - s.grid[j - 1]) / <double>(s.grid[j] - s.grid[j - 1])
+    return lo + w * (hi - lo)
 
 
 cdef int h_rocksdb(void* ctx, malcolm_task* t) noexcept nogil:
     """GET(n): see the module docstring. Never reads or writes outside the task's buffers."""
     cdef KvState* s = <KvState*>ctx
     cdef int rc
-    cdef int64_t t0 = 0, c0 = 0, cpu
+    cdef int64_t t0 = 0, c0 = 0, cpu, target, now
     cdef DilSlot* d
     if s.pad != NULL:
         t0 = mc_now_ns()
@@ -154,12 +214,70 @@ cdef int h_rocksdb(void* ctx, malcolm_task* t) noexcept nogil:
     rc = _get(s, t)
     if s.pad != NULL:
         cpu = _thread_cpu_ns() - c0
-        bench_wait(s.pad, t.worker, t0 + <int64_t>(s.dilate * <double>cpu))
         d = &s.dil[(<uint32_t>t.worker) & (BENCH_SLOTS - 1)]
+        if s.pad_mode == PAD_WARM and rc == MALCOLM_OK:
+            # (rc OK: the payload held a valid n)
+            target = <int64_t>(s.dilate * _warm_draw(s, mc_kv_ld32(t.payload), &d.rng))
+        else:
+            target = <int64_t>(s.dilate * <double>cpu)
+        now = mc_now_ns()
+        if now - t0 > target:
+            d.overruns += 1
+        else:
+            bench_wait(s.pad, t.worker, t0 + target)
+            now = mc_now_ns()
         d.calls += 1
         d.cpu_ns += <uint64_t>cpu
-        d.wall_ns += <uint64_t>(mc_now_ns() - t0)
+        d.target_ns += <uint64_t>target
+        d.wall_ns += <uint64_t>(now - t0)
     return rc
+
+
+cdef int _cmp_double(const void* a, const void* b) noexcept nogil:
+    cdef double x = (<const double*>a)[0], y = (<const double*>b)[0]
+    return (x > y) - (x < y)
+
+
+cdef uint32_t _calibrate_warm(KvState* s, uint32_t m, int64_t budget_ns,
+                              uint64_t seed) noexcept nogil:
+    """Fill ``s.warm``: ``m`` back-to-back GETs of each calibrated size (one round = one GET
+    of every size, so the sizes share the cache state), after ``m`` untimed rounds, thread CPU
+    time each; stop early once ``budget_ns`` of wall time is spent (keeping at least 32
+    rounds). Sorts each row; returns the rounds kept (0: a GET failed)."""
+    cdef uint8_t payload[4 + 4 * MC_KV_MAX_KEYS]
+    cdef uint8_t out[MC_KV_MAX_VALUE]
+    cdef malcolm_task t
+    cdef uint32_t r, j, i, n, kept = 0
+    cdef uint64_t x = seed
+    cdef int64_t c0, start = mc_now_ns()
+    memset(&t, 0, sizeof(t))
+    t.payload = payload
+    t.out = out
+    t.out_cap = MC_KV_MAX_VALUE
+    r = 0
+    while r < 2 * m:
+        if r < m and mc_now_ns() - start > budget_ns // 2:
+            r = m                       # the warm-up had its half of the budget
+        if r >= m + 32 and mc_now_ns() - start > budget_ns:
+            break
+        for j in range(s.n_grid):
+            n = s.grid[j]
+            mc_kv_st32(payload, n)
+            for i in range(n):
+                x += 0x9E3779B97F4A7C15ULL
+                mc_kv_st32(payload + 4 + 4 * i, <uint32_t>(mc_kv_mix(x) % s.n_keys))
+            t.payload_len = 4 + 4 * n
+            c0 = _thread_cpu_ns()
+            if _get(s, &t) != MALCOLM_OK:
+                return 0
+            if r >= m:
+                s.warm[j * s.warm_stride + (r - m)] = <double>(_thread_cpu_ns() - c0)
+        if r >= m:
+            kept = r - m + 1
+        r += 1
+    for j in range(s.n_grid):
+        qsort(s.warm + j * s.warm_stride, kept, sizeof(double), _cmp_double)
+    return kept
 
 
 cdef inline int _get(KvState* s, malcolm_task* t) noexcept nogil:
@@ -202,6 +320,9 @@ cdef inline int _get(KvState* s, malcolm_task* t) noexcept nogil:
     return rc
 
 
+WARM_BUDGET_S = 5      # most wall time the warm calibration may take (it keeps >= 32 rounds)
+
+
 class RocksDBError(ValueError):
     """The database cannot be opened, built or read; the message says why and what to do."""
 
@@ -214,16 +335,20 @@ cdef _raise_err(char* e, what):
     raise RocksDBError(f"{what}: {msg}")
 
 
+PAD_MODES = {"warm": PAD_WARM, "cpu": PAD_CPU}
+OPTIONS = "path, cache_mb, dilate, pad, calib, warm"
+
+
 def parse_spec(rest):
-    """``path=PATH[,cache_mb=N][,dilate=K]`` (a handler spec after ``rocksdb:``) -> dict."""
-    out = {"cache_mb": 64.0, "dilate": 1.0}
+    """``path=PATH[,cache_mb=N][,dilate=K][,pad=warm|cpu][,calib=N][,warm=FILE]`` (a handler
+    spec after ``rocksdb:``) -> dict."""
+    out = {"cache_mb": 64.0, "dilate": 1.0, "pad": "warm", "calib": 500, "warm": None}
     if not rest:
         raise RocksDBError("needs a database: rocksdb:path=/path/to/db")
     for p in rest.split(","):           # (so a path cannot contain a comma)
         key, eq, val = p.partition("=")
         if not eq:
-            raise RocksDBError(f"{p!r} must be key=value "
-                               "(path=PATH, cache_mb=N, dilate=K)")
+            raise RocksDBError(f"{p!r} must be key=value ({OPTIONS})")
         if key == "path":
             out["path"] = val
         elif key == "cache_mb":
@@ -241,9 +366,21 @@ def parse_spec(rest):
                 raise RocksDBError("dilate must be a number") from None
             if not 1 <= out["dilate"] <= 10_000:
                 raise RocksDBError("dilate must be in 1..10000")
+        elif key == "pad":
+            if val not in PAD_MODES:
+                raise RocksDBError(f"pad must be warm or cpu, not {val!r}")
+            out["pad"] = val
+        elif key == "warm":
+            out["warm"] = val
+        elif key == "calib":
+            try:
+                out["calib"] = int(val)
+            except ValueError:
+                raise RocksDBError("calib must be a whole number of GETs per size") from None
+            if not 16 <= out["calib"] <= 100_000:
+                raise RocksDBError("calib must be in 16..100000")
         else:
-            raise RocksDBError(f"unknown option {key!r} "
-                               "(path, cache_mb, dilate)")
+            raise RocksDBError(f"unknown option {key!r} ({OPTIONS})")
     if not out.get("path"):
         raise RocksDBError("needs path=PATH")
     return out
@@ -267,7 +404,17 @@ cdef class RocksDB:
     cache_mb : float
         Block cache size.
     dilate : float
-        Pad every GET to ``dilate`` x its CPU time (1: no padding; see the module docstring).
+        Pad every GET to ``dilate`` x its cost (1: no padding; see the module docstring).
+    pad : {"warm", "cpu"}
+        ``dilate`` > 1: pad to ``dilate`` x a draw from the warm back-to-back cost of GET(n),
+        calibrated here when the database opens, or to ``dilate`` x this GET's CPU time.
+    calib : int
+        ``pad="warm"``: timed GETs per calibrated size (1, 2, 4, ..., 64).
+    warm : str or None
+        ``pad="warm"``: take the warm cost from this ``malcolm rocksdb calibrate --json``
+        file (its CPU-time quantiles per GET size) instead of calibrating here, so that every
+        server of every rack pads to the same distribution (and the simulator's
+        ``rocksdb1-measured:FILE`` is that distribution).
     """
     cdef KvState st
     cdef rocksdb_options_t* opts
@@ -275,13 +422,19 @@ cdef class RocksDB:
     cdef rocksdb_cache_t* cache
     cdef readonly str path
 
-    def __init__(self, path, double cache_mb=64.0, double dilate=1.0):
+    def __init__(self, path, double cache_mb=64.0, double dilate=1.0, pad="warm",
+                 int calib=500, warm=None):
         cdef char* err = NULL
         cdef size_t mlen = 0
         cdef char* meta
+        cdef int i
         self.path = os.fspath(path)
         if not 1.0 <= dilate <= 10_000.0:
             raise RocksDBError(f"dilate {dilate!r} must be in 1..10000")
+        if pad not in PAD_MODES:
+            raise RocksDBError(f"pad must be warm or cpu, not {pad!r}")
+        if not 16 <= calib <= 100_000:
+            raise RocksDBError(f"calib {calib} must be in 16..100000")
         if not os.path.exists(os.path.join(self.path, "CURRENT")):
             raise RocksDBError(f"{self.path} is not a RocksDB database (build one with "
                                "`malcolm rocksdb load --keys N PATH`)")
@@ -320,12 +473,65 @@ cdef class RocksDB:
             if self.st.pad == NULL or self.st.dil == NULL:
                 raise MemoryError()
             memset(self.st.dil, 0, BENCH_SLOTS * sizeof(DilSlot))
+            for i in range(BENCH_SLOTS):        # distinct draw streams per worker
+                self.st.dil[i].rng = mc_kv_mix(<uint64_t>i * 0x632BE59BD9B4E019ULL + 1)
+            self.st.pad_mode = PAD_MODES[pad]
+            if self.st.pad_mode == PAD_WARM and warm:
+                self._load_warm(warm)
+            elif self.st.pad_mode == PAD_WARM:
+                self._calibrate_warm(calib)
+
+    def _load_warm(self, path):
+        from malcolm.workloads import read_calibration
+        cdef uint32_t j, i
+        try:
+            cal = read_calibration(path)
+        except ValueError as e:
+            raise RocksDBError(f"warm={path}: {e}") from None
+        sizes = sorted(cal)
+        if len(sizes) > WARM_GRID_MAX or not all(1 <= n <= MC_KV_MAX_KEYS for n in sizes):
+            raise RocksDBError(f"warm={path}: at most {WARM_GRID_MAX} GET sizes, each in "
+                               f"1..{MC_KV_MAX_KEYS}")
+        m = 1024                # the file's quantiles, resampled: linear between them
+        self.st.n_grid = len(sizes)
+        self.st.warm_stride = m
+        self.st.warm = <double*>calloc(<size_t>self.st.n_grid * m, sizeof(double))
+        if self.st.warm == NULL:
+            raise MemoryError()
+        for j, n in enumerate(sizes):
+            self.st.grid[j] = n
+            row = np.interp(np.linspace(0.0, 1.0, m), cal[n][0], cal[n][1]) * 1e3
+            for i in range(m):
+                self.st.warm[j * m + i] = row[i]
+        self.st.warm_m = m
+
+    def _calibrate_warm(self, uint32_t calib):
+        cdef uint32_t n = 1, kept
+        cdef uint32_t g = 0
+        cdef int64_t budget = WARM_BUDGET_S * 1_000_000_000
+        while n < self.st.max_keys and g < WARM_GRID_MAX - 1:
+            self.st.grid[g] = n
+            g += 1
+            n *= 2
+        self.st.grid[g] = self.st.max_keys
+        self.st.n_grid = g + 1
+        self.st.warm_stride = calib
+        self.st.warm = <double*>calloc(<size_t>self.st.n_grid * calib, sizeof(double))
+        if self.st.warm == NULL:
+            raise MemoryError()
+        with nogil:
+            kept = _calibrate_warm(&self.st, calib, budget, 0x5EED)
+        if kept < 2:
+            raise RocksDBError(f"{self.path}: the warm calibration's GETs failed (a broken "
+                               "database?)")
+        self.st.warm_m = kept
 
     def __dealloc__(self):
         # Runs only once no worker can use the handle: the Handler keeps this object alive
         # as long as its function pointer.
         free(self.st.pad)
         free(self.st.dil)
+        free(self.st.warm)
         if self.st.ropts != NULL:
             rocksdb_readoptions_destroy(self.st.ropts)
         if self.st.db != NULL:
@@ -349,18 +555,57 @@ cdef class RocksDB:
     def dilate(self):
         return self.st.dilate
 
+    @property
+    def pad(self):
+        """``"warm"`` or ``"cpu"`` (see the module docstring); None without dilation."""
+        if self.st.pad == NULL:
+            return None
+        return "warm" if self.st.pad_mode == PAD_WARM else "cpu"
+
     def dilate_stats(self):
-        """``dilate`` > 1: ``{"calls", "cpu_ns", "wall_ns"}`` over every padded GET so far:
-        the GETs' own CPU time and their padded wall time (``wall_ns / cpu_ns`` is the
-        dilation achieved; above ``dilate`` by the waits that overran); else None."""
+        """``dilate`` > 1: counters over every padded GET so far, else None.
+
+        ``calls``; ``cpu_ns`` (the GETs' own CPU time); ``target_ns`` (the targets padded to);
+        ``wall_ns`` (start to end of the padded calls: ``wall_ns / target_ns`` is the padding's
+        accuracy, ``wall_ns / cpu_ns`` the dilation of the real cost); ``overruns`` (GETs that
+        ended past their target, not padded); ``pad``."""
         cdef int i
         if self.st.dil == NULL:
             return None
-        out = {"calls": 0, "cpu_ns": 0, "wall_ns": 0}
+        out = {"calls": 0, "cpu_ns": 0, "wall_ns": 0, "target_ns": 0, "overruns": 0}
         for i in range(BENCH_SLOTS):
             out["calls"] += self.st.dil[i].calls
             out["cpu_ns"] += self.st.dil[i].cpu_ns
             out["wall_ns"] += self.st.dil[i].wall_ns
+            out["target_ns"] += self.st.dil[i].target_ns
+            out["overruns"] += self.st.dil[i].overruns
+        out["pad"] = self.pad
+        return out
+
+    def warm_table(self):
+        """``pad="warm"``: ``{n: sorted back-to-back CPU ns of GET(n)}`` for the calibrated
+        sizes; else None."""
+        cdef uint32_t j, i
+        if self.st.warm == NULL or self.st.warm_m == 0:
+            return None
+        return {int(self.st.grid[j]): np.array([self.st.warm[j * self.st.warm_stride + i]
+                                                for i in range(self.st.warm_m)])
+                for j in range(self.st.n_grid)}
+
+    def warm_draws(self, uint32_t n, Py_ssize_t m, uint64_t seed=1):
+        """``m`` draws (ns, before the factor ``dilate``) from the warm cost of GET(n), as
+        the handler makes them per request."""
+        cdef uint64_t rng = seed
+        cdef Py_ssize_t i
+        if self.st.warm == NULL or self.st.warm_m == 0:
+            raise RocksDBError("no warm calibration (needs dilate > 1 and pad=warm)")
+        if not 1 <= n <= self.st.max_keys:
+            raise ValueError(f"GET({n}) is out of range 1..{self.st.max_keys}")
+        out = np.empty(m)
+        cdef double[::1] ov = out
+        with nogil:
+            for i in range(m):
+                ov[i] = _warm_draw(&self.st, n, &rng)
         return out
 
     def pad_calibration(self):
@@ -388,9 +633,14 @@ cdef class RocksDB:
         return <uintptr_t>&self.st
 
 
-def time_gets(RocksDB db not None, const uint32_t[:, ::1] keys):
+def time_gets(RocksDB db not None, const uint32_t[:, ::1] keys, double gap_us=0.0,
+              Py_ssize_t trash_kb=0):
     """Time one handler call per row of ``keys`` (a GET of that row's keys), in this thread,
     without the GIL, exactly as a worker makes it.
+
+    ``gap_us`` > 0 sleeps that long before each call, and ``trash_kb`` > 0 writes that many
+    KiB of another buffer first (what other processes do to the caches while a dilated
+    worker idles): the GETs then run cold, as they do between the tasks of a dilated rack.
 
     Returns
     -------
@@ -404,8 +654,14 @@ def time_gets(RocksDB db not None, const uint32_t[:, ::1] keys):
     cdef malcolm_task t
     cdef int64_t t0, c0
     cdef long long failed = 0
+    cdef timespec gap
+    cdef Py_ssize_t tb = max(0, trash_kb) * 1024, b
     if not 1 <= n <= db.st.max_keys:
         raise ValueError(f"GET({n}) is out of range 1..{db.st.max_keys}")
+    trash = np.zeros(max(1, tb), dtype=np.uint8)
+    cdef uint8_t[::1] tv = trash
+    gap.tv_sec = <long>(gap_us / 1e6)
+    gap.tv_nsec = <long>((gap_us - gap.tv_sec * 1e6) * 1000.0)
     wall = np.empty(m, dtype=np.int64)
     cpu = np.empty(m, dtype=np.int64)
     cdef int64_t[::1] wv = wall
@@ -420,6 +676,11 @@ def time_gets(RocksDB db not None, const uint32_t[:, ::1] keys):
             t.payload_len = <uint32_t>(4 + 4 * n)
             t.out = out
             t.out_cap = MC_KV_MAX_VALUE
+            if tb > 0:
+                for b in range(0, tb, 64):
+                    tv[b] += 1
+            if gap_us > 0:
+                clock_nanosleep(CLOCK_MONOTONIC, 0, &gap, NULL)
             c0 = _thread_cpu_ns()
             t0 = mc_now_ns()
             if h_rocksdb(&db.st, &t) != MALCOLM_OK:
@@ -435,7 +696,7 @@ def time_gets(RocksDB db not None, const uint32_t[:, ::1] keys):
 def open_handler(rest):
     """Open the database named by a ``rocksdb:...`` spec's options; return the state object."""
     o = parse_spec(rest)
-    return RocksDB(o["path"], o["cache_mb"], o["dilate"])
+    return RocksDB(o["path"], o["cache_mb"], o["dilate"], o["pad"], o["calib"], o["warm"])
 
 
 def value(uint32_t k, uint32_t value_size):
