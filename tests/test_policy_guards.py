@@ -247,6 +247,38 @@ def test_hop_cost_is_measured_from_heartbeats():
     assert q.hop_estimate_ns == 3000.0
 
 
+def test_hop_gate_accepts_what_would_wait_less_than_a_hop():
+    """The first K = floor(1 + (hop - x_me) r_me) arrivals after a publish stay; the rest,
+    and every arrival when x_me > hop, follow the published distribution untouched."""
+    n, hop = 4, 10_000.0
+
+    def window(workers, own_load, draws, **kw):
+        p = MalcolmPolicy(n, 0, seed=1, hop_ns=hop, learn=False, **kw)
+        rates = rates_of([workers] * n)
+        feed(p, 0, [own_load, 0.0, 0.0, 0.0], rates)
+        return p, [hooks.sample_many(p, "arrival", 1)[0] for _ in range(draws)]
+
+    p, kept = window(1, 0.0, 3)            # idle, one worker: K = floor(1.2) = 1
+    assert kept[0] == 1 and p.gated == 1
+    off, _ = window(1, 0.0, 0, hop_gate=False)
+    np.testing.assert_array_equal(p.probs_migrate, off.probs_migrate)   # the table is untouched
+    assert off.probs_migrate[0] == pytest.approx(n / (2 * n - 1))
+    p, kept = window(8, 0.0, 3)            # eight workers: K = floor(1 + 10 us * 8 / 50 us) = 2
+    assert kept[:2] == [1, 1] and p.gated == 2
+    p, _ = window(1, 2 * T, 3)             # two tasks ahead wait 100 us > the hop: K = 0
+    assert p.gated == 0
+    # each publish renews the budget, K = 1.2 on average (1, 1, 1, 1, 2: the fraction is
+    # carried); beyond it, decisions are the table's
+    p, _ = window(1, 0.0, 0)
+    counts = np.zeros(n, int)
+    for w in range(1, 2001):
+        feed(p, w * 100_000, [0.0] * n, rates_of([1] * n))
+        counts += hooks.sample_many(p, "arrival", 2)
+    assert p.gated == 2400
+    rest, m = counts[0] - 2400, 4000 - 2400          # the table's draws: accept 4/7
+    assert abs(rest - m * 4 / 7) < 5 * np.sqrt(m * 4 / 7 * 3 / 7)
+
+
 # ---------------------------------------------------------------- sparse actor arithmetic
 def test_sparse_actor_gradient_matches_numpy_reference():
     """Default actors: logit_i = B_i + W_ii z_i + W_i,me z_me (+ the capacity prior, masked),

@@ -38,6 +38,7 @@ DEFAULTS = dict(
     advantage="difference",
     hop_ns=-1.0,                # < 0: one-way delay measured from heartbeats
     capacity_prior=True,        # migrate logits += the capacity prior (capacity shares)
+    hop_gate=True,              # accept while a local task would wait no longer than a hop
     mask_factor=2.0,            # 0 disables the overload mask
     trust=8.0,                  # 0 disables the trust region around the initial actors
     runaway_windows=20,         # 0 disables the runaway reset
@@ -52,7 +53,7 @@ DEFAULTS = dict(
 # docs/policy.md ("The default policy").
 THESIS = dict(advantage="td", actor="full", entropy=0.1, init="random", load_scale=50_000.0,
               load_clip=8.0, actor_lr=0.001, capacity_prior=False, mask_factor=0.0, trust=0.0,
-              runaway_windows=0, hop_ns=0.0, consensus="mean")
+              runaway_windows=0, hop_ns=0.0, consensus="mean", hop_gate=False)
 
 
 def _as_bool(name, v):
@@ -136,6 +137,7 @@ def check_params(params):
     choice("init", "safe", "random", "zero")
     cfg["learn"] = _as_bool("learn", cfg["learn"])
     cfg["capacity_prior"] = _as_bool("capacity_prior", cfg["capacity_prior"])
+    cfg["hop_gate"] = _as_bool("hop_gate", cfg["hop_gate"])
     return cfg
 
 

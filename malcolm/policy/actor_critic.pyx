@@ -130,6 +130,9 @@ cdef class MalcolmPolicy(AgentState):
         Add the capacity prior to the migrate logits (rates from heartbeats): accepting
         log(r_me / mean rate), a peer the log of its share of the spare capacity, so that
         the start routes every server its capacity share (see ``__init__``).
+    hop_gate : bool
+        Accept outright the arrivals that would wait here no longer than one hop, the least
+        a migration costs (see ``AgentState._gate_accept``). Default True.
     mask_factor : float
         Never migrate to a peer whose load is above ours and above ``mask_factor`` times the
         rack's mean plus one task; never steal from a peer not busier than us. 0 disables.
@@ -204,6 +207,7 @@ cdef class MalcolmPolicy(AgentState):
         self.auto_hop = cfg["hop_ns"] < 0.0
         self.hop_ns = 0.0 if self.auto_hop else cfg["hop_ns"]
         self.capacity_prior = cfg["capacity_prior"]
+        self.hop_gate = cfg["hop_gate"]
         self.mask_factor = cfg["mask_factor"]
         self.trust = cfg["trust"]
         self.runaway_windows = cfg["runaway_windows"]
@@ -266,7 +270,7 @@ cdef class MalcolmPolicy(AgentState):
 
     cdef void _learn_window(self) noexcept nogil:
         """One TD(0) actor-critic step for the window that just ended; gradients are cached."""
-        cdef int n = self.n, d = self.n_theta, i, j
+        cdef int n = self.n, d = self.n_theta, i
         cdef double vprev = 0.0, vcur = 0.0, delta, payoff, cost, tot, ts, h
         cdef double own_mig, own_stl, c, abar
         cdef const double* a
@@ -399,10 +403,7 @@ cdef class MalcolmPolicy(AgentState):
                 self._guard_actors()
                 self._push_params()
 
-        # The next window's decisions are counted from here.
-        for j in range(n):
-            self.seen_mig[j] = mc_load_relaxed(&self.cnt_mig[j])
-            self.seen_stl[j] = mc_load_relaxed(&self.cnt_stl[j])
+        self._decisions_counted()     # the next window's decisions are counted from here
 
     cdef void _apply_adamw(self) noexcept nogil:
         """AdamW on the batch-mean of the cached gradients, then clear the cache.
@@ -634,6 +635,8 @@ cdef class MalcolmPolicy(AgentState):
             self._publish_only(self.ps_pub)
         cat_publish_probs(&self.mig, self.pm_pub)
         cat_publish_probs(&self.stl, self.ps_pub)
+        if self.hop_gate:
+            self._gate_accept()         # with the new tables: its budget counts from here
         # feat_prev only before a window whose learning step reads it (see _learn_window)
         if not self.learn or self.learn_clock + 1 >= self.learn_every:
             self._features(self.feat_prev)

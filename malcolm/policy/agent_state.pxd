@@ -54,6 +54,7 @@ cdef class AgentState(Policy):
     cdef readonly str consensus        # "median" (robust) or "mean" (the thesis)
     cdef bint cons_median
     cdef readonly bint capacity_prior  # migrate logits += log(rate_j / mean rate)
+    cdef readonly bint hop_gate        # accept while a local task waits no longer than a hop
     cdef readonly double init_scale
     cdef readonly str init
     cdef readonly str actor_input  # "absolute" (u) or "relative" (u_j - u_me)
@@ -123,6 +124,13 @@ cdef class AgentState(Policy):
     cdef bint hop_seen
     cdef int runaway_run                 # consecutive windows with a runaway own queue
     cdef double runaway_last
+    # the hop gate: the policy publishes (sequence << 32 | K); the gateway accepts the first
+    # K arrivals after each publish outright (gate_epoch, gate_used: gateway-owned)
+    cdef uint64_t gate_pub
+    cdef uint64_t gate_seq
+    cdef double gate_carry               # the budgets' fractional parts carried (dithering)
+    cdef uint64_t gate_epoch
+    cdef uint64_t gate_used
 
     # decisions taken by the gateway: cumulative counts per outcome (gateway writes only)
     cdef uint64_t* cnt_mig
@@ -151,6 +159,7 @@ cdef class AgentState(Policy):
     cdef readonly uint64_t hb_clamped          # heartbeat fields clamped to sane bounds
     cdef readonly uint64_t masked              # migrate outcomes masked at publish (summed)
     cdef readonly uint64_t trust_clips         # actor parameters clipped to the trust region
+    cdef readonly uint64_t gated             # arrivals the hop gate accepted (gateway)
     cdef int win_in_batch                # windows whose gradient the batch holds
     cdef int batch_clock                 # windows since the last AdamW step
     cdef int learn_clock                 # windows since the last sampled one
@@ -166,6 +175,8 @@ cdef class AgentState(Policy):
     cdef void _push_params(self) noexcept nogil
     cdef void _rescale(self) noexcept nogil
     cdef double _hop_units(self) noexcept nogil
+    cdef void _decisions_counted(self) noexcept nogil
+    cdef void _gate_accept(self) noexcept nogil
     cdef void _learned_logits(self) noexcept nogil
     cdef void _migrate_weights(self, double* w) noexcept nogil
     cdef void _steal_weights(self, double* w) noexcept nogil

@@ -35,6 +35,7 @@ cdef double LOAD_MAX_NS = 1e12
 cdef double QUEUE_MAX = 1e9
 cdef double RATE_MAX = 1.0
 cdef uint64_t COUNT_JUMP_MAX = 1000000
+cdef uint64_t LOW32 = (<uint64_t>1 << 32) - 1      # the hop gate's budget field
 
 
 cdef inline double* _dalloc(Py_ssize_t n) noexcept nogil:
@@ -173,7 +174,19 @@ cdef class AgentState(Policy):
 
     # ------------------------------------------------------------ gateway thread (hot path)
     cdef int decide_arrival(self, int64_t now, int task_type) noexcept nogil:
-        cdef int a = cat_sample(&self.mig, &self.rng)
+        cdef uint64_t g = mc_load_relaxed(&self.gate_pub)
+        cdef uint32_t k = <uint32_t>g       # the low half: the budget; 0 while closed
+        cdef int a
+        if k:
+            # the hop gate's budget for this window (see _gate_accept): gateway-owned counts
+            if g >> 32 != self.gate_epoch:
+                self.gate_epoch = g >> 32
+                self.gate_used = 0
+            if self.gate_used < k:
+                self.gate_used += 1
+                mc_store_relaxed(&self.gated, self.gated + 1)
+                return self.me
+        a = cat_sample(&self.mig, &self.rng)
         mc_store_relaxed(&self.cnt_mig[a], self.cnt_mig[a] + 1)
         return a
 
@@ -319,6 +332,44 @@ cdef class AgentState(Policy):
             # the pair (i, me) itself
             di += fabs((vi - si) - (vme + sme)) - fabs(vi - vme)
             st[i] = -norm * di - cstl
+
+    cdef void _decisions_counted(self) noexcept nogil:
+        """The snapshot the next window's decisions are counted from."""
+        cdef int j
+        for j in range(self.n):
+            self.seen_mig[j] = mc_load_relaxed(&self.cnt_mig[j])
+            self.seen_stl[j] = mc_load_relaxed(&self.cnt_stl[j])
+
+    cdef void _gate_accept(self) noexcept nogil:
+        """The hop gate: publish K, the arrivals to accept outright until the next publish.
+
+        A migrated task pays at least one hop (``hop_est``) before it can start anywhere. A
+        task accepted here waits at most the drain time of the work ahead of it: x_me for the
+        first one (x_me = tasks / service rate, an upper bound, exact for one worker) and
+        1 / r_me more for each further one. So the first K = 1 + (hop - x_me) r_me arrivals
+        are no worse off accepted, whatever the peers' state; ``decide_arrival`` accepts
+        them without sampling (K rounded down, the fraction carried to the next window while
+        the gate stays open, so that the budget is K on average: x_me over-counts the wait
+        where workers are idle), and the rest follow the published distribution
+        (whose probabilities, and so the actors' gradients, the gate leaves alone). A budget
+        of arrivals rather than a raised accept probability: with a probability, two
+        arrivals close together in one window would both stay, and the second waits a
+        whole service time, which costs the tail under heavy-tailed service. At light load
+        this keeps the tasks the capacity shares would send a hop for nothing; above it
+        x_me > hop nearly always and K = 0.
+        """
+        cdef double h = self._hop_units() * self.load_scale, r = self.adv[2 * self.n + self.me]
+        cdef double k = 0.0
+        cdef uint64_t kb = 0
+        if h > 0.0 and r > 0.0 and self.x[self.me] <= h:
+            k = 1.0 + (h - self.x[self.me]) * r + self.gate_carry
+            k = 65536.0 if k > 65536.0 else k
+            kb = <uint64_t>k
+            self.gate_carry = k - <double>kb
+        else:
+            self.gate_carry = 0.0
+        self.gate_seq += 1
+        mc_store_relaxed(&self.gate_pub, ((self.gate_seq & LOW32) << 32) | kb)
 
     cdef void _set_load(self, int j, double load) noexcept nogil:
         cdef double v

@@ -1,0 +1,62 @@
+"""Light load: p50 of Malcolm against po2 and JBT at loads 0.1 and 0.3 (issue 12, item 3).
+
+Four racks (8x8, 2x14,9x4, 4x16,12x2, 64x1), Exp(50), 100 000 tasks, seed 1, one-way delays
+``--delays`` (µs). Prints p50, p99 and the migrated fraction of each run, and for each
+policy but po2 and JBT its p50 against the best of them. Runs in ``--procs`` processes; a
+minute or two on an idle 2-core machine. The table is in docs/policy.md ("Light load")::
+
+    python3 bench/light_load.py
+    python3 bench/light_load.py --policies "malcolm;malcolm:hop_gate=0;malcolm:learn=0"
+"""
+import os
+import sys
+from multiprocessing import Pool
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from malcolm import _argparse as g  # noqa: E402
+
+RACKS = ("8x8", "2x14,9x4", "4x16,12x2", "64x1")
+LOADS = (0.1, 0.3)
+BASES = ("po2", "jbt")
+
+
+def _run(job):
+    from malcolm.sim import simulate
+
+    rack, delay, load, pol = job
+    r = simulate(rack=rack, policy=pol, load=load, tasks=100_000, seed=1, delay_us=delay)
+    return job, r.p50_us, r.p99_us, r.migrations / max(r.generated, 1)
+
+
+def main(argv=None):
+    ap = g.parser(__doc__, """
+        python3 bench/light_load.py --delays 10
+        python3 bench/light_load.py --policies "malcolm;malcolm:hop_gate=0" """)
+    ap.add_argument("--policies", default="malcolm;malcolm:hop_gate=0;malcolm:learn=0",
+                    help="policies to compare, ';'-separated (po2 and JBT are always run)")
+    ap.add_argument("--delays", default="2,10", help="one-way delays in µs, comma-separated")
+    ap.add_argument("--procs", type=int, default=2, help="processes (default 2)")
+    a = ap.parse_args(argv)
+    try:
+        delays = [float(x) for x in a.delays.split(",")]
+    except ValueError:
+        ap.error(f"--delays must be numbers separated by commas, got {a.delays!r}")
+    if a.procs < 1:
+        ap.error("--procs must be >= 1")
+    pols = [p for p in a.policies.split(";") if p] + list(BASES)
+    jobs = [(r, d, ld, p) for r in RACKS for d in delays for ld in LOADS for p in pols]
+    with Pool(a.procs) as pool:
+        res = {job: (p50, p99, mig) for job, p50, p99, mig in pool.map(_run, jobs)}
+    for r in RACKS:
+        for d in delays:
+            for ld in LOADS:
+                best = min(res[(r, d, ld, b)][0] for b in BASES)
+                for p in pols:
+                    p50, p99, mig = res[(r, d, ld, p)]
+                    vs = "" if p in BASES else f"  vs best of po2/JBT {p50 / best - 1:+.1%}"
+                    print(f"{r:>10} {d:4.1f} µs load {ld}: {p:>22} p50 {p50:6.1f} p99 "
+                          f"{p99:7.1f} migrated {mig:.3f}{vs}")
+
+
+if __name__ == "__main__":
+    main()
