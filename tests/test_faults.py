@@ -67,6 +67,51 @@ def test_the_clients_deadline_turns_overload_into_rejections():
     assert rep["overloaded"] > 0
 
 
+def test_the_python_clients_timeout_travels_as_the_tasks_budget():
+    from malcolm.net.transport import open_transport
+
+    from malcolm.net import wire
+    from malcolm.net.client import Client
+
+    with open_transport("udp", "127.0.0.1:0") as peer, \
+            Client("udp", [peer.address], task_timeout=0.25) as c:
+        c.send(0)
+        c.send(0, timeout=None)
+        c.send(0, timeout=1e-9)         # already spent: still a deadline (1 us), not "none"
+        got = []
+        t_end = time.monotonic() + 5.0
+        while len(got) < 3 and time.monotonic() < t_end:
+            got += [wire.decode_native(d)["budget_us"] for d, _ in peer.recv(0.05)]
+    assert got == [250_000, 0, 1]
+    for bad in (float("nan"), float("inf"), 0, -1.0):
+        with pytest.raises(ValueError, match="task timeout"):
+            Client("udp", ["127.0.0.1:9"], task_timeout=bad)
+
+
+def test_a_task_whose_budget_ran_out_is_answered_with_the_reason_not_run():
+    """The Python client's deadline reaches the server: a task still queued when its budget
+    runs out is answered ``timed_out`` (or refused ``overloaded`` at arrival), never run; the
+    same task without a deadline runs. Without the budget on the wire both would run."""
+    from malcolm.net import wire
+    from malcolm.net.client import Client
+
+    srv, addr = _server(handler="sleep", workers=1, window_us=1000)
+    try:
+        with Client("udp", [addr]) as c:
+            busy = c.send(0, service_ns=300_000_000)      # the one worker: 0.3 s
+            late = c.send(0, service_ns=1_000, timeout=0.01)
+            ok = c.send(0, service_ns=1_000)
+            acc = c.collect(10.0)
+    finally:
+        rep = srv.stop()
+    assert acc.lost == 0 and acc.duplicates == 0, acc.summary()
+    a = acc.answered
+    assert a[busy]["status"] == a[ok]["status"] == wire.Status.OK
+    assert a[late]["status"] in (wire.Status.TIMED_OUT, wire.Status.OVERLOADED), a[late]
+    assert a[late]["service_ns"] == 0               # the handler never ran it
+    assert rep["timed_out"] + rep["overloaded"] == 1, rep
+
+
 # ------------------------------------------------------------------ real server processes
 
 def test_impostor_on_a_dead_members_port_gets_nothing(tmp_path):

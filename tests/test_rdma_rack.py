@@ -87,3 +87,35 @@ def test_verbs_rack_steals_from_the_busy_server(tmp_path):
     st = _final_stats(lr)
     assert sum(x["stolen_in"] for x in st) == sum(x["stolen_out"] for x in st) >= s["stolen"]
     assert st[0]["stolen_out"] > 0
+
+
+def test_verbs_rack_server_restart_is_found_again_by_its_peer_and_its_client(tmp_path):
+    """A verbs server restarted on its address has a new queue pair. A client that keeps
+    sending to it, which the server cannot announce itself to, finds it again by re-querying
+    a silent peer: every task is answered or reported lost, and only those sent before the
+    client's re-query was answered are lost. Before, a client that sent only to the restarted
+    server sent everything into the old queue pair for ever (nothing else told it: with tasks
+    also going to the other server, the restarted one's answers to migrated tasks did). Its
+    peer takes it back at once (it announces itself at start; its first heartbeat is a new
+    epoch) and migrates to it again."""
+    from malcolm.net.client import Accounting, Client
+
+    with _rack(_rack_file(tmp_path, 'name = "random"')) as lr:
+        with Client("verbs", lr.cfg.addresses, address=f"{HOST}:0") as c:
+            first = c.run(200, service_ns=20_000, rate=1000, timeout=20).summary()
+            lr.kill(1)
+            lr.start(1, timeout=150)
+            c.acc = Accounting()
+            only = c.run(200, service_ns=20_000, rate=1000, servers=[1], timeout=20).summary()
+            c.acc = Accounting()
+            both = c.run(300, service_ns=20_000, rate=1000, timeout=20).summary()
+        codes = lr.down()
+    print(f"\nafter the restart, to server 1 only: {only}\nthen to both: {both}")
+    assert first["answered"] == 200 and first["duplicates"] == 0, first
+    assert set(codes.values()) == {0}, codes
+    assert only["answered"] + only["lost"] == 200 and only["duplicates"] == 0, only
+    assert only["lost"] <= 30, only                    # all 200 before the fix
+    assert both["answered"] == 300 and both["duplicates"] == 0, both
+    st = _final_stats(lr)
+    assert st[1]["forwarded_in"] > 20, st[1]            # its peer migrates to it again
+    assert st[0]["peer_restarts"] >= 1, st[0]         # (peers_up: read after the rack is down)

@@ -7,7 +7,7 @@ verbs benchmarks (:mod:`malcolm.bench.verbs`) call them without the GIL. One thr
 sends on a queue; only :func:`uq_push_intro` may be called from one other thread (the
 transport's address thread).
 """
-from libc.stdint cimport int32_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 from malcolm.net._ibverbs cimport (ibv_ah, ibv_cq, ibv_pd, ibv_qp, ibv_recv_wr, ibv_send_wr,
                                    ibv_sge, ibv_wc)
@@ -34,6 +34,11 @@ cdef struct Peer:
     uint8_t gid[16]
     int v4          # IPv4-mapped GID: RoCE v2 over IPv4 puts the source address at GRH+32
     NetAddr logical  # the peer's transport address (its control socket); zero when none
+    # For VerbsTransport's re-query of a silent peer (a restart on the same address leaves
+    # us sending to a queue pair that is gone): when it was last heard from (a message or an
+    # introduction) and last asked for its address, CLOCK_MONOTONIC ns.
+    int64_t last_rx_ns
+    int64_t last_query_ns
 
 
 cdef struct Intro:

@@ -525,12 +525,15 @@ cdef bint uq_push_intro(UDQueue q, const NetAddr *frm, const uint8_t *msg) noexc
 cdef int uq_drain_intros(UDQueue q) noexcept nogil:
     """Turn queued introductions into peers (polling thread only); returns how many."""
     cdef uint64_t t = q.itail, h = mc_load_acq(&q.ihead)
-    cdef int n = 0
+    cdef int n = 0, i
+    cdef int64_t now = mc_now_ns() if t < h else 0
     cdef Intro *it
     while t < h:
         it = &q.intros[t % INTRO_CAP]
-        if uq_set_peer(q, &it.frm, &it.msg[16], ld32be(&it.msg[8]), ld32be(&it.msg[12]),
-                       (<uint16_t>it.msg[6] << 8) | it.msg[7]) >= 0:
+        i = uq_set_peer(q, &it.frm, &it.msg[16], ld32be(&it.msg[8]), ld32be(&it.msg[12]),
+                        (<uint16_t>it.msg[6] << 8) | it.msg[7])
+        if i >= 0:
+            q.peers[i].last_rx_ns = now         # a query or an answer: it is alive
             n += 1
         t += 1
     mc_store_rel(&q.itail, t)

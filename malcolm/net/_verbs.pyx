@@ -22,11 +22,11 @@ from malcolm._core cimport mc_load_relaxed, mc_now_ns
 from malcolm._system cimport nanosleep, timespec
 from malcolm.net._ibverbs cimport (ibv_ack_cq_events, ibv_comp_channel, ibv_cq,
                                    ibv_get_cq_event, ibv_poll_cq, ibv_req_notify_cq)
-from malcolm.net._ud_queue cimport (CTL_LEN, WC_BATCH, UDMsg, UDQueue, layout_error, ld32be,
-                                    pyverbs_ptr, uq_drain_intros, uq_find_logical, uq_flush,
-                                    uq_poll_recv, uq_push_intro, uq_repost, uq_send)
+from malcolm.net._ud_queue cimport (CTL_LEN, WC_BATCH, Peer, UDMsg, UDQueue, layout_error,
+                                    ld32be, pyverbs_ptr, uq_drain_intros, uq_find_logical,
+                                    uq_flush, uq_poll_recv, uq_push_intro, uq_repost, uq_send)
 from malcolm.net._wire cimport MAX_MSG, NetAddr
-from malcolm.net.transport cimport BATCH, MsgBuf, Transport
+from malcolm.net.transport cimport BATCH, MsgBuf, Transport, addr_eq, addr_parse
 
 import os
 
@@ -98,6 +98,10 @@ cdef enum:
     RESOLVE_GIVE_UP_NS = 2_000_000_000
     RESOLVE_SYNC_NS = 500_000_000       # first contact: wait this long for the answer
     RESOLVE_SYNC_RESEND_NS = 10_000_000
+    # A known peer we send to but have not heard from for this long is asked for its address
+    # again (at most this often): if it restarted on the same address, its queue pair is new
+    # and the answer carries it (UD to a queue pair that is gone is dropped without a trace).
+    REQUERY_NS = 20_000_000
 
 
 ctypedef struct Pending:
@@ -165,7 +169,7 @@ cdef class VerbsTransport(Transport):
     cdef uint32_t polls
     cdef UDMsg msgs[BATCH]
     cdef readonly uint64_t ctl_bad, ctl_queries, ctl_answers, intro_full, resolve_failed
-    cdef readonly uint64_t parked
+    cdef readonly uint64_t parked, requeries, announced
 
     def __init__(self, address=None, device=None, int port=1, int n_recv=1024,
                  int n_send=512, int max_inline=64):
@@ -305,7 +309,7 @@ cdef class VerbsTransport(Transport):
                  ctl_bad=self.ctl_bad, ctl_queries=self.ctl_queries,
                  ctl_answers=self.ctl_answers, intro_full=self.intro_full,
                  resolve_failed=self.resolve_failed, parked=self.parked,
-                 peers=self.q.n_peers)
+                 requeries=self.requeries, announced=self.announced, peers=self.q.n_peers)
         return d
 
     # -------------------------------------------------------------- address thread
@@ -455,6 +459,33 @@ cdef class VerbsTransport(Transport):
         self.parked += 1
         return 0
 
+    def announce(self, addresses):
+        """Introduce this endpoint to ``addresses`` now, before the first message to them.
+
+        A server calls it at start with its rack's other members: a peer that knew this
+        address at an older queue pair (this server restarted) takes the new one at once (its
+        address thread queues the introduction, its polling thread applies it before its next
+        send), instead of sending into the old one until it re-queries. Destinations not yet
+        known are resolved in the background, so the first message to them waits for no
+        answer. Call it from the thread that polls (or before that thread starts).
+        """
+        cdef NetAddr a
+        cdef int64_t now = mc_now_ns()
+        if self.closed:
+            raise RuntimeError("transport is closed")
+        for dst in addresses:
+            addr_parse(self.kind, dst, &a)
+            if addr_eq(&a, &self.me):
+                continue
+            self.announced += 1
+            mcv_sendto(self.ctl_fd, self.ctl_query, CTL_LEN, &a)
+            if (uq_find_logical(self.q, &a) < 0 and self._pending_index(&a) < 0
+                    and self.n_pend < MAX_PENDING):
+                self.pend[self.n_pend].dst = a
+                self.pend[self.n_pend].first_ns = now
+                self.pend[self.n_pend].last_ns = now
+                self.n_pend += 1
+
     # -------------------------------------------------------------- the interface
 
     cdef int rx_poll(self, int max_n) noexcept nogil:
@@ -475,7 +506,9 @@ cdef class VerbsTransport(Transport):
         n = uq_poll_recv(self.q, self.msgs, max_n)
         if n <= 0:
             return 0
+        cdef int64_t now = mc_now_ns()        # once a batch: when each sender was last heard
         for i in range(n):
+            self.q.peers[self.msgs[i].peer].last_rx_ns = now
             self.rx[i].data = <uint8_t *>self.msgs[i].data
             self.rx[i].len = self.msgs[i].length
             self.rx[i].peer = self.q.peers[self.msgs[i].peer].logical
@@ -489,13 +522,19 @@ cdef class VerbsTransport(Transport):
 
     cdef int tx_flush(self) noexcept nogil:
         cdef int i, peer, rc, n = self.n_tx, ok = 0
-        cdef int64_t now = 0
+        cdef int64_t now
+        cdef Peer *p
         self.n_tx = 0
         if n == 0:
             return 0
         if self.closed:
             self.n_send_failed += n
             return 0
+        # A peer that restarted and introduced itself (its announcement, or the answer to a
+        # re-query) is sent to at its new queue pair from this flush on, not the next poll.
+        if mc_load_relaxed(&self.q.ihead) != self.q.itail:
+            uq_drain_intros(self.q)
+        now = mc_now_ns()
         for i in range(n):
             peer = uq_find_logical(self.q, &self.tx[i].peer)
             if peer < 0 and self.tx[i].peer.family != 0:
@@ -503,14 +542,21 @@ cdef class VerbsTransport(Transport):
                         and self._failed_index(&self.tx[i].peer) < 0):
                     peer = self._resolve_now(&self.tx[i].peer)
                 if peer < 0:
-                    if now == 0:
-                        now = mc_now_ns()
                     if self._hold(&self.tx[i], now) != 0:
                         self.n_send_failed += 1
                     continue
             if peer < 0:
                 self.n_send_failed += 1
                 continue
+            p = &self.q.peers[peer]
+            if now - p.last_rx_ns > REQUERY_NS and now - p.last_query_ns > REQUERY_NS:
+                # Silent: it may have restarted. The message still goes to the queue pair we
+                # know (it is alive and quiet, or the message is lost and its task reported
+                # by its client's timeout); the answer, if the queue pair changed, moves us
+                # to the new one within a round trip.
+                p.last_query_ns = now
+                self.requeries += 1
+                mcv_sendto(self.ctl_fd, self.ctl_query, CTL_LEN, &p.logical)
             rc = uq_send(self.q, peer, self.tx[i].data, self.tx[i].len)
             if rc == 1:
                 ok += 1

@@ -15,6 +15,27 @@ from dataclasses import dataclass, field
 from malcolm.net import wire
 from malcolm.net.transport import open_transport
 
+_MAX_BUDGET_US = 2**32 - 1         # the wire's u32 budget: about 71 minutes
+
+
+def _check_timeout(timeout):
+    """A task deadline in seconds: None, or a finite number > 0 (ValueError otherwise)."""
+    if timeout is None:
+        return None
+    t = float(timeout)
+    if not 0.0 < t < float("inf"):
+        raise ValueError(f"a task timeout must be a finite number of seconds > 0, got "
+                         f"{timeout!r}")
+    return t
+
+
+def _budget_us(timeout):
+    """The wire's budget for a deadline ``timeout`` s from now: 0 (none) for None, else at
+    least 1 µs (0 would mean none) and at most the u32 maximum."""
+    if timeout is None:
+        return 0
+    return max(1, min(_MAX_BUDGET_US, int(timeout * 1e6)))
+
 
 @dataclass
 class Accounting:
@@ -73,13 +94,20 @@ class Client:
         The rack's 16-byte MAC key (``malcolm.runtime.config.rack_key``); None for a rack without
         one. Tasks are sealed with it and responses that do not verify are counted as
         ``forged`` and otherwise ignored.
+    task_timeout : float or None
+        Default deadline of each task, in seconds from its send: it travels in the task (wire
+        v3 ``budget_us``, as the load generator sends it), so that a server refuses a task it
+        cannot start in time (``overloaded``) or answers it ``timed_out`` instead of running
+        it after the client gave up. None: no deadline (the rack's ``task_timeout_ms`` only).
     """
 
-    def __init__(self, transport, servers, client_id=1, address=None, key=None):
+    def __init__(self, transport, servers, client_id=1, address=None, key=None,
+                 task_timeout=None):
         self.tr = open_transport(transport, address)
         self.servers = [self.tr.parse(s) for s in servers]
         self.client_id = client_id
         self.key = key
+        self.task_timeout = _check_timeout(task_timeout)
         self.epoch = wire.new_epoch()
         self._seq = [0] * len(self.servers)     # per server: each sees a dense sequence
         self.acc = Accounting()
@@ -94,14 +122,20 @@ class Client:
     def __exit__(self, *exc):
         self.close()
 
-    def send(self, server, task_type=0, service_ns=0, payload=b""):
-        """Send one task to server index ``server``; return its request id."""
+    def send(self, server, task_type=0, service_ns=0, payload=b"", timeout=...):
+        """Send one task to server index ``server``; return its request id.
+
+        ``timeout`` (seconds; None: none) is the task's deadline, sent as its budget; by
+        default the client's ``task_timeout``."""
+        budget_us = _budget_us(self.task_timeout if timeout is ... else
+                               _check_timeout(timeout))
         rid = self._next
         self._next += 1
         self._seq[server] += 1
         msg = wire.encode_task_native(self.client_id, rid, task_type, service_ns,
                                       time.monotonic_ns(), payload, key=self.key,
-                                      epoch=self.epoch, auth_seq=self._seq[server])
+                                      epoch=self.epoch, auth_seq=self._seq[server],
+                                      budget_us=budget_us)
         self.acc.pending[rid] = server
         self.acc.sent += 1
         self.tr.send(self.servers[server], msg)
@@ -133,13 +167,14 @@ class Client:
         return len(got)
 
     def run(self, n, service_ns=10_000, rate=20_000.0, servers=None, task_type=0,
-            payload=b"", timeout=5.0):
+            payload=b"", timeout=5.0, task_timeout=...):
         """Send ``n`` tasks round-robin over ``servers`` (indices; default all) at about
-        ``rate`` tasks/s, then collect responses until all are in or ``timeout`` s pass."""
+        ``rate`` tasks/s, then collect responses until all are in or ``timeout`` s pass.
+        ``task_timeout``: each task's deadline (see :meth:`send`)."""
         idx = list(range(len(self.servers))) if servers is None else list(servers)
         t0 = time.monotonic()
         for i in range(n):
-            self.send(idx[i % len(idx)], task_type, service_ns, payload)
+            self.send(idx[i % len(idx)], task_type, service_ns, payload, task_timeout)
             due = t0 + (i + 1) / rate
             while time.monotonic() < due:
                 if not self.poll(0.0):

@@ -313,6 +313,13 @@ cdef class Transport:
                 self.wait_prepare()
                 self.wait_idle(min(left_ns, 50_000_000))
 
+    def announce(self, addresses):
+        """Introduce this endpoint to ``addresses`` before sending to them: verbs sends its
+        queue pair's address (so that peers drop an older one at once); nothing to do for
+        the others, whose address is all a peer needs."""
+        if self.closed:
+            raise RuntimeError("transport is closed")
+
     def block(self, double timeout):
         """Block until input may be waiting, ``notify()`` is called, or ``timeout`` s pass."""
         cdef int64_t ns = <int64_t>(timeout * 1e9)

@@ -94,6 +94,7 @@ cdef class Server:
     cdef readonly Gateway gateway
     cdef double grace_s
     cdef object cpus
+    cdef object peers
     cdef int64_t started_ns
 
     def __init__(self, Transport transport not None, peers, int me, Policy policy not None,
@@ -126,6 +127,7 @@ cdef class Server:
         if not max_wait_ms >= 0:
             raise ValueError(f"max_wait_ms={max_wait_ms} must be >= 0")
         self.tr = transport
+        self.peers = [p for i, p in enumerate(peers) if i != me]
         self.me = me
         self.policy_obj = policy
         h = handler if isinstance(handler, Handler) else Handler(handler)
@@ -175,6 +177,9 @@ cdef class Server:
         _cpus.warn_oversubscribed(self.me, self.busy, self.n_workers, self.cpus)
         prefix = f"mc{self.me}"
         cpus = self.cpus
+        # Before the gateway polls (announce is the polling thread's): a restarted server's
+        # peers learn where it is now (verbs: its new queue pair) before its first message.
+        self.tr.announce(self.peers)
         self.pool.start(prefix, lambda w: _cpus.pin(cpus, "worker", w))
         self.policy_thread.start(prefix, lambda: _cpus.pin(cpus, "policy"))
         self.gateway.start(self.started_ns, prefix, lambda: _cpus.pin(cpus, "gateway"))
