@@ -78,6 +78,10 @@ from malcolm.commands.types import Duration, Rate, json_option, write_json, writ
 @click.option("--seed", default=1, show_default=True,
               help="Seed of the arrival, server-choice and service-time streams.")
 @click.option("--bind", default=None, help="udp: local address to bind (default 0.0.0.0:0).")
+@click.option("--segment", default=None, type=Duration("s"), metavar="TIME",
+              help="Also report each rate's run in segments this long (by intended send "
+                   "time): p50, p99 with its 95% interval, losses and late sends per "
+                   "segment, to see drift (at most 256 segments).")
 @json_option("{'metadata': {...}, 'runs': [report, ...]} with the histograms")
 @click.option("--csv", "csv_out", type=click.Path(dir_okay=False, allow_dash=True),
               default=None, metavar="FILE",
@@ -112,7 +116,8 @@ from malcolm.commands.types import Duration, Rate, json_option, write_json, writ
                    "Default: MALCOLM_RACK_KEY_FILE.")
 def loadgen(rack_path, servers, transport, rates, arrivals, payload_size, payload_content,
             check_echo, workload, duration, warmup, threads, timeout, shares, changes, policy,
-            poll, spin_us, spin_us_old, raw, raw_max, lag_threshold, seed, bind, json_out, csv_out,
+            poll, spin_us, spin_us_old, raw, raw_max, lag_threshold, seed, bind, segment,
+            json_out, csv_out,
             hdr_out, raw_out, app, app_keys, app_value_size, key_dist, bad_fraction,
             max_timeouts, key_file):
     """Send open-loop load to a rack and report latency and accounting.
@@ -138,6 +143,7 @@ def loadgen(rack_path, servers, transport, rates, arrivals, payload_size, payloa
       malcolm loadgen --rack rack.toml --rate 5k,10k --json out.json --hdr lat.hlog
       malcolm loadgen --rack rack.toml --rate 10k --change 2s:rate=2x --change 4s:rate=1x
       malcolm loadgen --rack rack.toml --rate 10k --policy po2
+      malcolm loadgen --rack rack.toml --rate 10k --duration 60s --segment 5s
     """
     if spin_us_old is not None:         # the first release's spelling, kept hidden
         spin_us = spin_us_old
@@ -151,6 +157,7 @@ def loadgen(rack_path, servers, transport, rates, arrivals, payload_size, payloa
         parse_shares,
         resolve_target,
         row,
+        segment_lines,
         sweep,
     )
 
@@ -164,7 +171,7 @@ def loadgen(rack_path, servers, transport, rates, arrivals, payload_size, payloa
             shares=parse_shares(shares, n) if shares else None,
             changes=[parse_change(c, n) for c in changes], policy=policy,
             busy=poll == "busy", spin_us=spin_us, raw=raw, raw_max=raw_max,
-            lag_threshold_us=lag_threshold, seed=seed, bind=bind)
+            lag_threshold_us=lag_threshold, seed=seed, bind=bind, segment_s=segment or 0.0)
         if app:
             from malcolm.loadgen import apps
             shape = None
@@ -212,7 +219,7 @@ def loadgen(rack_path, servers, transport, rates, arrivals, payload_size, payloa
     def show(rep):
         if not quiet:
             click.echo(row(rep))
-            for line in notes(rep):
+            for line in notes(rep) + segment_lines(rep):
                 click.echo(line)
             sys.stdout.flush()
 

@@ -39,6 +39,7 @@ from malcolm._system cimport prctl, PR_SET_TIMERSLACK
 
 cdef enum:
     MAX_PHASES = 64
+    MAX_SEGMENTS = 256
     N_STATUS = 7
     # request states in the window
     R_FREE = 0
@@ -90,6 +91,18 @@ ctypedef struct Counts:
     uint64_t answered_by[MAX_SERVERS]
 
 
+# Per segment of the measured interval (by intended send time): what a long run needs to see
+# drift (latency, losses, moves) over time rather than one figure for the whole run.
+ctypedef struct SegCounts:
+    uint64_t sent
+    uint64_t completed
+    uint64_t rejected[N_STATUS]     # by status (index 0 unused)
+    uint64_t timed_out
+    uint64_t late_sends
+    uint64_t migrated
+    uint64_t stolen
+
+
 def n_buckets():
     return N_BUCKETS
 
@@ -138,6 +151,10 @@ cdef class LoadClient:
         keeps its shape and follows the target rate. Replayed in a loop from ``trace_start``.
     first_offset_s : float
         Delay of the first arrival (spreads fixed schedules of several threads apart).
+    segment_s : float
+        Also account the measured interval in segments of this many seconds, by intended
+        send time (0: not): counts and a latency histogram per segment (at most
+        MAX_SEGMENTS), for long runs that must show drift.
     payload_size : (kind, a, b)
         Payload bytes: kind 0 fixed ``a``; 1 uniform in ``a..b``; 2 exponential of mean
         ``a``, capped at ``b``. Never above the wire's MAX_PAYLOAD.
@@ -189,6 +206,10 @@ cdef class LoadClient:
     cdef bint check_echo
     cdef uint8_t* pbuf                    # 2 * MAX_PAYLOAD: random content is a window of it
     cdef uint16_t* req_len                # with check_echo: each request's payload length
+    cdef int n_seg                        # 0: no segments
+    cdef int64_t seg_ns
+    cdef SegCounts* seg
+    cdef Hist* seg_lat
 
     def __init__(self, Transport transport not None, servers, NativeWorkload workload not None,
                  long long client_id, unsigned long long seed, phases, double warmup_s,
@@ -197,7 +218,8 @@ cdef class LoadClient:
                  double lag_threshold_us=50.0, long long window=0, KvApp app=None,
                  key=None, int arrival=A_POISSON, trace=None, long long trace_start=0,
                  double first_offset_s=0.0, payload_size=(PS_FIXED, 0, 0),
-                 int payload_content=PC_ZEROS, bint check_echo=False, long long stream=-1):
+                 int payload_content=PC_ZEROS, bint check_echo=False, long long stream=-1,
+                 double segment_s=0.0):
         cdef int i, j, n
         cdef double rate, tot, acc
         if not 1 <= len(servers) <= MAX_SERVERS:
@@ -262,6 +284,7 @@ cdef class LoadClient:
         self.busy = busy
         self._init_arrivals(arrival, trace, trace_start, first_offset_s)
         self._init_payload(payload_size, payload_content, check_echo)
+        self._init_segments(segment_s, duration_s)
         # The request window must hold every task that can be outstanding: those sent
         # within one timeout at the highest rate, with a margin for bursts.
         if window <= 0:
@@ -322,6 +345,36 @@ cdef class LoadClient:
             self.trace[i] = g[i]
         self.trace_pos = <uint64_t>(trace_start % <long long>self.trace_n)
 
+    cdef _init_segments(self, double segment_s, double duration_s):
+        if segment_s == 0:
+            return
+        if not (segment_s > 0 and segment_s <= duration_s):
+            raise ValueError(f"segment_s {segment_s} must be in (0, duration]")
+        n = int(-(-duration_s // segment_s))
+        if duration_s / segment_s - (n - 1) < 1e-9:     # a float hair past a whole number
+            n -= 1
+        if n > MAX_SEGMENTS:
+            raise ValueError(f"{n} segments of {segment_s:g} s in {duration_s:g} s: at most "
+                             f"{MAX_SEGMENTS}; make them longer")
+        self.n_seg = max(1, n)
+        self.seg_ns = <int64_t>(segment_s * 1e9)
+        self.seg = <SegCounts*>mc_aligned_alloc(64, self.n_seg * sizeof(SegCounts))
+        self.seg_lat = <Hist*>mc_aligned_alloc(64, self.n_seg * sizeof(Hist))
+        if self.seg == NULL or self.seg_lat == NULL:
+            raise MemoryError()
+        memset(self.seg, 0, self.n_seg * sizeof(SegCounts))
+        memset(self.seg_lat, 0, self.n_seg * sizeof(Hist))
+
+    cdef inline int _seg_of(self, int64_t intended) noexcept nogil:
+        """The segment of a measured task sent (intended) at ``intended``; -1 without."""
+        cdef int64_t i
+        if self.n_seg == 0:
+            return -1
+        i = (intended - self.t0_ns - self.warm_ns) // self.seg_ns
+        if i < 0:
+            return 0
+        return <int>i if i < self.n_seg else self.n_seg - 1
+
     cdef _init_payload(self, payload_size, int content, bint check_echo):
         cdef int kind, a, b, i
         kind, a, b = (int(x) for x in payload_size)
@@ -358,6 +411,8 @@ cdef class LoadClient:
         free(self.lat)
         free(self.lag)
         free(self.raw)
+        free(self.seg)
+        free(self.seg_lat)
 
     def stop(self):
         """Ask a running :meth:`run` to stop sending now (it still drains; thread-safe)."""
@@ -452,6 +507,7 @@ cdef class LoadClient:
         cdef int s, tt
         cdef uint64_t slot
         cdef int64_t lag, left
+        cdef int sg
         if self.next_id - self.oldest >= self.cap:
             # The window is full (should not happen with the default size): give up on the
             # oldest outstanding task rather than lose track of it.
@@ -459,6 +515,9 @@ cdef class LoadClient:
             if self.req_state[slot] == R_OUT:
                 self.c.timed_out += 1
                 self.c.window_full += 1
+                sg = self._seg_of(self.req_t[slot])
+                if sg >= 0:
+                    self.seg[sg].timed_out += 1
             elif self.req_state[slot] == R_OUT_WARM:
                 self.c.warm_timed_out += 1
                 self.c.window_full += 1
@@ -500,6 +559,11 @@ cdef class LoadClient:
             hist_add(self.lag, lag)
             self.c.svc_req_ns += <uint64_t>t.service_ns
             self.c.payload_bytes += t.payload_len
+            sg = self._seg_of(intended)
+            if sg >= 0:
+                self.seg[sg].sent += 1
+                if lag > self.lag_thr_ns:
+                    self.seg[sg].late_sends += 1
         self.c.sent_to[s] += 1
         self.next_id += 1
         b = self.tr.tx_next(&self.servers[s])
@@ -515,6 +579,7 @@ cdef class LoadClient:
         cdef uint8_t st
         cdef int64_t lat
         cdef uint64_t ep, aseq
+        cdef int sg
         kind = wire_header(m.data, m.len, &h)
         if kind < 0:
             self.c.malformed += 1
@@ -568,10 +633,18 @@ cdef class LoadClient:
         if st == R_OUT_WARM:
             self.c.warm_answered += 1
             return
+        sg = self._seg_of(self.req_t[slot])
         if r.status == ST_OK:
             self.c.completed += 1
             lat = now - self.req_t[slot]
             hist_add(self.lat, lat)
+            if sg >= 0:
+                self.seg[sg].completed += 1
+                hist_add(&self.seg_lat[sg], lat)
+                if r.flags & F_MIGRATED:
+                    self.seg[sg].migrated += 1
+                if r.flags & F_STOLEN:
+                    self.seg[sg].stolen += 1
             if self.n_raw < self.raw_cap:
                 self.raw[self.n_raw] = lat
                 self.n_raw += 1
@@ -588,12 +661,15 @@ cdef class LoadClient:
                 self.c.stolen += 1
         elif r.status < N_STATUS:
             self.c.rejected[r.status] += 1
+            if sg >= 0:
+                self.seg[sg].rejected[r.status] += 1
         else:
             self.c.malformed += 1
 
     cdef void _sweep(self, int64_t now) noexcept nogil:
         cdef uint64_t slot
         cdef uint8_t st
+        cdef int sg
         while self.oldest < self.next_id:
             slot = self.oldest & self.mask
             st = self.req_state[slot]
@@ -603,6 +679,9 @@ cdef class LoadClient:
                 self.req_state[slot] = R_TIMED_OUT
                 if st == R_OUT:
                     self.c.timed_out += 1
+                    sg = self._seg_of(self.req_t[slot])
+                    if sg >= 0:
+                        self.seg[sg].timed_out += 1
                 else:
                     self.c.warm_timed_out += 1
             self.oldest += 1
@@ -699,6 +778,11 @@ cdef class LoadClient:
         c["t0_ns"] = self.t0_ns
         c["end_ns"] = self.end_ns
         c["finished_ns"] = self.finished_ns
+        c["segments"] = None
+        if self.n_seg:
+            c["segments"] = {"segment_s": self.seg_ns / 1e9,
+                             "counts": [self.seg[i] for i in range(self.n_seg)],
+                             "lat": [_hist_py(&self.seg_lat[i]) for i in range(self.n_seg)]}
         return c
 
 

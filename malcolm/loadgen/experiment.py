@@ -4,14 +4,14 @@ runs that did not measure what they claim flagged and kept out of the result.
 
 One experiment is a rack shape (workers per server), a workload, policies and loads:
 
-* **Time dilation** ``K``: service times, the policy window and the steal timeout are
-  multiplied by ``K``, and latencies divided by ``K`` on the way out, so a 50 µs rack's
-  dynamics play out at 1/K speed (a 2-core machine cannot run 50 µs tasks, a loaded load
-  generator and a dozen server threads in real time). ``K = "auto"`` picks the smallest
-  ``K`` of :data:`~malcolm.loadgen.method.DILATION_LADDER` at which a short calibration run
-  at the highest load kept time (generator on schedule, handler on its service time).
-  The generator's lateness threshold is ``K`` x 50 µs: one nominal mean service time late,
-  whatever the scale.
+* **Time dilation** ``K``: service times, the policy window, the steal timeout and the
+  admission limit (``max_wait_ms``) are multiplied by ``K``, and latencies divided by ``K``
+  on the way out, so a 50 µs rack's dynamics play out at 1/K speed (a 2-core machine cannot
+  run 50 µs tasks, a loaded load generator and a dozen server threads in real time). ``K =
+  "auto"`` picks the smallest ``K`` of :data:`~malcolm.loadgen.method.DILATION_LADDER` at
+  which a short calibration run at the highest load kept time (generator on schedule,
+  handler on its service time). The generator's lateness threshold is ``K`` x 50 µs: one
+  nominal mean service time late, whatever the scale.
 * **Network delay** scales with ``K`` too: every endpoint's transport (servers and load
   generator) holds each message for ``K x hop_delay_us`` (``malcolm/net/delay.pyx``; this
   VM's kernel has no netem), so the ratio of per-hop delay to service time is the real
@@ -109,14 +109,16 @@ def split_policy(spec):
 
 def rack_toml(policy, servers, *, window_us, poll="adaptive", handler="bench",
               steal_timeout_us=2000.0, name="exp", cpus=None, spin_us=50.0,
-              hop_delay_us=0.0):
+              hop_delay_us=0.0, max_wait_ms=200.0):
     """A rack file: ``servers`` is a list of (address, workers); ``hop_delay_us`` (real µs)
-    is the delay every endpoint's transport adds to each message it sends."""
+    is the delay every endpoint's transport adds to each message it sends; ``max_wait_ms``
+    (real) the admission limit (the rack's default 200 ms, x K when dilated)."""
     lines = ["[rack]", f'name = "{name}"', 'transport = "udp"', f'poll = "{poll}"',
              f"window_us = {window_us!r}", f"spin_us = {spin_us!r}",
              f"hop_delay_us = {float(hop_delay_us)!r}",
              f'handler = "{handler}"', "capacity = 4096",
-             f"steal_timeout_us = {steal_timeout_us!r}", "grace_s = 1.0", "", "[policy]"]
+             f"steal_timeout_us = {steal_timeout_us!r}", f"max_wait_ms = {max_wait_ms!r}",
+             "grace_s = 1.0", "", "[policy]"]
     for k, v in policy.items():
         lines.append(f"{k} = {_toml(v)}")
     for i, (addr, workers) in enumerate(servers):
@@ -160,6 +162,9 @@ class PolicyRack:
             f.write(rack_toml(section, self.servers, window_us=exp.window_us * k,
                               poll=exp.layout.poll, handler=exp.handler_spec(k),
                               steal_timeout_us=2000.0 * k, name=tag[:8],
+                              # admission is a time limit too: undilated, a K=200 rack
+                              # refused tasks after 1 ms of rack time (20 services)
+                              max_wait_ms=200.0 * k,
                               cpus=exp.layout.server_cpus, spin_us=SPIN_US / k,
                               hop_delay_us=exp.hop_us(k) * k))
         # the load generator is an endpoint of the same network: its sends wait too

@@ -68,6 +68,21 @@ def percentile(h, q):
     return float(min(max(mid, h["min"]), h["max"]))
 
 
+def percentile_ci(h, q, z=1.96):
+    """A confidence interval (ns) for the ``q``-th percentile: the values at the ranks
+    ``n p -/+ z sqrt(n p (1 - p))`` (the normal approximation of the binomial
+    order-statistic interval; 95% for ``z = 1.96``), each read as :func:`percentile` reads
+    its rank. ``(nan, nan)`` when empty."""
+    n = int(h["n"])
+    if n == 0:
+        return float("nan"), float("nan")
+    p = q / 100.0
+    half = z * np.sqrt(n * p * (1.0 - p))
+    lo_q = 100.0 * max(0.0, (n * p - half) / n)
+    hi_q = 100.0 * min(1.0, (n * p + half + 1.0) / n)
+    return percentile(h, lo_q), percentile(h, hi_q)
+
+
 def mean(h):
     return h["sum"] / h["n"] if h["n"] else float("nan")
 

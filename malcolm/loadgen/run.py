@@ -218,6 +218,7 @@ class LoadSpec:
     app: object = None                   # a malcolm.loadgen.apps.AppSpec (real requests)
     arrivals: object = None              # a malcolm.loadgen.traffic.Arrivals (None: Poisson)
     payload: object = None               # a malcolm.loadgen.traffic.Payload (None: empty)
+    segment_s: float = 0.0               # > 0: also report the run in segments this long
 
     def validate(self):
         from malcolm.workloads import parse_workload
@@ -254,6 +255,10 @@ class LoadSpec:
         if self.app and self.payload is not None and not self.payload.empty:
             raise LoadgenError("--payload-size and --app exclude each other: the application "
                                "writes its own requests")
+        if self.segment_s and not (0 < self.segment_s <= self.duration_s
+                                   and self.duration_s / self.segment_s <= 256 + 1e-9):
+            raise LoadgenError(f"segments of {self.segment_s:g} s: must be > 0, at most the "
+                               f"duration ({self.duration_s:g} s) and at most 256 of them")
         for c in self.changes:
             if c.at_s > self.duration_s:
                 raise LoadgenError(f"--change at {c.at_s:g} s is after the end of the run "
@@ -339,7 +344,7 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
                 first_offset_s=sched["first_offset_s"],
                 payload_size=pl.native if pl is not None else (0, 0, 0),
                 payload_content=traffic.CONTENTS[pl.content] if pl is not None else 0,
-                check_echo=pl is not None and pl.check_echo))
+                check_echo=pl is not None and pl.check_echo, segment_s=spec.segment_s))
         from malcolm._core import now_ns
         t0 = now_ns() + 20_000_000         # every thread starts on the same schedule
         threads = [threading.Thread(target=_pinned_run, args=(c, t0, spec.cpus, i, spec.nice),
@@ -510,7 +515,43 @@ def report(spec: LoadSpec, rate, results, wl=None):
         rep["raw_truncated"] = any(r["raw_truncated"] for r in results)
     rep["_raw"] = raw
     rep["_lat"] = lat           # the merged native histogram (--hdr), not in the JSON
+    if spec.segment_s:
+        rep["segments"], rep["_seg_lat"] = segments(results, spec.warmup_s)
     return rep
+
+
+def segments(results, warmup_s):
+    """The client threads' per-segment counts and latencies merged, one dict a segment
+    (by intended send time from the end of the warm-up), and the merged histograms.
+
+    Each segment: ``start_s``, ``end_s``, ``sent``, ``completed``, ``rejected`` (by status
+    name), ``timed_out``, ``late_sends``, ``migrated``, ``stolen``, ``p50_us``, ``p99_us`` and
+    ``p99_ci_us`` (:func:`malcolm.loadgen.hist.percentile_ci`). ``t0_ns`` (CLOCK_MONOTONIC)
+    is when the measured interval began, to line up other samples (servers' statistics).
+    """
+    segs = [r["segments"] for r in results if r.get("segments")]
+    if not segs:
+        return [], []
+    seg_s = segs[0]["segment_s"]
+    t0 = min(r["t0_ns"] for r in results) + int(warmup_s * 1e9)
+    out, lats = [], []
+    for i in range(len(segs[0]["counts"])):
+        cs = [s["counts"][i] for s in segs]
+        h = hist.merge([s["lat"][i] for s in segs])
+        rej = {STATUS_NAMES[k]: int(sum(c["rejected"][k] for c in cs))
+               for k in range(1, len(STATUS_NAMES))}
+        lo, hi = hist.percentile_ci(h, 99)
+        d = {"index": i, "start_s": i * seg_s, "end_s": (i + 1) * seg_s,
+             "t0_ns": t0 + int(i * seg_s * 1e9)}
+        for k in ("sent", "completed", "timed_out", "late_sends", "migrated", "stolen"):
+            d[k] = int(sum(c[k] for c in cs))
+        d.update(rejected={k: v for k, v in rej.items() if v}, rejected_total=sum(rej.values()),
+                 p50_us=hist.percentile(h, 50) / 1e3, p99_us=hist.percentile(h, 99) / 1e3,
+                 p99_ci_us=[lo / 1e3, hi / 1e3],
+                 max_us=h["max"] / 1e3 if h["n"] else float("nan"))
+        out.append(d)
+        lats.append(h)
+    return out, lats
 
 
 def sweep(spec: LoadSpec, rates, on_result=None, stop_event=None):
@@ -544,6 +585,22 @@ def row(rep):
             f"{rep['completed']:8d} {rep['rejected_total']:7d} {rep['timed_out']:7d} "
             f"{rep['migrated']:6d} {rep['stolen']:6d} "
             f"{100 * rep['schedule']['late_fraction']:8.2f}%")
+
+
+def segment_lines(rep):
+    """The run's segments (``LoadSpec.segment_s``), a line each; [] without."""
+    segs = rep.get("segments") or []
+    if not segs:
+        return []
+    out = [f"  {'segment s':>13} {'sent':>8} {'p50 µs':>9} {'p99 µs':>9} {'p99 95% CI':>21} "
+           f"{'lost':>6} {'late-send':>9}"]
+    for sg in segs:
+        lo, hi = sg["p99_ci_us"]
+        out.append(f"  {sg['start_s']:6.2f}-{sg['end_s']:<6.2f} {sg['sent']:8d} "
+                   f"{_f(sg['p50_us'])} {_f(sg['p99_us'])} [{_f(lo)},{_f(hi)}] "
+                   f"{sg['rejected_total'] + sg['timed_out']:6d} "
+                   f"{100 * sg['late_sends'] / max(1, sg['sent']):8.2f}%")
+    return out
 
 
 def notes(rep):
