@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from malcolm.loadgen._client import hist_from_values
+from malcolm.loadgen._hist_py import hist_from_values
 
 from malcolm.cli import main
 from malcolm.loadgen import hist

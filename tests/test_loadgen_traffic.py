@@ -9,7 +9,8 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from malcolm.loadgen._client import LoadClient, hist_from_values
+from malcolm.loadgen._client import LoadClient
+from malcolm.loadgen._hist_py import hist_from_values
 from malcolm.net.transport import open_transport
 
 from malcolm.cli import main

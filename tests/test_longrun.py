@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from malcolm.loadgen._client import hist_from_values
+from malcolm.loadgen._hist_py import hist_from_values
 
 from malcolm.loadgen import hist, longrun
 from malcolm.loadgen.run import LoadgenError, LoadSpec, Target, run_load

@@ -27,8 +27,9 @@ import numpy as np
 from malcolm._core cimport Rng, mc_aligned_alloc, mc_cpu_relax, mc_load_acq, mc_now_ns, \
     mc_store_rel, rng_below, rng_exponential, rng_next, rng_seed, rng_uniform
 from malcolm._workload cimport NativeWorkload, WorkloadC, wl_sample
-from malcolm._hist cimport N_BUCKETS, Hist, hist_add
+from malcolm._hist cimport Hist, hist_add
 from malcolm.loadgen._apps cimport KvApp
+from malcolm.loadgen._hist_py cimport hist_py
 from malcolm.net._wire cimport *
 from malcolm.net.transport cimport BATCH, MsgBuf, Transport, addr_parse
 from malcolm.policy.base cimport MAX_SERVERS, ClientPolicy
@@ -101,10 +102,6 @@ ctypedef struct SegCounts:
     uint64_t late_sends
     uint64_t migrated
     uint64_t stolen
-
-
-def n_buckets():
-    return N_BUCKETS
 
 
 cdef inline int64_t _i64max() noexcept nogil:
@@ -764,8 +761,8 @@ cdef class LoadClient:
         c["sent_to"] = list(c["sent_to"][:n])
         c["answered_by"] = list(c["answered_by"][:n])
         c["rejected"] = list(c["rejected"])
-        c["lat"] = _hist_py(self.lat)
-        c["lag"] = _hist_py(self.lag)
+        c["lat"] = hist_py(self.lat)
+        c["lag"] = hist_py(self.lag)
         if self.raw_cap and self.n_raw:
             c["raw"] = np.array(<int64_t[:self.n_raw]>self.raw, dtype=np.int64)
         elif self.raw_cap:
@@ -782,7 +779,7 @@ cdef class LoadClient:
         if self.n_seg:
             c["segments"] = {"segment_s": self.seg_ns / 1e9,
                              "counts": [self.seg[i] for i in range(self.n_seg)],
-                             "lat": [_hist_py(&self.seg_lat[i]) for i in range(self.n_seg)]}
+                             "lat": [hist_py(&self.seg_lat[i]) for i in range(self.n_seg)]}
         return c
 
 
@@ -792,22 +789,3 @@ cdef inline bint _is_pattern(const uint8_t* p, uint32_t n, uint64_t rid) noexcep
         if p[i] != <uint8_t>((rid + i) % 251):
             return False
     return True
-
-
-cdef object _hist_py(Hist* h):
-    counts = np.array(<uint64_t[:N_BUCKETS]>h.counts, dtype=np.uint64)
-    return {"n": h.n, "min": h.min, "max": h.max, "sum": h.sum, "counts": counts}
-
-
-def hist_from_values(values):
-    """Fill a native histogram from integer ns values (tests and tools)."""
-    cdef Hist* h = <Hist*>mc_aligned_alloc(64, sizeof(Hist))
-    if h == NULL:
-        raise MemoryError()
-    memset(h, 0, sizeof(Hist))
-    try:
-        for v in values:
-            hist_add(h, <int64_t>v)
-        return _hist_py(h)
-    finally:
-        free(h)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from malcolm.loadgen._client import n_buckets
+from malcolm.loadgen._hist_py import n_buckets
 
 SUB_BITS = 8
 N_BUCKETS = n_buckets()
