@@ -4,9 +4,10 @@ Fig 7.3: homogeneous rack, 8 servers x 8 workers. Fig 7.4: heterogeneous rack, 2
 workers. Workloads: ``rocksdb1-measured`` (90% GET(16), 10% GET(64)) and ``rocksdb2-measured``
 (50/50), whose service times are the empirical distributions measured on this project's real
 ``rocksdb`` handler (``malcolm rocksdb calibrate``; ``malcolm.workloads``, docs/rocksdb.md).
-Policies: Malcolm (learning online from a random initialisation, ``load_scale`` = the
-workload's mean service time), JSQ and JBT (heartbeats every window), client power-of-2, and
-the ideal cFCFS as the reference. Same simulator settings as Figs 7.1/7.2 (2 µs one-way
+Policies: Malcolm with its defaults (docs/policy.md: capacity-share start, guards, hop gate,
+``load_scale`` from the measured service rates), Malcolm frozen at that start (the control),
+JSQ and JBT (heartbeats every window), client power-of-2, and the ideal cFCFS as the
+reference. Same simulator settings as Figs 7.1/7.2 (2 µs one-way
 delay, 100 µs window, first ``--warmup`` of the tasks not measured).
 
 Writes ``fig7_3.{csv,png}`` and ``fig7_4.{csv,png}``.
@@ -19,15 +20,15 @@ import os
 from common import parse, parser, plot_panels, racks, run_grid, write_json, write_rows_csv
 
 from malcolm import _argparse as g
-from malcolm.workloads import parse_workload
 
 WORKLOADS = ("rocksdb1-measured", "rocksdb2-measured")
 
 
 def policies(wl):
-    scale = int(parse_workload(wl).mean_us * 1000)
-    return [("Malcolm", f"malcolm:load_scale={scale}"), ("JSQ", "jsq"), ("JBT", "jbt"),
-            ("client po2", "po2"), ("cFCFS (ideal)", "cfcfs")]
+    # The default Malcolm, as `malcolm sim` runs it: no parameter of the workload is passed in
+    # (the policy derives its scale from the service rates it measures).
+    return [("Malcolm", "malcolm"), ("Malcolm frozen", "malcolm:learn=0"), ("JSQ", "jsq"),
+            ("JBT", "jbt"), ("client po2", "po2"), ("cFCFS (ideal)", "cfcfs")]
 
 
 def main():
