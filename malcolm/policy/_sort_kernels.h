@@ -14,21 +14,6 @@
 #define MC_SORT_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define MC_SORT_CLONES
-
-/* The number of keys v[0..k-1] (sorted ascending) that are < a: a binary search whose
-   steps select with conditional moves instead of branching (the walk from a hint it
-   replaces mispredicted on most of its steps). */
-static inline int mc_count_below(const double *v, int k, double a) {
-    const double *base = v;
-    int len = k;
-    if (len <= 0) return 0;
-    while (len > 1) {
-        int half = len >> 1;
-        base = base[half] < a ? base + half : base;
-        len -= half;
-    }
-    return (int)(base - v) + (base[0] < a);
-}
 #endif
 
 /* rk[i] <- the number of keys that sort before key i: smaller ones, and equal ones at a
