@@ -475,7 +475,7 @@ def test_introductions_are_taken_while_the_receiver_is_busy():
     s = open_transport("verbs", f"{_host()}:0")
     joiner = open_transport("verbs", f"{_host()}:0")
     raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    res = {"answered": 0, "joined": None}
+    res = {"answered": 0, "joined": None, "tries": 0}
     flood = subprocess.Popen([sys.executable, "-c", FLOOD, _host(), str(s.address[1]), "150"])
 
     def joiners():
@@ -489,9 +489,17 @@ def test_introductions_are_taken_while_the_receiver_is_busy():
                 res["answered"] += 1
         except TimeoutError:
             pass
-        joiner.send(s.address, b"join")         # resolves s, then sends over RDMA
-        got = joiner.recv(10.0)
-        res["joined"] = [d for d, _ in got]
+        # UD is unreliable: while the flood outruns the receiver's drain its receive queue
+        # runs dry and a message that lands then is dropped by the device (no retry at this
+        # layer; the gateway's heartbeats repeat). A joiner therefore says "join" again until
+        # it is answered; what is tested is that it *is* heard and answered during the flood.
+        t_stop = time.monotonic() + 20.0
+        got = []
+        while not got and time.monotonic() < t_stop:
+            joiner.send(s.address, b"join")     # resolves s first time, then sends over RDMA
+            got = [d for d, _ in joiner.recv(0.25)]
+            res["tries"] += 1
+        res["joined"] = got[:1]
 
     try:
         assert s.recv(120.0), "the flood never started"     # its sender is known from here
@@ -499,7 +507,9 @@ def test_introductions_are_taken_while_the_receiver_is_busy():
         th.start()
         busy = polls = 0
         t_end = time.monotonic() + 120.0
-        while th.is_alive() and time.monotonic() < t_end:
+        # Poll on while the joiner works and until 50 polls have found messages (a fixed
+        # number of polls made 44 in one slow run: the bound is on what was seen, not on time).
+        while (th.is_alive() or busy < 50) and time.monotonic() < t_end:
             got = s.recv(0.0)
             polls += 1
             busy += bool(got)
@@ -510,7 +520,8 @@ def test_introductions_are_taken_while_the_receiver_is_busy():
         th.join(30.0)
         st = s.stats()
         print(f"\n{busy} of {polls} polls found messages ({st['n_recv']} in all); "
-              f"{res['answered']} of 512 queries answered, intro_full {st['intro_full']}")
+              f"{res['answered']} of 512 queries answered, intro_full {st['intro_full']}, "
+              f"joined after {res['tries']} tries")
         # The flood was on throughout (under the guest's emulation a Python sender through
         # Soft-RoCE fills about a fifth of 0.5 ms-spaced polls; the property does not rest on
         # it: a receiver that never sleeps and never hears an unknown sender must drain).
