@@ -5,6 +5,11 @@ that a change judged by the sweep can be checked where nobody looked: for each s
 median p99 over the seeds of the default Malcolm (plus ``--malcolm`` parameters) and of
 ``malcolm:learn=0`` (plus the same), their ratio, and the ratio per seed. About 15 s with two
 processes on an idle 2-core machine.
+
+``--draw SEED --count K`` replaces the six racks by the first K heterogeneous scenarios that
+``bench/sweep.py``'s generator draws from SEED (use a seed the sweep does not: it uses 2026;
+its tuning runs 7 and 777), each with its own task count scaled by ``--tasks-mult``;
+``--seeds`` sets the simulation seeds. ``--max-servers`` skips larger racks (they are slow).
 """
 import os
 import sys
@@ -26,11 +31,26 @@ TASKS = 150_000
 def _run(job):
     from malcolm.sim import simulate
 
-    i, pol, seed = job
-    rack, wl, load, delay = SCENARIOS[i]
-    r = simulate(rack=rack, policy=pol, workload=wl, load=load, tasks=TASKS, seed=seed,
+    sc, i, pol, seed = job
+    rack, wl, load, delay, tasks = sc
+    r = simulate(rack=rack, policy=pol, workload=wl, load=load, tasks=tasks, seed=seed,
                  delay_us=delay, warmup=0.3)
     return i, pol, seed, r.p99_us
+
+
+def drawn(seed, count, max_servers, tasks_mult):
+    """The first ``count`` heterogeneous scenarios of ``bench/sweep.py``'s generator."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from sweep import draw_scenarios
+
+    out = []
+    for sc in draw_scenarios(100 * count, seed):
+        if sc["skew"] > 1 and sc["n"] <= max_servers:
+            out.append((sc["rack"], sc["workload"], sc["load"], sc["delay_us"],
+                        int(sc["tasks"] * tasks_mult)))
+        if len(out) == count:
+            break
+    return out
 
 
 def main(argv=None):
@@ -41,32 +61,63 @@ def main(argv=None):
     ap.add_argument("--malcolm", default="",
                     help="extra parameters for Malcolm and its frozen copy, k=v,...")
     ap.add_argument("--procs", type=int, default=2, help="processes (default 2)")
+    ap.add_argument("--seeds", default=",".join(map(str, SEEDS)),
+                    help="simulation seeds, comma-separated (default 11-15)")
+    ap.add_argument("--draw", type=int, default=None, metavar="SEED",
+                    help="draw heterogeneous scenarios from SEED instead of the six racks")
+    ap.add_argument("--count", type=int, default=8, help="scenarios to draw (default 8)")
+    ap.add_argument("--max-servers", type=int, default=16, help="largest rack drawn")
+    ap.add_argument("--tasks-mult", type=float, default=1.0, help="scale drawn task counts")
+    ap.add_argument("--room", action="store_true",
+                    help="also run JSQ, JBT, po2 and the ideal cFCFS: the room the frozen "
+                         "start leaves (its p99 over the best of them, and over cFCFS)")
     g.add_json(ap, "every scenario's p99s")
     a = ap.parse_args(argv)
     g.json_stdout(a)
     if a.procs < 1:
         ap.error("--procs must be >= 1")
+    try:
+        seeds = tuple(int(v) for v in a.seeds.split(","))
+    except ValueError:
+        ap.error(f"--seeds must be integers separated by commas, got {a.seeds!r}")
+    if a.draw is None:
+        scen = [(*sc, TASKS) for sc in SCENARIOS]
+    else:
+        scen = drawn(a.draw, a.count, a.max_servers, a.tasks_mult)
     extra = a.malcolm.strip().strip(",")
     learnt = "malcolm" + (":" + extra if extra else "")
     frozen = "malcolm:learn=0" + ("," + extra if extra else "")
-    jobs = [(i, p, s) for i in range(len(SCENARIOS)) for p in (learnt, frozen) for s in SEEDS]
+    others = ("jsq", "jbt", "po2", "cfcfs") if a.room else ()
+    jobs = [(sc, i, p, s) for i, sc in enumerate(scen) for p in (learnt, frozen, *others)
+            for s in seeds]
     with Pool(a.procs) as pool:
         res = pool.map(_run, jobs)
     p99 = {}
     for i, pol, seed, v in res:
         p99[(i, pol, seed)] = v
     out = []
-    for i, (rack, wl, load, delay) in enumerate(SCENARIOS):
-        lv = np.array([p99[(i, learnt, s)] for s in SEEDS])
-        fv = np.array([p99[(i, frozen, s)] for s in SEEDS])
+    for i, (rack, wl, load, delay, _) in enumerate(scen):
+        lv = np.array([p99[(i, learnt, s)] for s in seeds])
+        fv = np.array([p99[(i, frozen, s)] for s in seeds])
         m, f = float(np.median(lv)), float(np.median(fv))
-        out.append(dict(rack=rack, workload=wl, load=load, delay_us=delay, p99_learnt_us=m,
-                        p99_frozen_us=f, ratio=m / f, per_seed=(lv / fv).round(4).tolist()))
-        print(f"{rack:>18} {wl:>8} {load:4.2f} {delay:4.1f} µs: p99 learnt {m:7.1f} "
+        row = dict(rack=rack, workload=wl, load=load, delay_us=delay, p99_learnt_us=m,
+                   p99_frozen_us=f, ratio=m / f, per_seed=(lv / fv).round(4).tolist())
+        room = ""
+        if a.room:
+            med = {o: float(np.median([p99[(i, o, s)] for s in seeds])) for o in others}
+            best = min(med[o] for o in ("jsq", "jbt", "po2"))
+            row.update({f"p99_{o}_us": v for o, v in med.items()})
+            room = f"  best-base/frozen {best / f:.3f} cfcfs/frozen {med['cfcfs'] / f:.3f}"
+        out.append(row)
+        print(f"{rack[:40]:>40} {wl:>9} {load:4.2f} {delay:4.1f} µs: p99 learnt {m:7.1f} "
               f"frozen {f:7.1f}  learnt/frozen {m / f:.4f}  per seed "
-              f"{(lv / fv).round(3).tolist()}")
+              f"{(lv / fv).round(3).tolist()}{room}")
+    r = np.array([o["ratio"] for o in out])
+    print(f"learnt lower in {int((r < 1).sum())} of {len(r)}, equal within 0.1% in "
+          f"{int((abs(r - 1) <= 0.001).sum())}; learnt/frozen {r.min():.3f} to {r.max():.3f}, "
+          f"median {np.median(r):.4f}")
     if a.json:
-        g.write_json(a, dict(seeds=list(SEEDS), tasks=TASKS, learnt=learnt, frozen=frozen,
+        g.write_json(a, dict(seeds=list(seeds), draw=a.draw, learnt=learnt, frozen=frozen,
                              scenarios=out))
 
 

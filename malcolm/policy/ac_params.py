@@ -18,6 +18,8 @@ DEFAULTS = dict(
     critic_lr=0.05,
     actor_lr=0.003,
     accept_lr=0.03,             # sparse actors: the own outcome's bias and weight
+    weight_lr=-1.0,             # sparse actors' load weights (their state-dependent part);
+                                # < 0: actor_lr
     weight_decay=1e-4,
     beta1=0.9,
     beta2=0.999,
@@ -37,6 +39,7 @@ DEFAULTS = dict(
     # actor, kept for fidelity (see docs/policy.md, "Deviations").
     advantage="difference",
     hop_ns=-1.0,                # < 0: one-way delay measured from heartbeats
+    hop_weight=1.0,             # the hop's weight in the actors' advantages (not the gate)
     capacity_prior=True,        # migrate logits += the capacity prior (capacity shares)
     hop_gate=True,              # accept while a local task would wait no longer than a hop
     mask_factor=2.0,            # 0 disables the overload mask
@@ -114,6 +117,7 @@ def check_params(params):
     num("critic_lr", 0.0)
     num("actor_lr", 0.0)
     num("accept_lr", 0.0)
+    num("weight_lr", -1.0)
     num("weight_decay", 0.0)
     num("beta1", 0.0, 1.0, hi_open=True)
     num("beta2", 0.0, 1.0, hi_open=True)
@@ -125,6 +129,7 @@ def check_params(params):
     num("load_scale", 0.0)
     num("load_clip", 0.0, lo_open=True)
     num("hop_ns", -1.0)
+    num("hop_weight", 0.0)
     num("mask_factor", 0.0)
     num("trust", 0.0)
     num("theta_bound", 0.0, lo_open=True)

@@ -106,6 +106,10 @@ cdef class MalcolmPolicy(AgentState):
     critic_lr, actor_lr, accept_lr : float
         AdamW learning rates of the critic, the actors, and (sparse actors) the own
         outcome's bias and weight (accept / do not steal).
+    weight_lr : float
+        Sparse actors: AdamW learning rate of the load weights (W_jj, W_j,me for j != me),
+        the only state-dependent part of the actors. < 0 (default): ``actor_lr`` (the full
+        actors always use ``actor_lr``).
     weight_decay, beta1, beta2, eps : float
         AdamW's decoupled weight decay and moment parameters.
     migration_cost, steal_cost : float
@@ -114,6 +118,10 @@ cdef class MalcolmPolicy(AgentState):
     hop_ns : float
         One hop's latency in ns, charged per migration and steal; < 0 (default): the EWMA of
         the heartbeats' one-way delays (values outside [0, 10 windows] are ignored).
+    hop_weight : float
+        Weight of that hop in the actors' one-decision advantages (the hop gate uses the
+        full hop). A hop delays one task once; a one-task change of the imbalance lasts
+        until the queues drain, so the myopic advantage weighs the hop against it too much.
     entropy : float
         Weight of the actors' regulariser (payoff units per window): KL(pi || the safe start)
         for the sparse actors or with the capacity prior or the mask, else the entropy bonus
@@ -192,6 +200,8 @@ cdef class MalcolmPolicy(AgentState):
         self.critic_lr = cfg["critic_lr"]
         self.actor_lr = cfg["actor_lr"]
         self.accept_lr = cfg["accept_lr"]
+        self.weight_lr_auto = cfg["weight_lr"] < 0.0
+        self.weight_lr = cfg["actor_lr"] if self.weight_lr_auto else cfg["weight_lr"]
         self.weight_decay = cfg["weight_decay"]
         self.beta1 = cfg["beta1"]
         self.beta2 = cfg["beta2"]
@@ -206,6 +216,7 @@ cdef class MalcolmPolicy(AgentState):
         self.load_clip = cfg["load_clip"]
         self.auto_hop = cfg["hop_ns"] < 0.0
         self.hop_ns = 0.0 if self.auto_hop else cfg["hop_ns"]
+        self.hop_weight = cfg["hop_weight"]
         self.capacity_prior = cfg["capacity_prior"]
         self.hop_gate = cfg["hop_gate"]
         self.mask_factor = cfg["mask_factor"]
@@ -411,7 +422,7 @@ cdef class MalcolmPolicy(AgentState):
         Same arithmetic as ``torch.optim.AdamW``: decay, moments, bias-corrected step.
         """
         cdef int npar = self.n_params, d = self.n_theta, n = self.n, a, k, w, t, me
-        cdef double b1 = self.beta1, b2 = self.beta2, eps = self.eps, decay, da
+        cdef double b1 = self.beta1, b2 = self.beta2, eps = self.eps, decay, da, wl, dw
         cdef double inv_b = 1.0 / (self.win_in_batch if self.win_in_batch > 0 else 1)
         cdef double c1, c2, lr
         self.adam_steps += 1
@@ -435,27 +446,31 @@ cdef class MalcolmPolicy(AgentState):
             # calls instead of 3n one-element ones (same arithmetic, per element).
             da = 1.0 - self.accept_lr * self.weight_decay
             decay = 1.0 - lr * self.weight_decay
+            wl = self.weight_lr
+            dw = 1.0 - wl * self.weight_decay
             me = self.me
             for a in range(2):
                 w = self.off_wm if a == 0 else self.off_ws
                 for t in range(2):
-                    # t = 0: W[j, me] (our own load's weight); t = 1: B[j]
+                    # t = 0: W[j, me] (our own load's weight, at weight_lr); t = 1: B[j]
                     k = w + me * n if t == 0 else w + n * n
-                    mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, me, lr,
-                                decay, b1, b2, c1, c2, eps, inv_b)
+                    mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, me,
+                                wl if t == 0 else lr, dw if t == 0 else decay, b1, b2, c1,
+                                c2, eps, inv_b)
                     k += me
                     mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, 1,
                                 self.accept_lr, da, b1, b2, c1, c2, eps, inv_b)
                     k += 1
                     mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, n - me - 1,
-                                lr, decay, b1, b2, c1, c2, eps, inv_b)
+                                wl if t == 0 else lr, dw if t == 0 else decay, b1, b2, c1,
+                                c2, eps, inv_b)
                 # W[j, j], j != me: the target's load (W[me, me] is in column me already)
                 k = w
                 mc_ac_adamw_strided(self.P + k, self.G + k, self.M + k, self.V + k, me,
-                                    n + 1, lr, decay, b1, b2, c1, c2, eps, inv_b)
+                                    n + 1, wl, dw, b1, b2, c1, c2, eps, inv_b)
                 k = w + (me + 1) * (n + 1)
                 mc_ac_adamw_strided(self.P + k, self.G + k, self.M + k, self.V + k,
-                                    n - me - 1, n + 1, lr, decay, b1, b2, c1, c2, eps, inv_b)
+                                    n - me - 1, n + 1, wl, dw, b1, b2, c1, c2, eps, inv_b)
         self.win_in_batch = 0
         self.batches += 1
 
@@ -741,6 +756,8 @@ cdef class MalcolmPolicy(AgentState):
             out["load_scale"] = 0.0     # derived: see ``load_scale`` for the current value
         if self.auto_hop:
             out["hop_ns"] = -1.0        # measured: see ``hop_estimate_ns``
+        if self.weight_lr_auto:
+            out["weight_lr"] = -1.0     # follows actor_lr
         return out
 
     @property

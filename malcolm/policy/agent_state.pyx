@@ -285,7 +285,7 @@ cdef class AgentState(Policy):
         cdef double* st = self.adv + n
         cdef const double* rate = self.adv + 2 * n
         cdef double sme, si, vi, vme, di, norm, inv = 1.0 / self.load_scale
-        cdef double hop = self._hop_units()
+        cdef double hop = self._hop_units() * self.hop_weight
         cdef double cmig = self.migration_cost + hop, cstl = self.steal_cost + hop
         cdef double fme, fme_up
         self._sort_loads()
