@@ -80,6 +80,8 @@ def main(argv=None):
         seeds = tuple(int(v) for v in a.seeds.split(","))
     except ValueError:
         ap.error(f"--seeds must be integers separated by commas, got {a.seeds!r}")
+    if a.count < 1 or a.max_servers < 2 or not a.tasks_mult > 0:
+        ap.error("--count must be >= 1, --max-servers >= 2 and --tasks-mult > 0")
     if a.draw is None:
         scen = [(*sc, TASKS) for sc in SCENARIOS]
     else:

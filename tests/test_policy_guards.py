@@ -280,12 +280,15 @@ def test_hop_gate_accepts_what_would_wait_less_than_a_hop():
 
 
 # ---------------------------------------------------------------- sparse actor arithmetic
-def test_sparse_actor_gradient_matches_numpy_reference():
+@pytest.mark.parametrize("hop,hop_weight", [(0.0, 1.0), (3000.0, 1.0), (3000.0, 0.3)])
+def test_sparse_actor_gradient_matches_numpy_reference(hop, hop_weight):
     """Default actors: logit_i = B_i + W_ii z_i + W_i,me z_me (+ the capacity prior, masked),
-    z = clip(u - mean u, +-4); the difference advantage and the KL-to-safe-start term."""
+    z = clip(u - mean u, +-4); the difference advantage (a migration charged hop_weight
+    hops) and the KL-to-safe-start term."""
     n, me, beta, mc = 4, 2, 0.3, 0.01
-    p = MalcolmPolicy(n, me, seed=1, batch_windows=10_000, consensus_every=0, hop_ns=0.0,
-                      entropy=beta, migration_cost=mc, steal_cost=mc, mask_factor=0.0)
+    p = MalcolmPolicy(n, me, seed=1, batch_windows=10_000, consensus_every=0, hop_ns=hop,
+                      hop_weight=hop_weight, entropy=beta, migration_cost=mc, steal_cost=mc,
+                      mask_factor=0.0)
     rng = np.random.default_rng(4)
     W = rng.normal(scale=0.3, size=(n, n))
     B = rng.normal(scale=0.3, size=n)
@@ -311,7 +314,7 @@ def test_sparse_actor_gradient_matches_numpy_reference():
     for i in range(n):
         x = v.copy()
         x[i] += s[i]
-        am[i] = -imbalance(x) - (mc if i != me else 0.0)
+        am[i] = -imbalance(x) - (mc + hop_weight * hop / ls if i != me else 0.0)
     coef = -pim * (am - pim @ am) + beta * pim * (g_m - pim @ g_m)
     g = p.grad_cache[p.n_theta:]
     Wg = g[:n * n].reshape(n, n).T              # column-major in memory
@@ -322,6 +325,30 @@ def test_sparse_actor_gradient_matches_numpy_reference():
         if i != me:
             ref_W[i, me] += coef[i] * z[me]
     np.testing.assert_allclose(Wg, ref_W, rtol=1e-9, atol=1e-12)
+
+
+def test_weight_lr_steps_only_the_load_weights():
+    """One AdamW step of a unit gradient moves each used actor parameter by its own rate:
+    the load weights by weight_lr, the peers' biases by actor_lr, the own outcome's bias
+    and weight by accept_lr; the unused entries of W stay 0."""
+    n, me = 4, 1
+    kw = dict(seed=1, weight_decay=0.0, actor_lr=0.003, accept_lr=0.03)
+    assert MalcolmPolicy(n, me, **kw).weight_lr == 0.003          # default: actor_lr
+    assert MalcolmPolicy(n, me, **kw).config()["weight_lr"] == -1.0
+    p = MalcolmPolicy(n, me, weight_lr=0.05, **kw)
+    before = [p.W_migrate, p.B_migrate, p.W_steal, p.B_steal]
+    hooks.apply_adamw(p, np.ones(p.n_params))
+    after = [p.W_migrate, p.B_migrate, p.W_steal, p.B_steal]
+    own = np.arange(n) == me
+    for k in (0, 2):
+        dW = after[k] - before[k]
+        ref = np.zeros((n, n))
+        ref[:, me] = -0.05
+        ref[np.arange(n), np.arange(n)] = -0.05
+        ref[me, me] = -0.03
+        np.testing.assert_allclose(dW, ref, rtol=1e-6, atol=0)
+        dB = after[k + 1] - before[k + 1]
+        np.testing.assert_allclose(dB, np.where(own, -0.03, -0.003), rtol=1e-6)
 
 
 def softmax(f):
