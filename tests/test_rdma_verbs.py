@@ -698,7 +698,9 @@ def test_a_replayed_query_cannot_move_a_peer_back_to_a_dead_queue_pair(key):
             assert not _sends_reach(b, a2)
             return
         assert _sends_reach(b, a2)
-        new_answer = at.captured(b.address, a2.address)[0]
+        # b's answers to a2 (a1 had the same address; type 2: an answer, not a query)
+        new_answer = [m for m in at.captured(b.address, a2.address)
+                      if m[4] == 2 and m != old_answer][-1]
         before = a2.stats()
         for dg in (old_answer, new_answer, seal_control(new_answer, WRONG, b.address,
                                                         a2.address)):
