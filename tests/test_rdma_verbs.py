@@ -564,7 +564,8 @@ def _wait(pred, timeout=10.0):
 class _Attacker:
     """What a host on the rack's network can do without the key (here as root): see every
     address datagram (a packet socket on the loopback, which carries them between local
-    addresses) and send UDP datagrams from any source address (a raw socket)."""
+    addresses) and send UDP datagrams from any source address (a raw socket:
+    ``malcolm.loadgen.faults.spoof_udp``, which bench/faults.py uses too)."""
 
     def __init__(self):
         import socket
@@ -574,7 +575,6 @@ class _Attacker:
         self.cap.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         self.cap.bind(("lo", 0))
         self.cap.setblocking(False)
-        self.raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
         self.seen = []
 
     def captured(self, src, dst):
@@ -595,21 +595,15 @@ class _Attacker:
         return [m for s, d, m in self.seen if s == tuple(src) and d == tuple(dst)]
 
     def deliver(self, src, t, payload):
-        """Send ``payload`` to endpoint ``t``'s address port as if from ``src`` (IPv4, no UDP
-        checksum), and wait until its address thread has handled it."""
-        import socket
-        import struct
+        """Send ``payload`` to endpoint ``t``'s address port as if from ``src``, and wait
+        until its address thread has handled it."""
+        from malcolm.loadgen.faults import spoof_udp
         before = _ctl_seen(t)
-        dst = t.address
-        udp = struct.pack("!HHHH", src[1], dst[1], 8 + len(payload), 0) + payload
-        ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0, 64, 17, 0,
-                         socket.inet_aton(src[0]), socket.inet_aton(dst[0]))
-        self.raw.sendto(ip + udp, (dst[0], 0))
+        spoof_udp(src, t.address, payload)
         assert _wait(lambda: _ctl_seen(t) > before), "the forged datagram never arrived"
 
     def close(self):
         self.cap.close()
-        self.raw.close()
 
 
 def _ctl_seen(t):

@@ -171,20 +171,43 @@ def resolve_target(rack=None, servers=(), transport=None, key_file=None) -> Targ
 
 
 def _check_transport(kind):
-    if kind not in ("udp", "shm"):
-        raise LoadgenError(f"loadgen supports the udp and shm transports, not {kind!r} "
+    if kind not in ("udp", "shm", "verbs"):
+        raise LoadgenError(f"loadgen supports the udp, shm and verbs transports, not {kind!r} "
                            "(there is no silent fallback to another transport)")
 
 
-def _open(kind, bind, i, servers=()):
+def _open(kind, bind, i, servers=(), key=None):
     from malcolm.net.transport import TransportUnavailable, open_transport
     try:
         if kind == "udp":
             v6 = any(str(s).startswith("[") or str(s).count(":") > 1 for s in servers)
             return open_transport("udp", bind or ("[::]:0" if v6 else "0.0.0.0:0"))
+        if kind == "verbs":
+            return _open_verbs(bind, servers, key)
         return open_transport("shm", None, capacity=4096)
-    except (TransportUnavailable, OSError, ValueError) as e:
+    except (TransportUnavailable, OSError, ValueError, RuntimeError) as e:
         raise LoadgenError(f"client {i}: cannot open a {kind} endpoint: {e}") from None
+
+
+def _open_verbs(bind, servers, key, timeout_s=5.0):
+    """A verbs endpoint (on ``bind``, else the RDMA device's first IPv4 address) that knows
+    every server's queue pair before the run starts: the first message to an unknown
+    destination would otherwise wait for its address answer inside the timed loop."""
+    from malcolm.net.transport import open_transport
+    tr = open_transport("verbs", bind, key=key)
+    try:
+        tr.announce(servers)
+        t_end = time.monotonic() + timeout_s
+        while tr.stats()["peers"] < len(set(map(str, servers))):
+            if time.monotonic() > t_end:
+                raise LoadgenError(f"verbs: {tr.stats()['peers']} of {len(servers)} servers "
+                                   f"answered their address query in {timeout_s:g} s "
+                                   "(not running, or another rack key?)")
+            tr.recv(0.01)           # polling applies the answers
+    except BaseException:
+        tr.close()
+        raise
+    return tr
 
 
 # ---------------------------------------------------------------- a run
@@ -320,7 +343,8 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
         pl = spec.payload
         for i in range(spec.threads):
             sched = (arr or traffic.Arrivals()).for_thread(i, spec.threads, rate)
-            tr = _open(spec.target.transport, spec.bind, i, spec.target.servers)
+            tr = _open(spec.target.transport, spec.bind, i, spec.target.servers,
+                       spec.target.key)
             if spec.target.hop:
                 from malcolm.net.delay import wrap
                 tr = wrap(tr, seed=spec.seed * 64 + 63 - i, **spec.target.hop)
