@@ -403,10 +403,17 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
                                + (f"; still running: {', '.join(alive)}" if alive else ""))
         results = [c.results() for c in clients]
     finally:
-        emu = [tr.stats() for tr in trs if hasattr(tr, "stats")]
+        # the emulated network's counters (malcolm.net.delay wraps the transport), and the
+        # transport's own where it has some (verbs)
+        emu = [tr.stats() for tr in trs if hasattr(tr, "inner")]
+        own = [t.stats() for t in (getattr(tr, "inner", tr) for tr in trs)
+               if hasattr(t, "stats")]
         for tr in trs:
             tr.close()
     rep = report(spec, rate, results, wl)
+    if own:
+        rep["transport"] = {k: sum(o[k] for o in own) for k in own[0]
+                            if isinstance(own[0][k], int) and not isinstance(own[0][k], bool)}
     if emu:         # the client side of the emulated network (malcolm.net.delay)
         rep["net_emulation"] = dict(emu[0], **{k: sum(e[k] for e in emu) for k in (
             "delayed", "net_lost", "reordered", "early")},
