@@ -646,13 +646,13 @@ def test_forged_address_queries_do_not_move_a_peer(key):
             assert not _sends_reach(b, a)
             assert b"0" in [d for d, _ in e.recv(2.0)]            # they went to e's QP
             return
-        assert len(genuine) == 64 and seal_control(genuine, KEY, e.address, b.address) == \
-            genuine                                             # the Python twin agrees
         for why, dg in [("unsigned", unsigned),
                         ("another key", seal_control(genuine, WRONG, a.address, b.address)),
                         ("spoofed source", genuine)]:
             at.deliver(a.address, b, dg)
             assert _sends_reach(b, a), why
+        assert len(genuine) == 64 and seal_control(genuine, KEY, e.address, b.address) == \
+            genuine                                             # the Python twin agrees
         st = b.stats()
         assert st["ctl_bad_mac"] == 3 and st["authenticated"], st
         assert e.recv(0.2) == [] and e.stats()["unknown_src"] == 0
