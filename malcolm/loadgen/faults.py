@@ -209,7 +209,8 @@ grace_s = 1.0
                         got["other"] += 1
                 except (TimeoutError, OSError):
                     pass
-                while time.monotonic() >= nxt:
+                # (bounded by t_end too: a sender slower than the rate never catches up)
+                while nxt <= time.monotonic() < t_end:
                     nxt += gap
                     i += 1
                     what, msg = _forgery(k, i)
@@ -243,7 +244,7 @@ grace_s = 1.0
             try:
                 while time.monotonic() < t_end:
                     got += len(tr.recv(0.001))
-                    while time.monotonic() >= nxt:
+                    while nxt <= time.monotonic() < t_end:
                         nxt += gap
                         i += 1
                         what, msg = _forgery(k, i)
