@@ -76,9 +76,10 @@ DELAY_STAGE = {
 SPOOFED = "spoofed introductions from live server 1's address"
 
 
-def scenario(name, seconds, rate, dilate=1.0, transport="udp"):
+def scenario(name, seconds, rate, dilate=1.0, transport="udp", keyed=True):
     """Run one scenario here (already inside its namespace if it needs one), every time of
-    the rack and the load x ``dilate`` and the rate / ``dilate``, over ``transport``."""
+    the rack and the load x ``dilate`` and the rate / ``dilate``, over ``transport``, with a
+    rack key unless ``keyed=False`` (the control that shows what an attack does without)."""
     from malcolm.loadgen.faults import FaultRack, summary
     work = tempfile.mkdtemp(prefix="malcolm-faults-")
     k = dilate
@@ -87,7 +88,7 @@ def scenario(name, seconds, rate, dilate=1.0, transport="udp"):
     if hop and k != 1.0:
         hop = {h: v * k if h.endswith("_us") else v for h, v in hop.items()}
     fr = FaultRack(work, policy='name = "jsq"', extra=extra, hop=hop, window_us=1000.0 * k,
-                   peer_timeout_ms=100.0 * k, transport=transport).up()
+                   peer_timeout_ms=100.0 * k, transport=transport, keyed=keyed).up()
     try:
         injected = "-"
         faults = []
@@ -158,6 +159,7 @@ def scenario(name, seconds, rate, dilate=1.0, transport="udp"):
                                      for s in stats)
     row["malformed_at_client"] = rep["malformed"]       # e.g. a response with a bit flipped
     row["transport"] = transport
+    row["keyed"] = keyed
     # verbs: address datagrams the servers dropped, by reason; messages from unknown QPs
     tst = [st.get("transport", {}) for st in stats]
     row["ctl_dropped_at_servers"] = {c: sum(t.get(c, 0) for t in tst) for c in (
@@ -357,6 +359,8 @@ def main(argv=None):
     ap.add_argument("--transport", choices=("udp", "verbs"), default="udp",
                     help="the rack's transport (verbs: in the Soft-RoCE guest, as root; the "
                          "first table's scenarios and spoofed introductions; default udp)")
+    ap.add_argument("--keyless", action="store_true",
+                    help="a rack without a key: the control for the forgery scenarios")
     ap.add_argument("--inside", default=None, help=argparse.SUPPRESS)
     g.add_json(ap, "every scenario's row")
     g.hidden_alias(ap, "--seconds", "seconds", type=g.duration("s", positive=True))
@@ -396,7 +400,7 @@ def main(argv=None):
         if name in NETEM:
             row = in_netns(name, NETEM[name], a.seconds, a.rate, a.dilate)
         else:
-            row = scenario(name, a.seconds, a.rate, a.dilate, a.transport)
+            row = scenario(name, a.seconds, a.rate, a.dilate, a.transport, not a.keyless)
         rows.append(row)
         print(json.dumps(row), flush=True)
     g.write_json(a, {"rows": rows})
