@@ -284,9 +284,11 @@ grace_s = 1.0
                               intro if n % 2 == 0 else wrong)
                     n += 1
                     got += len(tr.recv(1.0 / rate))
+                st = tr.stats()
             finally:
                 tr.close()
-            return {"sent": n, "received": got}
+            # what reached its queue pair: taken, or dropped as from a QP it does not know
+            return {"sent": n, "received": got + st["unknown_src"]}
         return go
 
 

@@ -189,20 +189,19 @@ def _open(kind, bind, i, servers=(), key=None):
         raise LoadgenError(f"client {i}: cannot open a {kind} endpoint: {e}") from None
 
 
-def _open_verbs(bind, servers, key, timeout_s=5.0):
+def _open_verbs(bind, servers, key, timeout_s=2.0):
     """A verbs endpoint (on ``bind``, else the RDMA device's first IPv4 address) that knows
-    every server's queue pair before the run starts: the first message to an unknown
-    destination would otherwise wait for its address answer inside the timed loop."""
+    every server's queue pair before the run starts, where it can: the first message to an
+    unknown destination would otherwise wait for its address answer inside the timed loop.
+    A server that does not answer within ``timeout_s`` (down, or another rack key) is
+    resolved in the background during the run; its tasks are reported as they go."""
     from malcolm.net.transport import open_transport
     tr = open_transport("verbs", bind, key=key)
     try:
         tr.announce(servers)
         t_end = time.monotonic() + timeout_s
-        while tr.stats()["peers"] < len(set(map(str, servers))):
-            if time.monotonic() > t_end:
-                raise LoadgenError(f"verbs: {tr.stats()['peers']} of {len(servers)} servers "
-                                   f"answered their address query in {timeout_s:g} s "
-                                   "(not running, or another rack key?)")
+        while (tr.stats()["peers"] < len(set(map(str, servers)))
+               and time.monotonic() < t_end):
             tr.recv(0.01)           # polling applies the answers
     except BaseException:
         tr.close()
