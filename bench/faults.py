@@ -29,6 +29,15 @@ injectors' own times (a 0.5 s stop) stay. In the guest::
     scripts/rdma-vm --python .venv/bin/python -- \
         python bench/faults.py --only netem --duration 10s --rate 2000 --dilate 10
 
+``--transport verbs`` runs the rack and the generator over verbs instead (in the Soft-RoCE
+guest, as root): the scenarios of the first table, where the impostor on a dead server's
+port is a queue pair of its own on that address without the key, plus "spoofed
+introductions": address queries from a live server's address (a raw socket) that would put
+it at the injector's queue pair. The netem and delay-stage scenarios stay udp's::
+
+    scripts/rdma-vm --python .venv/bin/python --timeout 1800 -- \
+        python bench/faults.py --transport verbs --duration 10s --rate 2000 --dilate 20
+
 ``--reform`` measures how many windows the rack's policy takes to re-form after a failure,
 a restart and a join (issue 13 item 3), for jsq and malcolm; see :func:`reform`.
 """
@@ -64,9 +73,13 @@ DELAY_STAGE = {
 }
 
 
-def scenario(name, seconds, rate, dilate=1.0):
+SPOOFED = "spoofed introductions from live server 1's address"
+
+
+def scenario(name, seconds, rate, dilate=1.0, transport="udp", keyed=True):
     """Run one scenario here (already inside its namespace if it needs one), every time of
-    the rack and the load x ``dilate`` and the rate / ``dilate``."""
+    the rack and the load x ``dilate`` and the rate / ``dilate``, over ``transport``, with a
+    rack key unless ``keyed=False`` (the control that shows what an attack does without)."""
     from malcolm.loadgen.faults import FaultRack, summary
     work = tempfile.mkdtemp(prefix="malcolm-faults-")
     k = dilate
@@ -75,7 +88,7 @@ def scenario(name, seconds, rate, dilate=1.0):
     if hop and k != 1.0:
         hop = {h: v * k if h.endswith("_us") else v for h, v in hop.items()}
     fr = FaultRack(work, policy='name = "jsq"', extra=extra, hop=hop, window_us=1000.0 * k,
-                   peer_timeout_ms=100.0 * k).up()
+                   peer_timeout_ms=100.0 * k, transport=transport, keyed=keyed).up()
     try:
         injected = "-"
         faults = []
@@ -99,6 +112,8 @@ def scenario(name, seconds, rate, dilate=1.0):
             time.sleep(0.5)
             servers = fr.addresses[:2]
             faults = [(0.0, fr.impostor(2, seconds, kill=False))]
+        elif name == SPOOFED:
+            faults = [(at, fr.spoofed_introductions(0, 1, seconds * 0.5))]
         workload = f"exp:{200.0 * k!r}"
         rate = rate / k
         if name == "overload 2x capacity":
@@ -117,6 +132,14 @@ def scenario(name, seconds, rate, dilate=1.0):
         imp = rep["faults"][0]
         injected = f"{sum(imp['sent'].values())} forged datagrams " \
                    f"({imp['sent']['heartbeats']} heartbeats with θ=1e308/NaN and seq jumps)"
+        if transport == "verbs":
+            injected = injected.replace("datagrams", "messages through a keyless queue pair")
+            expected = (f"none; the impostor received {imp['received']['messages']} "
+                        f"messages, its transport: {imp['transport']}")
+    elif name == SPOOFED:
+        sp = rep["faults"][0]
+        injected = f"{sp['sent']} spoofed address queries (unsigned / another key)"
+        expected = f"none; {sp['received']} messages reached the injector's queue pair"
     if hop:
         # what every endpoint's stage did: the servers' (their statistics) and the client's
         emu = [st.get("net_emulation", {}) for st in stats] + [rep.get("net_emulation", {})]
@@ -135,6 +158,14 @@ def scenario(name, seconds, rate, dilate=1.0):
     row["replayed_at_servers"] = sum(s.get("malformed_by_reason", {}).get("replayed", 0)
                                      for s in stats)
     row["malformed_at_client"] = rep["malformed"]       # e.g. a response with a bit flipped
+    row["transport"] = transport
+    row["keyed"] = keyed
+    # verbs: address datagrams the servers dropped, by reason; messages from unknown QPs
+    tst = [st.get("transport", {}) for st in stats]
+    row["ctl_dropped_at_servers"] = {c: sum(t.get(c, 0) for t in tst) for c in (
+        "ctl_bad_mac", "ctl_replay", "ctl_unsolicited", "ctl_bad")} if transport == "verbs" \
+        else None
+    row["unknown_src_at_servers"] = sum(t.get("unknown_src", 0) for t in tst)
     row["p99_us"] = rep["latency_us"]["p99"]
     # answered after the client gave up: late (a stalled process), not lost
     row["late_responses"] = rep["late_responses"]
@@ -325,6 +356,11 @@ def main(argv=None):
     ap.add_argument("--dilate", type=_dilation, default=1.0, metavar="K",
                     help="every time x K, the rate / K, for a machine that cannot keep the "
                          "rack's schedule (the Soft-RoCE guest; default 1)")
+    ap.add_argument("--transport", choices=("udp", "verbs"), default="udp",
+                    help="the rack's transport (verbs: in the Soft-RoCE guest, as root; the "
+                         "first table's scenarios and spoofed introductions; default udp)")
+    ap.add_argument("--keyless", action="store_true",
+                    help="a rack without a key: the control for the forgery scenarios")
     ap.add_argument("--inside", default=None, help=argparse.SUPPRESS)
     g.add_json(ap, "every scenario's row")
     g.hidden_alias(ap, "--seconds", "seconds", type=g.duration("s", positive=True))
@@ -356,13 +392,15 @@ def main(argv=None):
         # it (as scripts/rdma-vm installs what the RDMA guest needs).
         print("faults: installing nftables (apt-get) for the loss scenarios", file=sys.stderr)
         subprocess.run(["apt-get", "install", "-y", "-q", "nftables"], capture_output=True)
-    for name in SCENARIOS + list(DELAY_STAGE) + list(NETEM):
+    names = SCENARIOS + ([SPOOFED] if a.transport == "verbs" else
+                         list(DELAY_STAGE) + list(NETEM))
+    for name in names:
         if a.only and a.only not in name:
             continue
         if name in NETEM:
             row = in_netns(name, NETEM[name], a.seconds, a.rate, a.dilate)
         else:
-            row = scenario(name, a.seconds, a.rate, a.dilate)
+            row = scenario(name, a.seconds, a.rate, a.dilate, a.transport, not a.keyless)
         rows.append(row)
         print(json.dumps(row), flush=True)
     g.write_json(a, {"rows": rows})

@@ -23,10 +23,16 @@ def _free_ports(n):
     return free_udp_ports(n, HOST)
 
 
-def _rack_file(tmp_path, policy, n=2, workers=2):
+def _rack_file(tmp_path, policy, n=2, workers=2, keyed=False):
+    from malcolm.runtime.config import write_key
+
     name = f"v{uuid.uuid4().hex[:6]}"
+    key = ""
+    if keyed:
+        write_key(str(tmp_path / f"{name}.key"))
+        key = f'key_file = "{tmp_path / name}.key"\n'
     lines = [f'[rack]\nname = "{name}"\ntransport = "verbs"\nwindow_us = 2000\n'
-             f'workers = {workers}\nhandler = "sleep"\ngrace_s = 2.0\n',
+             f'workers = {workers}\nhandler = "sleep"\ngrace_s = 2.0\n{key}',
              f"[policy]\n{policy}\nseed = 5\n"]
     for port in _free_ports(n):
         lines.append(f'[[server]]\naddress = "{HOST}:{port}"\n')
@@ -89,7 +95,8 @@ def test_verbs_rack_steals_from_the_busy_server(tmp_path):
     assert st[0]["stolen_out"] > 0
 
 
-def test_verbs_rack_server_restart_is_found_again_by_its_peer_and_its_client(tmp_path):
+@pytest.mark.parametrize("keyed", [False, True], ids=["keyless", "keyed"])
+def test_verbs_rack_server_restart_is_found_again_by_its_peer_and_its_client(tmp_path, keyed):
     """A verbs server restarted on its address has a new queue pair. A client that keeps
     sending to it, which the server cannot announce itself to, finds it again by re-querying
     a silent peer: every task is answered or reported lost, and only those sent before the
@@ -97,11 +104,14 @@ def test_verbs_rack_server_restart_is_found_again_by_its_peer_and_its_client(tmp
     server sent everything into the old queue pair for ever (nothing else told it: with tasks
     also going to the other server, the restarted one's answers to migrated tasks did). Its
     peer takes it back at once (it announces itself at start; its first heartbeat is a new
-    epoch) and migrates to it again."""
+    epoch) and migrates to it again. With a rack key, the same through authenticated
+    address queries (the servers' and the client's)."""
     from malcolm.net.client import Accounting, Client
+    from malcolm.runtime.config import rack_key
 
-    with _rack(_rack_file(tmp_path, 'name = "random"')) as lr:
-        with Client("verbs", lr.cfg.addresses, address=f"{HOST}:0") as c:
+    with _rack(_rack_file(tmp_path, 'name = "random"', keyed=keyed)) as lr:
+        key = rack_key(lr.cfg)
+        with Client("verbs", lr.cfg.addresses, address=f"{HOST}:0", key=key) as c:
             first = c.run(200, service_ns=20_000, rate=1000, timeout=20).summary()
             lr.kill(1)
             lr.start(1, timeout=150)
@@ -119,3 +129,7 @@ def test_verbs_rack_server_restart_is_found_again_by_its_peer_and_its_client(tmp
     st = _final_stats(lr)
     assert st[1]["forwarded_in"] > 20, st[1]            # its peer migrates to it again
     assert st[0]["peer_restarts"] >= 1, st[0]         # (peers_up: read after the rack is down)
+    for x in st:
+        t = x["transport"]
+        assert t["authenticated"] == keyed and x["authenticated"] == keyed, t
+        assert t["ctl_bad_mac"] == t["ctl_replay"] == t["ctl_unsolicited"] == 0, t

@@ -365,25 +365,27 @@ def _exchange(a, b):
     assert [d for d, _ in a.recv(5.0)] == [b"pong"]
 
 
-def test_a_sender_that_only_sends_finds_a_restarted_peer_again():
+@pytest.mark.parametrize("key", [None, b"k" * 16], ids=["keyless", "keyed"])
+def test_a_sender_that_only_sends_finds_a_restarted_peer_again(key):
     """A restart on the same address gives a new queue pair, and UD to the old one vanishes
     without a trace. A peer we send to and have not heard from for 20 ms is asked for its
     address again (at most every 20 ms), so a sender that never hears from the restarted
     endpoint first (a client of a restarted server) moves to its new queue pair within a
     round trip of a re-query, and from then on loses nothing. Before, it sent into the old
-    queue pair for ever."""
+    queue pair for ever. With the rack key, the restarted endpoint's answer (a new epoch)
+    is taken as at once as without."""
     import time
 
     from malcolm.net.transport import open_transport
 
     port = _free_port()
-    a = open_transport("verbs", f"{_host()}:0")
-    b = open_transport("verbs", f"{_host()}:{port}")
+    a = open_transport("verbs", f"{_host()}:0", key=key)
+    b = open_transport("verbs", f"{_host()}:{port}", key=key)
     b2 = None
     try:
         _exchange(a, b)
         b.close()
-        b2 = open_transport("verbs", f"{_host()}:{port}")      # restarted: a new QP
+        b2 = open_transport("verbs", f"{_host()}:{port}", key=key)      # restarted: a new QP
         got, sent = [], 0
         t_end = time.monotonic() + 20.0
         while time.monotonic() < t_end and len(got) < 50:
@@ -404,23 +406,25 @@ def test_a_sender_that_only_sends_finds_a_restarted_peer_again():
             b2.close()
 
 
-def test_a_restarted_endpoint_announces_itself_and_loses_nothing():
+@pytest.mark.parametrize("key", [None, b"k" * 16], ids=["keyless", "keyed"])
+def test_a_restarted_endpoint_announces_itself_and_loses_nothing(key):
     """A restarted server announces itself to its rack (``Transport.announce``, called by
     ``Server.start``): the peer's answer comes only once the new introduction is queued
     there, and the peer applies it before its next send, so every message after the
-    announcement reaches the new queue pair, with no re-query."""
+    announcement reaches the new queue pair, with no re-query (with the rack key too: its
+    announcement carries a new epoch)."""
     import time
 
     from malcolm.net.transport import open_transport
 
     port = _free_port()
-    a = open_transport("verbs", f"{_host()}:0")
-    b = open_transport("verbs", f"{_host()}:{port}")
+    a = open_transport("verbs", f"{_host()}:0", key=key)
+    b = open_transport("verbs", f"{_host()}:{port}", key=key)
     b2 = None
     try:
         _exchange(a, b)
         b.close()
-        b2 = open_transport("verbs", f"{_host()}:{port}")
+        b2 = open_transport("verbs", f"{_host()}:{port}", key=key)
         b2.announce([a.address, b2.address])            # itself: skipped
         t_end = time.monotonic() + 10.0
         while b2.stats()["peers"] < 1 and time.monotonic() < t_end:
@@ -534,3 +538,193 @@ def test_introductions_are_taken_while_the_receiver_is_busy():
         raw.close()
         joiner.close()
         s.close()
+
+
+# ------------------------------------------------------------ authenticated introductions
+
+KEY = bytes(range(16))              # a rack key (what malcolm.runtime.config.rack_key gives)
+WRONG = bytes(range(100, 116))
+_CTL = ("ctl_bad", "ctl_bad_mac", "ctl_replay", "ctl_unsolicited", "ctl_queries",
+        "ctl_answers", "intro_full")
+
+
+def _open(port=0, key=KEY):
+    from malcolm.net.transport import open_transport
+    return open_transport("verbs", f"{_host()}:{port}", key=key)
+
+
+def _wait(pred, timeout=10.0):
+    import time
+    t_end = time.monotonic() + timeout
+    while not pred() and time.monotonic() < t_end:
+        time.sleep(0.01)
+    return pred()
+
+
+class _Attacker:
+    """What a host on the rack's network can do without the key (here as root): see every
+    address datagram (a packet socket on the loopback, which carries them between local
+    addresses) and send UDP datagrams from any source address (a raw socket:
+    ``malcolm.loadgen.faults.spoof_udp``, which bench/faults.py uses too)."""
+
+    def __init__(self):
+        import socket
+        if os.geteuid() != 0:
+            pytest.skip("capturing and spoofing datagrams needs root (the guest runs as root)")
+        self.cap = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(0x0800))
+        self.cap.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        self.cap.bind(("lo", 0))
+        self.cap.setblocking(False)
+        self.seen = []
+
+    def captured(self, src, dst):
+        """The UDP payloads seen so far from ``src`` to ``dst`` (``(host, port)``), in order."""
+        import socket
+        import struct
+        while True:
+            try:
+                pkt, where = self.cap.recvfrom(65535)
+            except BlockingIOError:
+                break
+            if where[2] == socket.PACKET_OUTGOING or pkt[9] != 17:
+                continue            # the loopback shows each datagram leaving and arriving
+            ihl = (pkt[0] & 15) * 4
+            sp, dp = struct.unpack("!HH", pkt[ihl:ihl + 4])
+            self.seen.append(((socket.inet_ntoa(pkt[12:16]), sp),
+                              (socket.inet_ntoa(pkt[16:20]), dp), pkt[ihl + 8:]))
+        return [m for s, d, m in self.seen if s == tuple(src) and d == tuple(dst)]
+
+    def deliver(self, src, t, payload):
+        """Send ``payload`` to endpoint ``t``'s address port as if from ``src``, and wait
+        until its address thread has handled it."""
+        from malcolm.loadgen.faults import spoof_udp
+        before = _ctl_seen(t)
+        spoof_udp(src, t.address, payload)
+        assert _wait(lambda: _ctl_seen(t) > before), "the forged datagram never arrived"
+
+    def close(self):
+        self.cap.close()
+
+
+def _ctl_seen(t):
+    s = t.stats()
+    return sum(s.get(k, 0) for k in _CTL)
+
+
+def _sends_reach(src, dst, n=20):
+    """Whether ``n`` messages from ``src``, sent in one burst, all reach ``dst``. The burst
+    leaves before any re-query could be answered: a sender moved to a queue pair that is
+    not ``dst``'s loses all of it."""
+    import time
+    src.send_many([(dst.address, b"%d" % i) for i in range(n)])
+    got = []
+    t_end = time.monotonic() + 5.0
+    while len(got) < n and time.monotonic() < t_end:
+        got += [int(d) for d, _ in dst.recv(0.2)]
+    return sorted(got) == list(range(n))
+
+
+@pytest.mark.parametrize("key", [None, KEY], ids=["keyless", "keyed"])
+def test_forged_address_queries_do_not_move_a_peer(key):
+    """Issue 13: a datagram "from" member a's address must not re-point b's traffic for a to
+    a queue pair the attacker owns (e's). With the key, a query that is unsigned, one under
+    another key, and e's genuine query sent again from a's address (the MAC binds both
+    ends) are dropped and counted as ``ctl_bad_mac``, and b's messages still reach a.
+    Keyless (as before), the unsigned query re-points them: the control that shows the
+    forgery really reaches b."""
+    from malcolm.net.verbs import seal_control
+
+    at = _Attacker()
+    a, b, e = _open(key=key), _open(key=key), _open(key=key)
+    try:
+        _exchange(a, b)
+        _exchange(e, b)
+        genuine = at.captured(e.address, b.address)[0]           # e's query to b
+        unsigned = genuine[:5] + b"\0" + genuine[6:32]           # e's QP, no MAC
+        if key is None:
+            at.deliver(a.address, b, unsigned)
+            assert not _sends_reach(b, a)
+            assert b"0" in [d for d, _ in e.recv(2.0)]            # they went to e's QP
+            return
+        for why, dg in [("unsigned", unsigned),
+                        ("another key", seal_control(genuine, WRONG, a.address, b.address)),
+                        ("spoofed source", genuine)]:
+            at.deliver(a.address, b, dg)
+            assert _sends_reach(b, a), why
+        assert len(genuine) == 64 and seal_control(genuine, KEY, e.address, b.address) == \
+            genuine                                             # the Python twin agrees
+        st = b.stats()
+        assert st["ctl_bad_mac"] == 3 and st["authenticated"], st
+        assert e.recv(0.2) == [] and e.stats()["unknown_src"] == 0
+    finally:
+        for t in (a, b, e):
+            t.close()
+        at.close()
+
+
+@pytest.mark.parametrize("key", [None, KEY], ids=["keyless", "keyed"])
+def test_a_replayed_query_cannot_move_a_peer_back_to_a_dead_queue_pair(key):
+    """A query is a claim "I am at this queue pair now". a restarts on its address (a new
+    queue pair) and announces itself: b follows at once. With the key, a1's captured query
+    sent again is refused (an older epoch: ``ctl_replay``), b's answer to a1 sent to a2
+    answers no query of a2's (``ctl_unsolicited``), b's answer to a2 sent again is refused
+    (``ctl_replay``) and one under another key too (``ctl_bad_mac``): every message still
+    reaches its endpoint. Keyless (as before), the replayed query moves b back to a1's dead
+    queue pair and b's messages vanish."""
+    from malcolm.net.verbs import seal_control
+
+    at = _Attacker()
+    port = _free_port()
+    a1, b = _open(port, key), _open(key=key)
+    a2 = None
+    try:
+        _exchange(a1, b)
+        old_query = at.captured(a1.address, b.address)[0]
+        old_answer = at.captured(b.address, a1.address)[0]
+        a1.close()
+        a2 = _open(port, key)
+        a2.announce([b.address])
+        assert _wait(lambda: a2.recv(0.01) == [] and a2.stats()["peers"] == 1)
+        assert _sends_reach(b, a2), "the restart was not followed at once"
+        assert b.stats()["requeries"] == 0, b.stats()
+        at.deliver(a2.address, b, old_query)
+        if key is None:
+            assert not _sends_reach(b, a2)
+            return
+        assert _sends_reach(b, a2)
+        # b's answers to a2 (a1 had the same address; type 2: an answer, not a query)
+        new_answer = [m for m in at.captured(b.address, a2.address)
+                      if m[4] == 2 and m != old_answer][-1]
+        before = a2.stats()
+        for dg in (old_answer, new_answer, seal_control(new_answer, WRONG, b.address,
+                                                        a2.address)):
+            at.deliver(b.address, a2, dg)
+        assert _sends_reach(a2, b) and _sends_reach(b, a2)
+        sb, sa = b.stats(), a2.stats()
+        assert sb["ctl_replay"] == 1 and sb["ctl_bad_mac"] == 0, sb
+        assert [sa[k] - before[k] for k in ("ctl_unsolicited", "ctl_replay", "ctl_bad_mac")] \
+            == [1, 1, 1], sa
+    finally:
+        for t in (a1, b, a2):
+            if t is not None:
+                t.close()
+        at.close()
+
+
+def test_keyed_and_keyless_endpoints_do_not_introduce_themselves_to_each_other():
+    """A keyed endpoint takes no unsigned query, a keyless one no keyed (64-byte) datagram:
+    each counts the other's and neither becomes a peer. A key of the wrong size is refused."""
+    k, n = _open(key=KEY), _open(key=None)
+    try:
+        k.announce([n.address])
+        n.announce([k.address])
+        assert _wait(lambda: k.stats()["ctl_bad_mac"] >= 1 and n.stats()["ctl_bad"] >= 1)
+        k.recv(0.05)
+        n.recv(0.05)
+        assert k.stats()["peers"] == 0 and n.stats()["peers"] == 0
+        assert not n.stats()["authenticated"]
+        with pytest.raises(ValueError, match="16 bytes"):
+            _open(key=KEY[:15])
+    finally:
+        k.close()
+        n.close()

@@ -346,3 +346,17 @@ def test_a_replayed_task_runs_once():
     finally:
         srv.stop()
         c.close()
+
+
+def test_serve_logs_the_address_datagrams_a_verbs_transport_dropped(caplog):
+    """A verbs server's forged, replayed and unsolicited address datagrams (its transport's
+    counters, docs/rdma.md) are logged by reason, like malformed messages."""
+    from malcolm.commands.serve import log_malformed
+    prev = {"malformed": 0, "transport": {"ctl_bad_mac": 1}}
+    cur = {"malformed": 0, "malformed_by_reason": {},
+           "transport": {"ctl_bad_mac": 4, "ctl_replay": 2, "ctl_unsolicited": 0}}
+    with caplog.at_level("WARNING"):
+        log_malformed(3, prev, cur)
+        log_malformed(3, cur, cur)          # nothing new: nothing logged
+    assert caplog.text.count("dropped address datagram") == 1
+    assert "server 3 dropped address datagram(s): 3 bad MAC, 2 replayed\n" in caplog.text

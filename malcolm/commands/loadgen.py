@@ -18,8 +18,9 @@ from malcolm.commands.types import Duration, Rate, json_option, write_json, writ
 @click.option("--server", "servers", multiple=True,
               help="Server address (HOST:PORT, or an shm endpoint name); repeat or "
                    "comma-separate. Instead of --rack.")
-@click.option("--transport", type=click.Choice(["udp", "shm"]), default=None,
-              help="With --server: the transport (default udp). With --rack it must match.")
+@click.option("--transport", type=click.Choice(["udp", "shm", "verbs"]), default=None,
+              help="With --server: the transport (default udp). With --rack it must match. "
+                   "verbs binds --bind, else the RDMA device's first IPv4 address.")
 @click.option("--rate", "rates", type=Rate(many=True), default=None,
               show_default="10k; with a trace, its recorded rate",
               help="Target rate, tasks/s (20000, 20k, 1.5M); a comma-separated list "
@@ -77,7 +78,8 @@ from malcolm.commands.types import Duration, Rate, json_option, write_json, writ
                    "µs).")
 @click.option("--seed", default=1, show_default=True,
               help="Seed of the arrival, server-choice and service-time streams.")
-@click.option("--bind", default=None, help="udp: local address to bind (default 0.0.0.0:0).")
+@click.option("--bind", default=None, help="udp, verbs: local address to bind (udp default "
+              "0.0.0.0:0; verbs: the RDMA device's first IPv4 address, port 0).")
 @click.option("--segment", default=None, type=Duration("s"), metavar="TIME",
               help="Also report each rate's run in segments this long (by intended send "
                    "time): p50, p99 with its 95% interval, losses and late sends per "

@@ -28,8 +28,18 @@ def _format_line(k, s, prev, dt):
             f"drops {drops}  malformed {s['malformed']}")
 
 
+_CTL_DROPS = (("ctl_bad_mac", "bad MAC"), ("ctl_replay", "replayed"),
+              ("ctl_unsolicited", "unsolicited answer"), ("ctl_bad", "malformed"))
+
+
 def log_malformed(k, prev, cur):
-    """Log, at most once per call (the caller calls once a second), new malformed input."""
+    """Log, at most once per call (the caller calls once a second), new malformed input:
+    messages, and the transport's own control datagrams (verbs address queries)."""
+    now_t, was_t = cur.get("transport", {}), prev.get("transport", {})
+    parts = [f"{now_t[c] - was_t.get(c, 0)} {r}" for c, r in _CTL_DROPS
+             if now_t.get(c, 0) - was_t.get(c, 0) > 0]
+    if parts:
+        log.warning("server %d dropped address datagram(s): %s", k, ", ".join(parts))
     new = cur["malformed"] - prev.get("malformed", 0)
     if new <= 0:
         return

@@ -23,7 +23,9 @@ from malcolm.runtime.launcher import LocalRack
 
 
 class FaultRack:
-    """A rack of ``n`` udp servers on loopback, keyed unless ``keyed=False``.
+    """A rack of ``n`` servers, keyed unless ``keyed=False``: udp on loopback, or verbs on
+    the RDMA device's address (``MALCOLM_RDMA_HOST``, default 10.77.0.1: the Soft-RoCE guest
+    of ``scripts/rdma-vm``).
 
     Parameters
     ----------
@@ -48,11 +50,13 @@ class FaultRack:
         How long :meth:`up` waits for the servers to say they are ready. Generous: under
         emulation (the Soft-RoCE guest, TCG) three servers importing the package over 9p on
         a loaded host take 30-40 s; only a broken start waits this long.
+    transport : str
+        ``"udp"`` or ``"verbs"`` (the servers and the load generator).
     """
 
     def __init__(self, workdir, n=3, policy='name = "jsq"', keyed=True, workers=1,
                  extra="", hop=None, window_us=1000.0, interval=1.0, peer_timeout_ms=100.0,
-                 ready_timeout_s=120.0):
+                 ready_timeout_s=120.0, transport="udp"):
         from malcolm.runtime.config import load_rack, read_key, write_key
         os.makedirs(workdir, exist_ok=True)
         self.dir = workdir
@@ -64,13 +68,19 @@ class FaultRack:
                 write_key(kp)
             self.key = read_key(kp)
             key_line = f'key_file = "{kp}"'
-        self.ports = free_udp_ports(n)
-        servers = "".join(f'[[server]]\naddress = "127.0.0.1:{p}"\n' for p in self.ports)
+        if transport not in ("udp", "verbs"):
+            raise ValueError(f"a fault rack runs over udp or verbs, not {transport!r}")
+        self.transport = transport
+        host = "127.0.0.1" if transport == "udp" else \
+            os.environ.get("MALCOLM_RDMA_HOST", "10.77.0.1")
+        self.ports = free_udp_ports(n, host)
+        servers = "".join(f'[[server]]\naddress = "{host}:{p}"\n' for p in self.ports)
         hop_lines = "\n".join(f"hop_{k} = {float(v)!r}" for k, v in (hop or {}).items())
         self.path = os.path.join(workdir, "rack.toml")
         with open(self.path, "w") as f:
             f.write(f"""[rack]
 name = "faults"
+transport = "{transport}"
 window_us = {float(window_us)!r}
 handler = "sleep"
 workers = {workers}
@@ -82,7 +92,7 @@ grace_s = 1.0
 [policy]
 {policy}
 {servers}""")
-        self.addresses = [("127.0.0.1", p) for p in self.ports]
+        self.addresses = [(host, p) for p in self.ports]
         self.ready_timeout_s = float(ready_timeout_s)
         cfg = load_rack(self.path)          # a bad file fails here, with its reason
         self.hop = cfg.hop
@@ -115,8 +125,8 @@ grace_s = 1.0
         each a ``(at_s, callable)`` started in its own thread ``at_s`` after the start.
         Returns the generator's report with ``faults``: what each injector returned."""
         from malcolm.loadgen.run import LoadSpec, Target, run_load
-        target = Target("udp", list(servers or self.addresses), "--server", key=self.key,
-                        hop=self.hop)
+        target = Target(self.transport, list(servers or self.addresses), "--server",
+                        key=self.key, hop=self.hop)
         spec = LoadSpec(target=target, workload=workload, duration_s=seconds,
                         warmup_s=warmup_s, timeout_s=timeout_s, shares=shares)
         results = {}
@@ -167,7 +177,10 @@ grace_s = 1.0
         """Bind dead server k's port (killing it first unless ``kill=False``): answer what
         arrives with forged responses, and send the others forged heartbeats (huge θ, NaN,
         seq jumps), steal requests and forwards, signed with no key. Returns what it
-        received and sent."""
+        received and sent. Over verbs: :meth:`verbs_impostor`."""
+        if self.transport == "verbs":
+            return self.verbs_impostor(k, seconds, rate, kill)
+
         def go():
             if kill:
                 self.lr.kill(k)
@@ -179,7 +192,6 @@ grace_s = 1.0
             peers = [a for j, a in enumerate(self.addresses) if j != k]
             t_end = time.monotonic() + seconds
             gap, nxt, i = 1.0 / rate, time.monotonic(), 0
-            reply = (2, 0, 0, bytes(16))
             while time.monotonic() < t_end:
                 try:
                     data, src = sock.recvfrom(4096)
@@ -197,33 +209,115 @@ grace_s = 1.0
                         got["other"] += 1
                 except (TimeoutError, OSError):
                     pass
-                while time.monotonic() >= nxt:
+                # (bounded by t_end too: a sender slower than the rate never catches up)
+                while nxt <= time.monotonic() < t_end:
                     nxt += gap
                     i += 1
-                    dst = peers[i % len(peers)]
-                    m = i % 4
-                    if m == 0:
-                        msg = wire.encode_heartbeat(k, seq=0x7FFFFFFF, load=0.0,
-                                                    theta=[1e308] * 16)
-                        sent["heartbeats"] += 1
-                    elif m == 1:
-                        b = bytearray(wire.encode_heartbeat(k, seq=i, theta=[0.0] * 16))
-                        struct.pack_into("<d", b, 64, math.nan)
-                        msg = bytes(b)
-                        sent["heartbeats"] += 1
-                    elif m == 2:
-                        msg = wire.encode_steal_request(k, i)
-                        sent["steal_req"] += 1
-                    else:
-                        msg = wire.encode_move(k, 1, i, reply, service_ns=1000)
-                        sent["forwards"] += 1
+                    what, msg = _forgery(k, i)
+                    sent[what] += 1
                     try:
-                        sock.sendto(msg, dst)
+                        sock.sendto(msg, peers[i % len(peers)])
                     except OSError:
                         pass
             sock.close()
             return {"received": got, "sent": sent}
         return go
+
+    def verbs_impostor(self, k, seconds, rate=2000.0, kill=True):
+        """Over verbs: a queue pair of its own on dead server k's address, without the key
+        (killing k first unless ``kill=False``), sending the others the forgeries of
+        :meth:`impostor`. To reach a server it must first introduce itself; its unsigned
+        address queries are dropped (``ctl_bad_mac``), so nothing it sends should arrive,
+        and the survivors' keyed queries to k's address, which it receives, tell it nothing.
+        Returns what it received and sent, and its transport's counters."""
+        def go():
+            from malcolm.net.transport import open_transport
+            if kill:
+                self.lr.kill(k)
+            host, port = self.addresses[k]
+            tr = open_transport("verbs", f"{host}:{port}")
+            sent = {"heartbeats": 0, "steal_req": 0, "forwards": 0}
+            got = 0
+            peers = [a for j, a in enumerate(self.addresses) if j != k]
+            t_end = time.monotonic() + seconds
+            gap, nxt, i = 1.0 / rate, time.monotonic(), 0
+            try:
+                while time.monotonic() < t_end:
+                    got += len(tr.recv(0.001))
+                    while nxt <= time.monotonic() < t_end:
+                        nxt += gap
+                        i += 1
+                        what, msg = _forgery(k, i)
+                        sent[what] += 1
+                        tr.send(peers[i % len(peers)], msg)
+                st = tr.stats()
+            finally:
+                tr.close()
+            return {"received": {"messages": got}, "sent": sent,
+                    "transport": {c: st[c] for c in ("n_sent", "n_send_failed", "ctl_bad",
+                                                     "ctl_answers", "resolve_failed")}}
+        return go
+
+    def spoofed_introductions(self, victim, claimed, seconds, rate=200.0):
+        """Send server ``victim`` address queries "from" live server ``claimed``'s address
+        (a raw socket: needs root) that put ``claimed`` at a queue pair of the injector's
+        own, alternately unsigned and under another key: without the key they must change
+        nothing (counted ``ctl_bad_mac``); keyless, the first one re-points the victim's
+        traffic for ``claimed`` to the injector. Verbs only. Returns how many were sent and
+        how many messages reached the injector's queue pair."""
+        def go():
+            from malcolm.net.transport import open_transport
+            from malcolm.net.verbs import seal_control
+            host = self.addresses[victim][0]
+            tr = open_transport("verbs", f"{host}:0")
+            ep = tr.endpoint
+            me = ep.address
+            intro = (b"MCV1" + bytes([1, 0]) + struct.pack("!HII", ep.lid, me.qpn, me.qkey)
+                     + bytes(me.gid))
+            wrong = seal_control(intro[:5] + b"\1" + intro[6:] + bytes(24), os.urandom(16),
+                                 self.addresses[claimed], self.addresses[victim])
+            n = got = 0
+            t_end = time.monotonic() + seconds
+            try:
+                while time.monotonic() < t_end:
+                    spoof_udp(self.addresses[claimed], self.addresses[victim],
+                              intro if n % 2 == 0 else wrong)
+                    n += 1
+                    got += len(tr.recv(1.0 / rate))
+                st = tr.stats()
+            finally:
+                tr.close()
+            # what reached its queue pair: taken, or dropped as from a QP it does not know
+            return {"sent": n, "received": got + st["unknown_src"]}
+        return go
+
+
+def _forgery(k, i):
+    """The i-th forged message of an impostor posing as server k, without the key: a
+    heartbeat with θ = 1e308 and seq 0x7FFFFFFF, one with a NaN load, a steal request, a
+    forwarded task. Returns ``(what, message)``."""
+    m = i % 4
+    if m == 0:
+        return "heartbeats", wire.encode_heartbeat(k, seq=0x7FFFFFFF, load=0.0,
+                                                   theta=[1e308] * 16)
+    if m == 1:
+        b = bytearray(wire.encode_heartbeat(k, seq=i, theta=[0.0] * 16))
+        struct.pack_into("<d", b, 64, math.nan)
+        return "heartbeats", bytes(b)
+    if m == 2:
+        return "steal_req", wire.encode_steal_request(k, i)
+    return "forwards", wire.encode_move(k, 1, i, (2, 0, 0, bytes(16)), service_ns=1000)
+
+
+def spoof_udp(src, dst, payload):
+    """Send a UDP datagram to ``dst`` as if from ``src`` (``(host, port)``, IPv4) through a
+    raw socket: what any host on the network can do. Needs root (CAP_NET_RAW). No UDP
+    checksum (optional over IPv4); the kernel fills in the IP header's."""
+    udp = struct.pack("!HHHH", src[1], dst[1], 8 + len(payload), 0) + payload
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0, 64, 17, 0,
+                     socket.inet_aton(src[0]), socket.inet_aton(dst[0]))
+    with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW) as raw:
+        raw.sendto(ip + udp, (dst[0], 0))
 
 
 def impair(ns, spec):

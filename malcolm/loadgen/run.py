@@ -171,20 +171,42 @@ def resolve_target(rack=None, servers=(), transport=None, key_file=None) -> Targ
 
 
 def _check_transport(kind):
-    if kind not in ("udp", "shm"):
-        raise LoadgenError(f"loadgen supports the udp and shm transports, not {kind!r} "
+    if kind not in ("udp", "shm", "verbs"):
+        raise LoadgenError(f"loadgen supports the udp, shm and verbs transports, not {kind!r} "
                            "(there is no silent fallback to another transport)")
 
 
-def _open(kind, bind, i, servers=()):
+def _open(kind, bind, i, servers=(), key=None):
     from malcolm.net.transport import TransportUnavailable, open_transport
     try:
         if kind == "udp":
             v6 = any(str(s).startswith("[") or str(s).count(":") > 1 for s in servers)
             return open_transport("udp", bind or ("[::]:0" if v6 else "0.0.0.0:0"))
+        if kind == "verbs":
+            return _open_verbs(bind, servers, key)
         return open_transport("shm", None, capacity=4096)
-    except (TransportUnavailable, OSError, ValueError) as e:
+    except (TransportUnavailable, OSError, ValueError, RuntimeError) as e:
         raise LoadgenError(f"client {i}: cannot open a {kind} endpoint: {e}") from None
+
+
+def _open_verbs(bind, servers, key, timeout_s=2.0):
+    """A verbs endpoint (on ``bind``, else the RDMA device's first IPv4 address) that knows
+    every server's queue pair before the run starts, where it can: the first message to an
+    unknown destination would otherwise wait for its address answer inside the timed loop.
+    A server that does not answer within ``timeout_s`` (down, or another rack key) is
+    resolved in the background during the run; its tasks are reported as they go."""
+    from malcolm.net.transport import open_transport
+    tr = open_transport("verbs", bind, key=key)
+    try:
+        tr.announce(servers)
+        t_end = time.monotonic() + timeout_s
+        while (tr.stats()["peers"] < len(set(map(str, servers)))
+               and time.monotonic() < t_end):
+            tr.recv(0.01)           # polling applies the answers
+    except BaseException:
+        tr.close()
+        raise
+    return tr
 
 
 # ---------------------------------------------------------------- a run
@@ -320,7 +342,8 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
         pl = spec.payload
         for i in range(spec.threads):
             sched = (arr or traffic.Arrivals()).for_thread(i, spec.threads, rate)
-            tr = _open(spec.target.transport, spec.bind, i, spec.target.servers)
+            tr = _open(spec.target.transport, spec.bind, i, spec.target.servers,
+                       spec.target.key)
             if spec.target.hop:
                 from malcolm.net.delay import wrap
                 tr = wrap(tr, seed=spec.seed * 64 + 63 - i, **spec.target.hop)
@@ -379,10 +402,17 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
                                + (f"; still running: {', '.join(alive)}" if alive else ""))
         results = [c.results() for c in clients]
     finally:
-        emu = [tr.stats() for tr in trs if hasattr(tr, "stats")]
+        # the emulated network's counters (malcolm.net.delay wraps the transport), and the
+        # transport's own where it has some (verbs)
+        emu = [tr.stats() for tr in trs if hasattr(tr, "inner")]
+        own = [t.stats() for t in (getattr(tr, "inner", tr) for tr in trs)
+               if hasattr(t, "stats")]
         for tr in trs:
             tr.close()
     rep = report(spec, rate, results, wl)
+    if own:
+        rep["transport"] = {k: sum(o[k] for o in own) for k in own[0]
+                            if isinstance(own[0][k], int) and not isinstance(own[0][k], bool)}
     if emu:         # the client side of the emulated network (malcolm.net.delay)
         rep["net_emulation"] = dict(emu[0], **{k: sum(e[k] for e in emu) for k in (
             "delayed", "net_lost", "reordered", "early")},

@@ -12,6 +12,12 @@ Readiness. The answer to an address query is the querier's licence to send: this
 queues the querier's introduction for its polling thread *before* it answers, and does not
 answer when that queue is full. The polling thread looks in that queue for any sender it does
 not know, so the first message of a new peer always finds its introduction (issue 13 item 6).
+
+Authentication. With the rack key (``key=``), queries and answers are 64 bytes: the
+introduction, the sender's epoch, a nonce and a cookie, and a SipHash-2-4 MAC bound to both
+ends (``net/_verbs_ctl.h`` has the format and the rules). Without it they are the 32-byte
+introduction alone, as before, and anyone who can send a UDP datagram from a member's
+address can re-point traffic meant for it (the server warns at start).
 """
 
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
@@ -25,7 +31,7 @@ from malcolm.net._ibverbs cimport (ibv_ack_cq_events, ibv_comp_channel, ibv_cq,
 from malcolm.net._ud_queue cimport (CTL_LEN, WC_BATCH, Peer, UDMsg, UDQueue, layout_error,
                                     ld32be, pyverbs_ptr, uq_drain_intros, uq_find_logical,
                                     uq_flush, uq_poll_recv, uq_push_intro, uq_repost, uq_send)
-from malcolm.net._wire cimport MAX_MSG, NetAddr
+from malcolm.net._wire cimport MAX_MSG, NetAddr, wire_new_epoch
 from malcolm.net.transport cimport BATCH, MsgBuf, Transport, addr_eq, addr_parse
 
 import os
@@ -88,6 +94,27 @@ cdef extern from *:
     int mcv_load(int *p) nogil
 
 
+cdef extern from "net/_verbs_ctl.h" nogil:
+    enum:
+        MCV_AUTH_LEN
+        MCV_BAD
+        MCV_BAD_MAC
+        MCV_REPLAY
+        MCV_UNSOLICITED
+    ctypedef struct mcv_rec:
+        pass
+    ctypedef struct mcv_auth:
+        mcv_rec *recs
+    int mcv_init(mcv_auth *au, const uint8_t *key, const uint8_t *local, uint64_t epoch)
+    void mcv_query(mcv_auth *au, const uint8_t *tmpl, const NetAddr *me, const NetAddr *dst,
+                   int64_t now, uint8_t *out)
+    void mcv_reply(const mcv_auth *au, const uint8_t *tmpl, const uint8_t *q,
+                   const NetAddr *me, const NetAddr *dst, uint8_t *out)
+    int mcv_check(const mcv_auth *au, const uint8_t *m, int n, const NetAddr *frm,
+                  const NetAddr *me, int64_t now)
+    void mcv_commit(mcv_auth *au, const uint8_t *m, const NetAddr *frm, int64_t now)
+
+
 cdef enum:
     CTL_QUERY = 1
     CTL_REPLY = 2
@@ -136,6 +163,12 @@ cdef class VerbsTransport(Transport):
     they are counted as failed. Messages from queue pairs that never introduced themselves
     are counted (``unknown_src``) and dropped.
 
+    With the rack key, every query and answer carries a MAC bound to both ends, a query a
+    fresh nonce, the sender's epoch and a sequence, an answer the nonce of the query it
+    answers: forged, replayed and unsolicited ones are dropped and counted
+    (``ctl_bad_mac``, ``ctl_replay``, ``ctl_unsolicited``), so nobody without the key can
+    re-point this endpoint's traffic to another queue pair (docs/rdma.md).
+
     Parameters
     ----------
     address : str or tuple, optional
@@ -148,6 +181,11 @@ cdef class VerbsTransport(Transport):
         Registered receive and send slots.
     max_inline : int
         Inline sends up to this many bytes, when the device allows it.
+    key : bytes, optional
+        The rack's 16-byte MAC key (:func:`malcolm.runtime.config.rack_key`): address
+        queries and answers are authenticated with it. Every endpoint of a rack (servers
+        and clients) needs the same key, or none (then anyone who can send a UDP datagram
+        from a member's address can re-point traffic meant for it).
     """
 
     cdef UDQueue q
@@ -170,9 +208,12 @@ cdef class VerbsTransport(Transport):
     cdef UDMsg msgs[BATCH]
     cdef readonly uint64_t ctl_bad, ctl_queries, ctl_answers, intro_full, resolve_failed
     cdef readonly uint64_t parked, requeries, announced
+    cdef readonly uint64_t ctl_bad_mac, ctl_replay, ctl_unsolicited
+    cdef readonly bint authenticated
+    cdef mcv_auth auth
 
     def __init__(self, address=None, device=None, int port=1, int n_recv=1024,
-                 int n_send=512, int max_inline=64):
+                 int n_send=512, int max_inline=64, key=None):
         import ipaddress
         import socket
         import threading
@@ -181,6 +222,16 @@ cdef class VerbsTransport(Transport):
 
         self.ctl_fd = self.efd = self.stop_efd = self.chan_fd = -1
         self.kind = "verbs"
+        if key is not None:
+            key = bytes(key)
+            if len(key) != 16:
+                raise ValueError(f"verbs: the rack key must be 16 bytes (rack_key()), "
+                                 f"not {len(key)}")
+            local = os.urandom(16)
+            if mcv_init(&self.auth, <const uint8_t *><const char *>key,
+                        <const uint8_t *><const char *>local, wire_new_epoch()) != 0:
+                raise MemoryError()
+            self.authenticated = True
         host, ctl_port = verbs.split_address(address)
         gid = verbs.host_gid(host) if host is not None else None
         device, gid_index, gid = verbs.find_device_for_gid(gid, device, port)
@@ -268,6 +319,7 @@ cdef class VerbsTransport(Transport):
             self.tx[i].cap = self.q.payload
 
     def __dealloc__(self):
+        free(self.auth.recs)
         free(self.pend)
         free(self.park)
         free(self.park_mem)
@@ -309,7 +361,9 @@ cdef class VerbsTransport(Transport):
                  ctl_bad=self.ctl_bad, ctl_queries=self.ctl_queries,
                  ctl_answers=self.ctl_answers, intro_full=self.intro_full,
                  resolve_failed=self.resolve_failed, parked=self.parked,
-                 requeries=self.requeries, announced=self.announced, peers=self.q.n_peers)
+                 requeries=self.requeries, announced=self.announced, peers=self.q.n_peers,
+                 authenticated=bool(self.authenticated), ctl_bad_mac=self.ctl_bad_mac,
+                 ctl_replay=self.ctl_replay, ctl_unsolicited=self.ctl_unsolicited)
         return d
 
     # -------------------------------------------------------------- address thread
@@ -323,20 +377,39 @@ cdef class VerbsTransport(Transport):
 
         Runs on its own thread so that a busy or sleeping gateway never delays an answer.
         """
-        cdef uint8_t buf[64]
+        cdef uint8_t buf[128]
+        cdef uint8_t out[MCV_AUTH_LEN]
         cdef NetAddr frm
-        cdef int n
+        cdef int n, v = 0
         cdef uint32_t qpn
+        cdef int64_t now = 0
         while not mcv_load(&self.stopping):
             mcv_wait3(self.ctl_fd, self.stop_efd, -1, 100_000_000)
             while not mcv_load(&self.stopping):
-                n = mcv_recvfrom(self.ctl_fd, buf, 64, &frm)
+                n = mcv_recvfrom(self.ctl_fd, buf, 128, &frm)
                 if n == -1:
                     break
                 qpn = ld32be(&buf[8])
-                if (n != CTL_LEN or memcmp(buf, b"MCV1", 4) != 0 or buf[5] != 0
+                if (n < CTL_LEN or memcmp(buf, b"MCV1", 4) != 0
                         or (buf[4] != CTL_QUERY and buf[4] != CTL_REPLY)
                         or qpn == 0 or qpn >= (1 << 24)):
+                    self.ctl_bad += 1
+                    continue
+                if self.authenticated:
+                    # The MAC first: nothing from outside the rack reaches the records.
+                    now = mc_now_ns()
+                    v = mcv_check(&self.auth, buf, n, &frm, &self.me, now)
+                    if v < 0:
+                        if v == MCV_BAD_MAC:
+                            self.ctl_bad_mac += 1
+                        elif v == MCV_REPLAY:
+                            self.ctl_replay += 1
+                        elif v == MCV_UNSOLICITED:
+                            self.ctl_unsolicited += 1
+                        else:
+                            self.ctl_bad += 1
+                        continue
+                elif n != CTL_LEN or buf[5] != 0:
                     self.ctl_bad += 1
                     continue
                 # Queue the introduction BEFORE answering: the answer tells the sender that
@@ -346,18 +419,35 @@ cdef class VerbsTransport(Transport):
                 # dropped as unknown_src (test_between_processes[verbs], 20 of 200).
                 if not uq_push_intro(self.q, &frm, buf):
                     # Not ready for it: no answer, so the sender keeps its messages and asks
-                    # again (every 10-20 ms) until the polling thread has made room.
+                    # again (every 10-20 ms) until the polling thread has made room. Not
+                    # recorded either: the same query may come again.
                     self.intro_full += 1
                     continue
+                if self.authenticated:
+                    mcv_commit(&self.auth, buf, &frm, now)
                 if buf[4] == CTL_QUERY:
                     self.ctl_queries += 1
-                    mcv_sendto(self.ctl_fd, self.ctl_reply, CTL_LEN, &frm)
+                    if self.authenticated:
+                        mcv_reply(&self.auth, self.ctl_reply, buf, &self.me, &frm, out)
+                        mcv_sendto(self.ctl_fd, out, MCV_AUTH_LEN, &frm)
+                    else:
+                        mcv_sendto(self.ctl_fd, self.ctl_reply, CTL_LEN, &frm)
                 else:
                     self.ctl_answers += 1
                 # A sleeping polling thread makes the address handle now, before the
                 # sender's first message arrives (and frees the queue's room).
                 if mcv_load(&self.sleeping):
                     mcv_ring_efd(self.efd)
+
+    cdef void _query(self, const NetAddr *dst) noexcept nogil:
+        """Send ``dst`` an address query (polling thread): with the key, a fresh one each
+        time (its own nonce and sequence), else the fixed 32 bytes."""
+        cdef uint8_t m[MCV_AUTH_LEN]
+        if self.authenticated:
+            mcv_query(&self.auth, self.ctl_query, &self.me, dst, mc_now_ns(), m)
+            mcv_sendto(self.ctl_fd, m, MCV_AUTH_LEN, dst)
+        else:
+            mcv_sendto(self.ctl_fd, self.ctl_query, CTL_LEN, dst)
 
     # -------------------------------------------------------------- address resolution
 
@@ -368,7 +458,7 @@ cdef class VerbsTransport(Transport):
         cdef timespec ts
         ts.tv_sec = 0
         ts.tv_nsec = 20_000
-        mcv_sendto(self.ctl_fd, self.ctl_query, CTL_LEN, dst)
+        self._query(dst)
         while True:
             uq_drain_intros(self.q)
             i = uq_find_logical(self.q, dst)
@@ -378,7 +468,7 @@ cdef class VerbsTransport(Transport):
             if now - t0 > RESOLVE_SYNC_NS:
                 return -1
             if now - last > RESOLVE_SYNC_RESEND_NS:
-                mcv_sendto(self.ctl_fd, self.ctl_query, CTL_LEN, dst)
+                self._query(dst)
                 last = now
             nanosleep(&ts, NULL)
 
@@ -401,7 +491,7 @@ cdef class VerbsTransport(Transport):
                 self.pend[i] = self.pend[self.n_pend]
                 continue
             if now - self.pend[i].last_ns > RESOLVE_RETRY_NS:
-                mcv_sendto(self.ctl_fd, self.ctl_query, CTL_LEN, &self.pend[i].dst)
+                self._query(&self.pend[i].dst)
                 self.pend[i].last_ns = now
             i += 1
 
@@ -451,7 +541,7 @@ cdef class VerbsTransport(Transport):
             self.pend[self.n_pend].first_ns = now
             self.pend[self.n_pend].last_ns = now
             self.n_pend += 1
-            mcv_sendto(self.ctl_fd, self.ctl_query, CTL_LEN, &b.peer)
+            self._query(&b.peer)
         memcpy(self.park[self.n_park].data, b.data, b.len)
         self.park[self.n_park].dst = b.peer
         self.park[self.n_park].len = b.len
@@ -478,7 +568,7 @@ cdef class VerbsTransport(Transport):
             if addr_eq(&a, &self.me):
                 continue
             self.announced += 1
-            mcv_sendto(self.ctl_fd, self.ctl_query, CTL_LEN, &a)
+            self._query(&a)
             if (uq_find_logical(self.q, &a) < 0 and self._pending_index(&a) < 0
                     and self.n_pend < MAX_PENDING):
                 self.pend[self.n_pend].dst = a
@@ -556,7 +646,7 @@ cdef class VerbsTransport(Transport):
                 # to the new one within a round trip.
                 p.last_query_ns = now
                 self.requeries += 1
-                mcv_sendto(self.ctl_fd, self.ctl_query, CTL_LEN, &p.logical)
+                self._query(&p.logical)
             rc = uq_send(self.q, peer, self.tx[i].data, self.tx[i].len)
             if rc == 1:
                 ok += 1

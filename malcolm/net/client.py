@@ -95,7 +95,8 @@ class Client:
     key : bytes or None
         The rack's 16-byte MAC key (``malcolm.runtime.config.rack_key``); None for a rack without
         one. Tasks are sealed with it and responses that do not verify are counted as
-        ``forged`` and otherwise ignored.
+        ``forged`` and otherwise ignored; over verbs it also authenticates the address
+        queries and answers of the client's endpoint.
     task_timeout : float or None
         Default deadline of each task, in seconds from its send: it travels in the task (wire
         v3 ``budget_us``, as the load generator sends it), so that a server refuses a task it
@@ -105,7 +106,7 @@ class Client:
 
     def __init__(self, transport, servers, client_id=1, address=None, key=None,
                  task_timeout=None):
-        self.tr = open_transport(transport, address)
+        self.tr = open_transport(transport, address, key=key)
         self.servers = [self.tr.parse(s) for s in servers]
         self.client_id = client_id
         self.key = key

@@ -662,8 +662,23 @@ def _verbs_class():
     return cls
 
 
-def open_transport(str kind, address=None, **opts):
+def open_transport(str kind, address=None, key=None, **opts):
     """Open a transport of ``kind`` bound to ``address``.
+
+    Parameters
+    ----------
+    kind : str
+        ``"udp"``, ``"shm"`` or ``"verbs"``.
+    address : optional
+        Where to bind (see each transport).
+    key : bytes, optional
+        The rack's 16-byte MAC key (:func:`malcolm.runtime.config.rack_key`), for a
+        transport's own control messages: verbs authenticates its address queries and
+        answers with it. udp and shm have none (their source is the socket's or the ring's),
+        so they take no key; the messages themselves are authenticated by the wire layer
+        (``Gateway.set_key``, ``Client(key=...)``) on every transport.
+    **opts
+        The transport's own options.
 
     Raises
     ------
@@ -675,7 +690,7 @@ def open_transport(str kind, address=None, **opts):
     if kind == "shm":
         return ShmTransport(address, **opts)
     if kind == "verbs":
-        return _verbs_class()(address, **opts)
+        return _verbs_class()(address, key=key, **opts)
     raise TransportUnavailable(f"unknown transport {kind!r}; choose from {', '.join(KINDS)}")
 
 

@@ -118,6 +118,27 @@ def host_gid(host) -> bytes:
     return ip.packed if ip.version == 6 else bytes(10) + b"\xff\xff" + ip.packed
 
 
+def seal_control(msg, key, src, dst) -> bytes:
+    """A keyed address datagram: the first 56 bytes of ``msg`` (introduction, epoch, nonce,
+    cookie) followed by their MAC under the 16-byte ``key`` from ``src`` to ``dst``
+    (``(host, port)`` or ``"host:port"``). The Python twin of ``mcv_seal`` in
+    ``net/_verbs_ctl.h`` (the format is described there), for tools and for the tests that
+    forge one."""
+    from malcolm.net.wire import siphash24
+    head = bytes(msg[:56])
+    return head + struct.pack("<Q", siphash24(bytes(key), head + _canon(src) + _canon(dst)))
+
+
+def _canon(address) -> bytes:
+    """An address as both ends of a control datagram see it: family, port, 16 address bytes
+    (no IPv6 scope: it is local to a host)."""
+    import socket
+    host, port = split_address(address)
+    ip = ipaddress.ip_address(host.split("%")[0])
+    fam = socket.AF_INET if ip.version == 4 else socket.AF_INET6
+    return struct.pack(">HH", fam, port) + ip.packed.ljust(16, b"\0")
+
+
 def find_device_for_gid(gid, device=None, port=1):
     """``(device, gid_index, gid)``: the device and GID index that hold ``gid``.
 

@@ -413,7 +413,7 @@ def build_server(cfg: RackConfig, k: int, handler=None):
     s = cfg.servers[k]
     opts = {"capacity": cfg.shm_capacity} if cfg.transport == "shm" else {}
     policy = make_policy(cfg.policy, len(cfg.servers), k, cfg.seed, **cfg.policy_params)
-    tr = open_transport(cfg.transport, s.address, **opts)
+    tr = open_transport(cfg.transport, s.address, key=checked["key"], **opts)
     if cfg.hop:
         from malcolm.net.delay import wrap
         tr = wrap(tr, seed=cfg.seed * 64 + k + 1, **cfg.hop)

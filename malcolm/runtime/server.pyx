@@ -239,9 +239,14 @@ cdef class Server:
         d["started_ns"] = self.started_ns
         if hasattr(self.policy_obj, "probs_migrate"):
             d["probs_migrate"] = [float(x) for x in self.policy_obj.probs_migrate]
-        emu = getattr(<object>self.tr, "stats", None)      # malcolm.net.delay, if emulated
-        if emu is not None:
-            d["net_emulation"] = emu()
+        tr = <object>self.tr
+        inner = getattr(tr, "inner", None)      # malcolm.net.delay, if the network is emulated
+        if inner is not None:
+            d["net_emulation"] = tr.stats()
+            tr = inner
+        ts = getattr(tr, "stats", None)         # verbs: its queue and its address thread
+        if ts is not None:
+            d["transport"] = ts()
         d["uptime_s"] = (mc_now_ns() - self.started_ns) / 1e9 if self.started_ns else 0.0
         d["service"] = pool.service_times()
         hs = self.handler_obj.handler_stats() if self.handler_obj is not None else None
