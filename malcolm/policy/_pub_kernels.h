@@ -9,6 +9,7 @@
 #else
 #define MC_PUB_CLONES __attribute__((unused))
 #endif
+#define MC_PUB_MAX 64       /* servers (MAX_SERVERS in policy/base.pxd) */
 
 /* p = w * exp(g) / sum(w * exp(g)): the softmax of g + log(w), without the n logs.
    w_i = 0 masks outcome i (p_i = 0 exactly). The shift is the largest g over the
@@ -55,18 +56,19 @@ static MC_PUB_CLONES int mc_pub_softmax_w(const double *restrict g, const double
 
 /* The migrate outcomes' weights (AgentState._migrate_weights, whose docstring says what
    they are); returns how many peers the overload mask zeroed. The same operations in the
-   same order as the Cython loops they replace (bit-identical weights: the sums stay
-   sequential, and fp-contract=off keeps GCC from fusing rsum + km1 * r into an FMA where
-   the target has one, e.g. MALCOLM_NATIVE=1), but with selects instead of branches, so that
-   the per-server divisions vectorize and the mask's data-dependent branches (mispredicted on
-   most servers of a busy rack) are gone. Inlined, with no AVX2 clone: the clone's dispatch
-   made the cache-hot 16-server window 10% slower (bench_policy window_ns.16, 1130 vs 1030
-   ns) and gained nothing at 64. */
-static inline __attribute__((optimize("fp-contract=off")))
-int mc_pub_migrate_weights(const double *restrict x, const double *restrict rate,
-                           const unsigned char *restrict known, double *restrict w, int n,
-                           int me, double ls, int capacity_prior, double mask_factor) {
+   same order as the Cython loops they replace, so the weights are bit-identical (the sums
+   stay sequential; a build with FMA, MALCOLM_NATIVE=1, may fuse rsum + km1 * r here as it
+   did there), but the per-server divisions run in loops that vectorize, and the mask's
+   second test (v > lim + 1 / (r ls), which needs another division) runs only for servers
+   above lim: below it the test is false whatever s > 0 is (lim + s >= lim). The branches
+   it replaces mispredicted on most servers of a busy rack. Not cloned for AVX2: the
+   clone's dispatch made the cache-hot 16-server window 10% slower and inlining is lost. */
+static inline int mc_pub_migrate_weights(const double *restrict x, const double *restrict rate,
+                                         const unsigned char *restrict known,
+                                         double *restrict w, int n, int me, double ls,
+                                         int capacity_prior, double mask_factor) {
     double rbar, vbar = 0.0, vme, lim, rsum = 0.0, spare = 0.0, c, km1;
+    double v[MC_PUB_MAX];
     int j, k = 0, nm = 0, flow, prior;
     for (j = 0; j < n; j++) {
         vbar += known[j] ? x[j] : 0.0;
@@ -100,12 +102,15 @@ int mc_pub_migrate_weights(const double *restrict x, const double *restrict rate
     if (prior && rate[me] > 0.0) w[me] = rate[me] / rbar;
     if (mask_factor > 0.0) {
         lim = mask_factor * vbar;
+        for (j = 0; j < n; j++) v[j] = x[j] / ls;
         for (j = 0; j < n; j++) {
-            double v = x[j] / ls, r = rate[j];
-            double s = r > 0.0 ? 1.0 / (r * ls) : 1.0;
-            int m = (j != me) & (known[j] != 0) & (v > vme) & (v > lim + s);
-            w[j] = m ? 0.0 : w[j];
-            nm += m;
+            if ((j != me) & (known[j] != 0) & (v[j] > vme) & (v[j] > lim)) {
+                double s = rate[j] > 0.0 ? 1.0 / (rate[j] * ls) : 1.0;
+                if (v[j] > lim + s) {
+                    w[j] = 0.0;
+                    nm++;
+                }
+            }
         }
     }
     return nm;
