@@ -19,7 +19,8 @@ SCRIPTS = sorted(
      if not p.endswith("common.py")]
     + [os.path.join(ROOT, "bench", n) for n in ("sweep.py", "faults.py", "torch_compare.py",
                                                "handler_accuracy.py", "fuzz_wire.py",
-                                               "learn_vs_frozen.py", "longrun.py")])
+                                               "learn_vs_frozen.py", "longrun.py",
+                                               "gate_activity.py")])
 
 
 def _run(*args, cwd=ROOT, timeout=120):

@@ -23,7 +23,7 @@ from malcolm.workloads import parse_workload
 WINDOW_PATTERN = ["observe_local", "end_window", "fill_heartbeat"]
 
 
-def check_protocol(logs, strict_seq, from_one=True, allow_skip=False):
+def check_protocol(logs, strict_seq, from_one=True, allow_skip=False, workers=None):
     """The window protocol, from the logs of every server of a rack.
 
     Every server: one ``observe_local`` at the start, then whole windows of
@@ -31,13 +31,16 @@ def check_protocol(logs, strict_seq, from_one=True, allow_skip=False):
     (``allow_skip``: a window may end without ``fill_heartbeat`` when the last heartbeat is
     still unsent, as at runtime). Every heartbeat received: seq counts from 1 (``from_one``)
     in order (``strict_seq``: with no gaps), and its ``sent_ns`` and load are those of one
-    of its sender's window ends.
+    of its sender's window ends. ``workers`` (one per server): the worker count the driver
+    hands the policy at every ``observe_local`` (the hop gate's idle workers).
     """
     n = len(logs)
     ends = []
     for me, calls in enumerate(logs):
         own = [c for c in calls if c["call"] != "observe_peer"]
         assert own[0]["call"] == "observe_local", own[:3]
+        if workers is not None:
+            assert {c["workers"] for c in own if c["call"] == "observe_local"} == {workers[me]}
         mine = {}
         k, skipped = 1, 0
         while k < len(own):
@@ -104,7 +107,7 @@ def _sim_logs(n=3, jitter_ns=0.0, gateway_ns=0.0, loss=0.0, tasks=20_000):
 def test_simulator_runs_the_window_protocol(jitter_ns, gateway_ns):
     # every delivery path: one event for all peers, one per peer, and through the gateways
     logs, raw = _sim_logs(jitter_ns=jitter_ns, gateway_ns=gateway_ns)
-    check_protocol(logs, strict_seq=True)
+    check_protocol(logs, strict_seq=True, workers=[2, 2, 2])
     assert raw["hb_overrun"] == 0
 
 
@@ -120,8 +123,9 @@ def test_runtime_runs_the_same_window_protocol():
     trs = [open_transport("udp", "127.0.0.1:0") for _ in range(n)]
     addrs = [t.address for t in trs]
     pols = [RecordingPolicy(n, i, 1) for i in range(n)]
-    servers = [Server(trs[i], addrs, i, pols[i], handler="spin", workers=1, window_us=2000.0)
-               for i in range(n)]
+    workers = [2, 1, 0]         # 0: the gateway runs the tasks itself, one at a time
+    servers = [Server(trs[i], addrs, i, pols[i], handler="spin", workers=workers[i],
+                      window_us=2000.0) for i in range(n)]
     try:
         for s in servers:
             s.start()
@@ -133,7 +137,8 @@ def test_runtime_runs_the_same_window_protocol():
         assert p.overflow == 0
     # A window's heartbeat is skipped at runtime when the gateway has not sent the last one
     # yet (the driver then fills none); everything else is the simulator's check.
-    check_protocol([p.calls() for p in pols], strict_seq=False, allow_skip=True)
+    check_protocol([p.calls() for p in pols], strict_seq=False, allow_skip=True,
+                   workers=[2, 1, 1])
 
 
 def test_one_set_of_estimator_defaults():

@@ -248,8 +248,9 @@ def test_hop_cost_is_measured_from_heartbeats():
 
 
 def test_hop_gate_accepts_what_would_wait_less_than_a_hop():
-    """The first K = floor(1 + (hop - x_me) r_me) arrivals after a publish stay; the rest,
-    and every arrival when x_me > hop, follow the published distribution untouched."""
+    """With one worker (the policy's count until the driver sets it) the first
+    K = floor(1 + (hop - x_me) r_me) arrivals after a publish stay; the rest, and every
+    arrival when x_me > hop, follow the published distribution untouched."""
     n, hop = 4, 10_000.0
 
     def window(workers, own_load, draws, **kw):
@@ -263,7 +264,8 @@ def test_hop_gate_accepts_what_would_wait_less_than_a_hop():
     off, _ = window(1, 0.0, 0, hop_gate=False)
     np.testing.assert_array_equal(p.probs_migrate, off.probs_migrate)   # the table is untouched
     assert off.probs_migrate[0] == pytest.approx(n / (2 * n - 1))
-    p, kept = window(8, 0.0, 3)            # eight workers: K = floor(1 + 10 us * 8 / 50 us) = 2
+    p, kept = window(8, 0.0, 3)            # eight workers' rate, counted as one worker (the
+    #                                        driver did not say): K = floor(1 + 10 * 8 / 50) = 2
     assert kept[:2] == [1, 1] and p.gated == 2
     p, _ = window(1, 2 * T, 3)             # two tasks ahead wait 100 us > the hop: K = 0
     assert p.gated == 0
@@ -277,6 +279,37 @@ def test_hop_gate_accepts_what_would_wait_less_than_a_hop():
     assert p.gated == 2400
     rest, m = counts[0] - 2400, 4000 - 2400          # the table's draws: accept 4/7
     assert abs(rest - m * 4 / 7) < 5 * np.sqrt(m * 4 / 7 * 3 / 7)
+
+
+def test_hop_gate_counts_idle_workers():
+    """With c workers the j-th arrival waits max(0, q + j - c) / r: 0 while a worker is
+    idle. A 4-worker server with one task in service (x_me = 12.5 us > the 10 us hop) keeps
+    K = floor(4 - 1 + 10 us * 4 / 50 us) = 3; counted as one worker (the rule before, and
+    the default until the driver says otherwise) its gate stays closed. With every worker
+    busy and a queue the gate is closed whatever the count."""
+    n, hop = 4, 10_000.0
+    rates = rates_of([4] * n)
+
+    def window(tasks, workers=None, draws=6):
+        p = MalcolmPolicy(n, 0, seed=1, hop_ns=hop, learn=False)
+        if workers is not None:
+            p.workers = workers
+        feed(p, 0, [tasks / rates[0], 0.0, 0.0, 0.0], rates)
+        kept = [hooks.sample_many(p, "arrival", 1)[0] for _ in range(draws)]
+        return p, kept
+
+    p, kept = window(1, workers=4)
+    assert p.workers == 4 and p.gated == 3 and kept[:3] == [1, 1, 1]
+    p, _ = window(1)                        # one worker assumed: 12.5 us > 10 us, closed
+    assert p.workers == 1 and p.gated == 0
+    p, _ = window(5, workers=4)             # all four busy, one waiting: 25 us > the hop
+    assert p.gated == 0
+    p, _ = window(4, workers=4)             # all busy, none waiting: the next waits 12.5 us
+    assert p.gated == 0
+    p, kept = window(0, workers=4)          # idle: K = floor(4 + 0.8) = 4
+    assert p.gated == 4 and kept[:4] == [1] * 4
+    with pytest.raises(ValueError, match="workers"):
+        p.workers = 0
 
 
 # ---------------------------------------------------------------- sparse actor arithmetic

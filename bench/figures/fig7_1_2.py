@@ -2,17 +2,18 @@
 
 Fig 7.1: homogeneous rack, 8 servers x 8 workers. Fig 7.2: heterogeneous rack, 2 fast
 servers x 14 workers + 9 slow x 4. Workloads Exp(50), Bimodal(90:50, 10:500),
-HyperExp-1(50:50, 50:500), HyperExp-2(75:50, 20:500, 5:5000). Policies: Malcolm (learning
-online from a random initialisation during the run), JSQ and JBT (periodic heartbeats, the
-same window as Malcolm), client power-of-2, and the ideal references cFCFS and RackSched.
+HyperExp-1(50:50, 50:500), HyperExp-2(75:50, 20:500, 5:5000). Policies: the default
+Malcolm (learning online from its safe start during the run), JSQ and JBT (periodic
+heartbeats, the same window as Malcolm), client power-of-2, and the ideal references cFCFS
+and RackSched.
 
 Every policy runs with its registry defaults and the same simulator settings (2 µs one-way
-delay, 100 µs window); the first ``--warmup`` fraction of tasks is not measured, for every
-policy alike (Malcolm learns during it, and keeps learning after it). Malcolm's
-``load_scale`` is set to the workload's mean service time (its documented normalisation).
+delay, 100 µs window); the first ``--warmup-fraction`` of tasks is not measured, for every
+policy alike (Malcolm learns during it, and keeps learning after it). Malcolm derives its
+``load_scale`` from the service rates the heartbeats report.
 
-"Malcolm frozen at init" is the same random initial policy with learning off: the control
-that shows what learning adds.
+"Malcolm frozen at init" is the same safe start with learning off (``malcolm:learn=0``):
+the control that shows what learning adds.
 
 Writes ``fig7_1.{csv,png}``, ``fig7_2.{csv,png}`` and ``fig7_1_2_summary.csv`` (the highest
 load at which each policy keeps p99 <= 10x the mean service time, and the highest with p99

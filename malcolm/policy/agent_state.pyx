@@ -349,26 +349,39 @@ cdef class AgentState(Policy):
     cdef void _gate_accept(self) noexcept nogil:
         """The hop gate: publish K, the arrivals to accept outright until the next publish.
 
-        A migrated task pays at least one hop (``hop_est``) before it can start anywhere. A
-        task accepted here waits at most the drain time of the work ahead of it: x_me for the
-        first one (x_me = tasks / service rate, an upper bound, exact for one worker) and
-        1 / r_me more for each further one. So the first K = 1 + (hop - x_me) r_me arrivals
-        are no worse off accepted, whatever the peers' state; ``decide_arrival`` accepts
-        them without sampling (K rounded down, the fraction carried to the next window while
-        the gate stays open, so that the budget is K on average: x_me over-counts the wait
-        where workers are idle), and the rest follow the published distribution
-        (whose probabilities, and so the actors' gradients, the gate leaves alone). A budget
-        of arrivals rather than a raised accept probability: with a probability, two
-        arrivals close together in one window would both stay, and the second waits a
-        whole service time, which costs the tail under heavy-tailed service. At light load
-        this keeps the tasks the capacity shares would send a hop for nothing; above it
-        x_me > hop nearly always and K = 0.
+        A migrated task pays at least one hop h (``hop_est``) before it can start anywhere.
+        Here, with c workers (``n_workers``, set by the driver), q tasks in the server and
+        service rate r (the sum over the workers), the j-th arrival after the publish finds
+        q + j - 1 tasks ahead: it starts at once while a worker is idle (q + j <= c), and
+        otherwise waits for q + j - c departures, (q + j - c) / r. That is the expected wait
+        of M/M/c (exponential service: each departure from a full server takes 1 / r on
+        average, whatever the elapsed service), and it ignores the departures during the
+        window, which only shorten the later waits; so it is an upper bound of the expected
+        wait for exponential service, and an estimate for others (the tasks in service have
+        their own residual times). With one worker it is x_me = q / r for the first arrival,
+        the rule before workers were counted. So the first K = c - q + h r arrivals are no
+        worse off accepted, whatever the peers' state, and the gate opens while the first
+        one's wait is within a hop (K >= 1). ``decide_arrival`` accepts them without
+        sampling (K rounded down, the fraction carried to the next window while the gate
+        stays open, so that the budget is K on average), and the rest follow the published
+        distribution (whose probabilities, and so the actors' gradients, the gate leaves
+        alone). A budget of arrivals rather than a raised accept probability: with a
+        probability, two arrivals close together in one window would both stay, and the
+        second waits a whole service time, which costs the tail under heavy-tailed service.
+        At light load this keeps the tasks the capacity shares would send a hop for
+        nothing; above it every worker is busy with a queue nearly always and K = 0, and
+        when a worker is idle K is at most the idle workers + h r (a few of the window's
+        arrivals on a busy server).
         """
         cdef double h = self._hop_units() * self.load_scale, r = self.adv[2 * self.n + self.me]
+        cdef double c = <double>(self.n_workers if self.n_workers > 1 else 1)
         cdef double k = 0.0
         cdef uint64_t kb = 0
-        if h > 0.0 and r > 0.0 and self.x[self.me] <= h:
-            k = 1.0 + (h - self.x[self.me]) * r + self.gate_carry
+        if h > 0.0 and r > 0.0:
+            # q = x_me r: the driver observes load = queue / rate with one read of the rate
+            k = c - self.x[self.me] * r + h * r
+        if k >= 1.0:
+            k += self.gate_carry
             k = 65536.0 if k > 65536.0 else k
             kb = <uint64_t>k
             self.gate_carry = k - <double>kb

@@ -60,6 +60,10 @@ cdef class Policy:
     cdef Rng rng                    # the gateway thread's generator
     cdef public uint64_t migrations
     cdef public uint64_t steals
+    # This server's worker count: local knowledge, not a peer's. The window driver sets it
+    # from its estimator at every own observation (driver.pxd), so both clocks pass it the
+    # same way; 1 until then. Python reads and sets it as ``workers``.
+    cdef int n_workers
 
     cdef int decide_arrival(self, int64_t now, int task_type) noexcept nogil
     cdef int decide_steal(self, int64_t now) noexcept nogil

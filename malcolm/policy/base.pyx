@@ -59,6 +59,7 @@ cdef class Policy:
         self.me = me
         self.migrations = 0
         self.steals = 0
+        self.n_workers = 1
         rng_seed(&self.rng, seed, <unsigned long long>me + 1)
 
     cdef int decide_arrival(self, int64_t now, int task_type) noexcept nogil:
@@ -82,6 +83,18 @@ cdef class Policy:
         hb.src = self.me
         hb.migrations = self.migrations
         hb.steals = self.steals
+
+    @property
+    def workers(self):
+        """This server's worker count (>= 1): the window driver sets it from its estimator
+        at each own observation; 1 until then."""
+        return self.n_workers
+
+    @workers.setter
+    def workers(self, int value):
+        if value < 1:
+            raise ValueError(f"workers={value} must be >= 1")
+        self.n_workers = value
 
     # Python entry points, for tests and tools; the drivers use the cdef methods.
     def py_decide_arrival(self, int64_t now=0, int task_type=0):

@@ -14,7 +14,10 @@ A server's policy thread does the same thing every window whether the clock is s
 The own load is observed *before* ``end_window`` so that ``end_window`` learns from the state
 its window's decisions led to (observed after, every load a TD error saw predated the
 window's decisions: docs/loadgen.md, "Why Malcolm loses in the demo"). ``load`` is
-``queue / rate`` with one read of the estimator's rate, so the two always agree.
+``queue / rate`` with one read of the estimator's rate, so the two always agree. The
+server's worker count (the estimator's ``n_workers``: the simulator's per-server workers,
+the runtime pool's ``workers``, 1 when the gateway runs tasks itself) goes to the policy at
+the same point, as ``Policy.n_workers``.
 
 The driver owns the heartbeat header (``src``, ``seq`` from 1, ``sent_ns``) and the
 ``Policy.migrations``/``steals`` counters (``drv_migrated``/``drv_stole``, called by the
@@ -69,6 +72,7 @@ ctypedef struct StealGate:
 cdef inline void drv_observe_local(WindowState* w, Policy p, Estimator* est, int64_t now,
                                    double queue_len) noexcept nogil:
     cdef double rate = est_rate(est)
+    p.n_workers = est.n_workers     # local knowledge (the hop gate counts idle workers)
     w.queue_len = queue_len
     w.rate = rate
     w.load = queue_len / rate

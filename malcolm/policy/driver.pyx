@@ -30,7 +30,7 @@ ctypedef struct CallRec:
     int32_t kind
     int32_t src
     uint32_t seq
-    int32_t _pad
+    int32_t workers             # observe_local: the worker count the driver set
     int64_t now
     int64_t sent_ns
     double load
@@ -96,6 +96,7 @@ cdef class RecordingPolicy(Policy):
         self.last_rate = rate
         if r != NULL:
             r.src = self.me
+            r.workers = self.n_workers
             r.load = load
             r.queue_len = queue_len
             r.rate = rate
@@ -122,7 +123,8 @@ cdef class RecordingPolicy(Policy):
 
     def calls(self):
         """The log: a list of dicts with ``call`` (name), ``now`` and, where they apply,
-        ``src``, ``seq``, ``sent_ns``, ``load``, ``queue_len`` and ``rate``."""
+        ``src``, ``seq``, ``sent_ns``, ``load``, ``queue_len``, ``rate`` and (observe_local)
+        ``workers``."""
         cdef Py_ssize_t i
         cdef CallRec* r
         out = []
@@ -130,7 +132,7 @@ cdef class RecordingPolicy(Policy):
             r = &self.log[i]
             d = {"call": CALL_NAMES[r.kind], "now": r.now}
             if r.kind == CALL_OBSERVE_LOCAL:
-                d.update(load=r.load, queue_len=r.queue_len, rate=r.rate)
+                d.update(load=r.load, queue_len=r.queue_len, rate=r.rate, workers=r.workers)
             elif r.kind == CALL_OBSERVE_PEER:
                 d.update(src=r.src, seq=r.seq, sent_ns=r.sent_ns, load=r.load,
                          queue_len=r.queue_len, rate=r.rate)
