@@ -52,7 +52,7 @@ def micro_results(quick=False, policy=True):
             click.echo(f"malcolm bench: policy benchmarks skipped: {exc}", err=True)
         else:
             for n in SIZES:
-                res.update(policy_bench.bench_policy(n, 20_000 if quick else 200_000))
+                res.update(policy_bench.bench_policy(n, *((2_000, 7) if quick else (5_000, 41))))
     return res
 
 

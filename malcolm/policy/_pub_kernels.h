@@ -5,10 +5,11 @@
 #define MALCOLM_PUB_KERNELS_H
 #include "_native.h"
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(MALCOLM_DEBUG)
-#define MC_PUB_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define MC_PUB_CLONES __attribute__((target_clones("arch=x86-64-v3", "default"), unused))
 #else
-#define MC_PUB_CLONES
+#define MC_PUB_CLONES __attribute__((unused))
 #endif
+#define MC_PUB_MAX 64       /* servers (MAX_SERVERS in policy/base.pxd) */
 
 /* p = w * exp(g) / sum(w * exp(g)): the softmax of g + log(w), without the n logs.
    w_i = 0 masks outcome i (p_i = 0 exactly). The shift is the largest g over the
@@ -51,5 +52,77 @@ static MC_PUB_CLONES int mc_pub_softmax_w(const double *restrict g, const double
     z = 1.0 / z;
     for (i = 0; i < n; i++) p[i] *= z;
     return 0;
+}
+
+/* The migrate outcomes' weights (AgentState._migrate_weights, whose docstring says what
+   they are); returns how many peers the overload mask zeroed. The same operations in the
+   same order as the Cython loops they replace, so the weights are bit-identical (the sums
+   stay sequential; a build with FMA, MALCOLM_NATIVE=1, may fuse rsum + km1 * r here as it
+   did there), but the per-server divisions run in loops that vectorize, and the mask's
+   second test (v > lim + 1 / (r ls), which needs another division) runs only for servers
+   above lim: below it the test is false whatever s > 0 is (lim + s >= lim). The branches
+   it replaces mispredicted on most servers of a busy rack. Not cloned for AVX2: the
+   clone's dispatch made the cache-hot 16-server window 10% slower and inlining is lost. */
+static inline int mc_pub_migrate_weights(const double *restrict x, const double *restrict rate,
+                                         const unsigned char *restrict known,
+                                         double *restrict w, int n, int me, double ls,
+                                         int capacity_prior, double mask_factor) {
+    double rbar, vbar = 0.0, vme, lim, rsum = 0.0, spare = 0.0, c, km1;
+    double v[MC_PUB_MAX];
+    int j, k = 0, nm = 0, flow, prior;
+    for (j = 0; j < n; j++) {
+        vbar += known[j] ? x[j] : 0.0;
+        k += known[j] != 0;
+    }
+    vbar /= (double)(k > 0 ? k : 1) * ls;
+    vme = x[me] / ls;
+    k = 0;
+    for (j = 0; j < n; j++) {
+        rsum += rate[j] > 0.0 ? rate[j] : 0.0;
+        k += rate[j] > 0.0;
+    }
+    rbar = k > 0 ? rsum / k : 0.0;
+    prior = capacity_prior && rbar > 0.0;
+    flow = prior && k > 1 && rate[me] > 0.0;
+    km1 = (double)(k - 1);
+    if (flow) {
+        for (j = 0; j < n; j++) {
+            double r = rate[j], q = r * r / (rsum + km1 * r);
+            w[j] = (j != me && r > 0.0) ? q : 0.0;
+        }
+        for (j = 0; j < n; j++) spare += w[j];
+        c = (rsum - rate[me]) / (spare * rbar);
+        for (j = 0; j < n; j++) w[j] = rate[j] > 0.0 ? c * w[j] : 1.0;
+    } else if (prior) {
+        double inv_rbar = 1.0 / rbar;
+        for (j = 0; j < n; j++) w[j] = rate[j] > 0.0 ? rate[j] * inv_rbar : 1.0;
+    } else {
+        for (j = 0; j < n; j++) w[j] = 1.0;
+    }
+    if (prior && rate[me] > 0.0) w[me] = rate[me] / rbar;
+    if (mask_factor > 0.0) {
+        lim = mask_factor * vbar;
+        for (j = 0; j < n; j++) v[j] = x[j] / ls;
+        for (j = 0; j < n; j++) {
+            if ((j != me) & (known[j] != 0) & (v[j] > vme) & (v[j] > lim)) {
+                double s = rate[j] > 0.0 ? 1.0 / (rate[j] * ls) : 1.0;
+                if (v[j] > lim + s) {
+                    w[j] = 0.0;
+                    nm++;
+                }
+            }
+        }
+    }
+    return nm;
+}
+
+/* The steal outcomes' weights (AgentState._steal_weights): 0 for the known peers not
+   busier than us when the mask is on, 1 elsewhere. */
+static inline void mc_pub_steal_weights(const double *restrict x,
+                                        const unsigned char *restrict known,
+                                        double *restrict w, int n, int me, int mask) {
+    double xme = x[me];
+    for (int j = 0; j < n; j++)
+        w[j] = ((j != me) & mask & (known[j] != 0) & (x[j] <= xme)) ? 0.0 : 1.0;
 }
 #endif
