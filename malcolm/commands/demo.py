@@ -17,6 +17,7 @@ The rack: two fast servers (3 workers) and two slow ones (1 worker), the ``bench
 from __future__ import annotations
 
 import math
+import os
 import signal
 import sys
 import time
@@ -174,6 +175,15 @@ def demo(quick, png, png_old, json_out, policy_list, policies, load_list, loads,
     if loads:
         load_list = tuple(load_list) + (loads,)
     json_path = json_out
+    from malcolm.commands.types import check_writable, refuse_empty
+    refuse_empty(dilate=dilate_text, logdir=logdir, workers=workers_text)
+    check_writable(json_path, "--json")         # fail now, not after minutes of runs
+    check_writable(png, "--plot")
+    if logdir:
+        try:
+            os.makedirs(logdir, exist_ok=True)
+        except OSError as e:
+            raise click.BadParameter(f"{logdir}: {e.strerror}", param_hint="--logdir") from None
     import threading
 
     from malcolm.loadgen.experiment import HEADER as ROW_HEADER

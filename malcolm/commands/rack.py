@@ -117,6 +117,9 @@ def up(rack_pos, rack_opt, stats, duration, logdir, keep_going):
     rack_path = _rack_file(click.get_current_context(), rack_pos, rack_opt)
     import math
 
+    from malcolm.commands.types import refuse_empty
+    refuse_empty(logdir=logdir)
+
     from malcolm.runtime.config import ConfigError, check_rack
     if duration is not None and not (math.isfinite(duration) and duration > 0):
         raise click.BadParameter(f"{duration} must be a positive number of seconds",

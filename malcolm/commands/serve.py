@@ -72,6 +72,9 @@ def serve(rack_path, server_id, stats, interval, stats_json, duration, handler):
     import errno
     import math
 
+    from malcolm.commands.types import refuse_empty
+    refuse_empty(rack=rack_path, stats_json=stats_json, handler=handler)
+
     from malcolm.runtime.launcher import EXIT_ADDR_IN_USE, PDEATH_SIGNAL, die_with_launcher
 
     # Started by a local launcher (malcolm.runtime.launcher): first of all, ask to be told
