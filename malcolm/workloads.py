@@ -331,6 +331,8 @@ def _read_samples(path, spec):
             text = f.read()
     except OSError as e:
         raise ValueError(f"workload {spec!r}: cannot read {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"workload {spec!r}: {path} is not a text file") from None
     vals = []
     for ln, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0]

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -26,6 +28,14 @@ def _demo_servers():
         if b"serve" in cmd and b"malcolm-demo-" in cmd and cwd == ROOT:
             out.append(int(pid))
     return out
+
+
+def _state(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0]
+    except OSError:
+        return None
 
 
 def test_demo_quick(tmp_path):
@@ -103,3 +113,39 @@ def test_demo_interrupted_tears_down():
     assert p.returncode == 130, out
     assert "interrupted" in out
     assert not _demo_servers()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGKILL])
+def test_demo_killed_leaves_no_servers(sig):
+    """A closed terminal (SIGHUP) stops the demo like Ctrl-C; a SIGKILL leaves the servers to
+    stop themselves, the paused rack's (SIGSTOP) too: none outlives the demo."""
+    p = subprocess.Popen([sys.executable, "-m", "malcolm", "demo", "--quick", "--plot",
+                          os.devnull, "--policy", "jsq", "--policy", "po2", "--workers", "1,1",
+                          "--duration", "5"], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    servers = []
+    try:
+        t_end = time.monotonic() + 40
+        while len(servers) < 4 and time.monotonic() < t_end and p.poll() is None:
+            time.sleep(0.2)
+            servers = _demo_servers()
+        assert len(servers) == 4, "the demo never started its two racks"
+        # until a rack is paused (SIGSTOP) while the other one runs: the hard case
+        while not any(_state(s) == "T" for s in servers) and time.monotonic() < t_end:
+            time.sleep(0.05)
+        assert any(_state(s) == "T" for s in servers), "no rack was ever paused"
+        p.send_signal(sig)
+        out, _ = p.communicate(timeout=30)
+        t_end = time.monotonic() + 20
+        while _demo_servers() and time.monotonic() < t_end:
+            time.sleep(0.2)
+        left = _demo_servers()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        for pid in _demo_servers():       # a failure here must not leave them to the next test
+            os.kill(pid, signal.SIGKILL)
+    assert not left, "servers outlived the demo"
+    if sig == signal.SIGHUP:
+        assert p.returncode == 130 and "interrupted" in out and "Traceback" not in out, out

@@ -26,7 +26,9 @@ def _alive(pid):
         return False
 
 
-def _launch(tmp_path, env_extra=None):
+def _launch(tmp_path, env_extra=None, pause=(), from_thread=False):
+    """A launcher process running a 2-server rack; ``pause``: servers it SIGSTOPs;
+    ``from_thread``: it starts the rack from a thread that exits right after."""
     ports = free_udp_ports(2)
     rack = tmp_path / "rack.toml"
     rack.write_text(textwrap.dedent(f"""
@@ -43,9 +45,20 @@ def _launch(tmp_path, env_extra=None):
         workers = 1
     """))
     script = textwrap.dedent(f"""
-        import sys, time
+        import os, signal, sys, threading, time
         from malcolm.runtime.launcher import LocalRack
-        lr = LocalRack({str(rack)!r}, logdir={str(tmp_path)!r}).up()
+        lr = LocalRack({str(rack)!r}, logdir={str(tmp_path)!r})
+        if {from_thread!r}:
+            th = threading.Thread(target=lr.up)
+            th.start()
+            th.join()
+        else:
+            lr.up()
+        for k in {tuple(pause)!r}:
+            pid = lr.procs[k].pid
+            os.kill(pid, signal.SIGSTOP)
+            while open(f"/proc/{{pid}}/stat").read().split(")")[-1].split()[0] != "T":
+                time.sleep(0.01)
         print(" ".join(str(p.pid) for p in lr.procs.values()), flush=True)
         time.sleep(60)
     """)
@@ -56,18 +69,61 @@ def _launch(tmp_path, env_extra=None):
     return launcher, [int(x) for x in line.split()]
 
 
+def _gone_within(pids, seconds):
+    t_end = time.monotonic() + seconds
+    while time.monotonic() < t_end and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    return not any(_alive(p) for p in pids)
+
+
 def test_servers_stop_when_their_launcher_is_killed(tmp_path):
     launcher, pids = _launch(tmp_path)
     try:
         assert len(pids) == 2 and all(_alive(p) for p in pids)
         launcher.send_signal(signal.SIGKILL)
         launcher.wait(10)
-        t_end = time.monotonic() + 20
-        while time.monotonic() < t_end and any(_alive(p) for p in pids):
-            time.sleep(0.1)
-        assert not any(_alive(p) for p in pids), "orphaned servers kept running"
+        assert _gone_within(pids, 20), "orphaned servers kept running"
         out = (tmp_path / "server-0.out").read_text()
         assert "its launcher exited" in out
+    finally:
+        for p in pids:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+
+
+def test_a_paused_server_stops_too_when_its_launcher_is_killed(tmp_path):
+    """The runner pauses (SIGSTOP) the racks of the policies not running: a stopped process
+    neither polls its parent nor acts on a signal other than SIGKILL/SIGCONT. Its own
+    process group, orphaned by the launcher's death, gets SIGHUP and SIGCONT from the
+    kernel, and the server stops."""
+    launcher, pids = _launch(tmp_path, pause=(1,))
+    try:
+        assert len(pids) == 2 and all(_alive(p) for p in pids)
+        with open(f"/proc/{pids[1]}/stat") as f:
+            assert f.read().split(")")[-1].split()[0] == "T"         # stopped
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(10)
+        assert _gone_within(pids, 20), "orphaned servers kept running"
+        for k in (0, 1):
+            assert "stopped (" in (tmp_path / f"server-{k}.out").read_text()
+    finally:
+        for p in pids:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+
+
+def test_servers_outlive_the_launcher_thread_that_started_them(tmp_path):
+    """The kernel's parent-death signal fires when the *thread* that started a server exits
+    (the fault injector restarts servers from short-lived threads): the server checks that
+    its launcher process is really gone before it stops."""
+    launcher, pids = _launch(tmp_path, from_thread=True)
+    try:
+        assert len(pids) == 2
+        time.sleep(2.0)
+        assert all(_alive(p) for p in pids), "a server stopped when its starter thread ended"
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(10)
+        assert _gone_within(pids, 20)
     finally:
         for p in pids:
             if _alive(p):

@@ -5,6 +5,7 @@ Runs only under ``pytest -m rdma``, for real on Soft-RoCE inside the guest that
 every message through the nogil code: ibv_post_send / ibv_post_recv / ibv_poll_cq.
 """
 
+import contextlib
 import os
 import statistics
 
@@ -25,6 +26,11 @@ def pair():
     yield a, b, a_to_b, b_to_a
     a.close()
     b.close()
+
+
+def _host():
+    """The guest's RDMA address (scripts/rdma-vm)."""
+    return os.environ.get("MALCOLM_RDMA_HOST", "10.77.0.1")
 
 
 def _drain(q, want, timeout=5.0):
@@ -156,7 +162,7 @@ def test_transport_pingpong_through_an_echo_thread(capsys):
     from malcolm.bench.transport import transport_echo, transport_pingpong
     from malcolm.net.transport import open_transport
 
-    host = os.environ.get("MALCOLM_RDMA_HOST", "10.77.0.1")
+    host = _host()
     a = open_transport("verbs", f"{host}:0")
     b = open_transport("verbs", f"{host}:0")
     try:
@@ -183,7 +189,7 @@ def test_dead_destination_fails_counted_and_stalls_only_once():
 
     from malcolm.net.transport import open_transport
 
-    host = os.environ.get("MALCOLM_RDMA_HOST", "10.77.0.1")
+    host = _host()
     a = open_transport("verbs", f"{host}:0")
     try:
         nobody = f"{host}:9"
@@ -206,7 +212,7 @@ def test_dead_destination_fails_counted_and_stalls_only_once():
 def test_many_clients_each_get_their_own_answer():
     from malcolm.net.transport import open_transport
 
-    host = os.environ.get("MALCOLM_RDMA_HOST", "10.77.0.1")
+    host = _host()
     server = open_transport("verbs", f"{host}:0")
     clients = []
     try:
@@ -240,7 +246,7 @@ def test_garbage_on_the_address_port_is_counted_and_harmless():
 
     from malcolm.net.transport import open_transport
 
-    host = os.environ.get("MALCOLM_RDMA_HOST", "10.77.0.1")
+    host = _host()
     a = open_transport("verbs", f"{host}:0")
     b = open_transport("verbs", f"{host}:0")
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -275,7 +281,7 @@ def test_an_address_answer_means_the_introduction_is_queued():
 
     from malcolm.net.transport import open_transport
 
-    host = os.environ.get("MALCOLM_RDMA_HOST", "10.77.0.1")
+    host = _host()
     b = open_transport("verbs", f"{host}:0")
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
@@ -348,10 +354,6 @@ def test_verbs_over_a_link_local_ipv6_address_keeps_the_scope():
 
 # ------------------------------------------------------------ restarts and joins (issue 13)
 
-def _host():
-    return os.environ.get("MALCOLM_RDMA_HOST", "10.77.0.1")
-
-
 def _free_port():
     from malcolm.net.ports import free_udp_ports
     return free_udp_ports(1, _host())[0]
@@ -365,6 +367,29 @@ def _exchange(a, b):
     assert [d for d, _ in a.recv(5.0)] == [b"pong"]
 
 
+@contextlib.contextmanager
+def _restarted_peer(key=None):
+    """Endpoints a and b that know each other, then b closed and opened again on its
+    address (a restart: a new queue pair that a knows nothing of): yields (a, the new b).
+    ``key``: the rack key both use (None: keyless)."""
+    from malcolm.net.transport import open_transport
+
+    port = _free_port()
+    a = open_transport("verbs", f"{_host()}:0", key=key)
+    b = open_transport("verbs", f"{_host()}:{port}", key=key)
+    b2 = None
+    try:
+        _exchange(a, b)
+        b.close()
+        b2 = open_transport("verbs", f"{_host()}:{port}", key=key)      # restarted: a new QP
+        yield a, b2
+    finally:
+        a.close()
+        b.close()
+        if b2 is not None:
+            b2.close()
+
+
 @pytest.mark.parametrize("key", [None, b"k" * 16], ids=["keyless", "keyed"])
 def test_a_sender_that_only_sends_finds_a_restarted_peer_again(key):
     """A restart on the same address gives a new queue pair, and UD to the old one vanishes
@@ -376,16 +401,7 @@ def test_a_sender_that_only_sends_finds_a_restarted_peer_again(key):
     is taken as at once as without."""
     import time
 
-    from malcolm.net.transport import open_transport
-
-    port = _free_port()
-    a = open_transport("verbs", f"{_host()}:0", key=key)
-    b = open_transport("verbs", f"{_host()}:{port}", key=key)
-    b2 = None
-    try:
-        _exchange(a, b)
-        b.close()
-        b2 = open_transport("verbs", f"{_host()}:{port}", key=key)      # restarted: a new QP
+    with _restarted_peer(key) as (a, b2):
         got, sent = [], 0
         t_end = time.monotonic() + 20.0
         while time.monotonic() < t_end and len(got) < 50:
@@ -399,11 +415,6 @@ def test_a_sender_that_only_sends_finds_a_restarted_peer_again(key):
         assert sa["requeries"] >= 1 and b2.stats()["unknown_src"] == 0, sa
         print(f"\nrestarted peer found again after {got[0]} of {sent} messages "
               f"({sa['requeries']} re-queries)")
-    finally:
-        a.close()
-        b.close()
-        if b2 is not None:
-            b2.close()
 
 
 @pytest.mark.parametrize("key", [None, b"k" * 16], ids=["keyless", "keyed"])
@@ -415,16 +426,7 @@ def test_a_restarted_endpoint_announces_itself_and_loses_nothing(key):
     announcement carries a new epoch)."""
     import time
 
-    from malcolm.net.transport import open_transport
-
-    port = _free_port()
-    a = open_transport("verbs", f"{_host()}:0", key=key)
-    b = open_transport("verbs", f"{_host()}:{port}", key=key)
-    b2 = None
-    try:
-        _exchange(a, b)
-        b.close()
-        b2 = open_transport("verbs", f"{_host()}:{port}", key=key)
+    with _restarted_peer(key) as (a, b2):
         b2.announce([a.address, b2.address])            # itself: skipped
         t_end = time.monotonic() + 10.0
         while b2.stats()["peers"] < 1 and time.monotonic() < t_end:
@@ -440,11 +442,6 @@ def test_a_restarted_endpoint_announces_itself_and_loses_nothing(key):
         print(f"\nafter the announcement: {sa}")
         assert sa["n_send_failed"] == 0, sa
         assert sa["requeries"] == 0, sa
-    finally:
-        a.close()
-        b.close()
-        if b2 is not None:
-            b2.close()
 
 
 FLOOD = """

@@ -220,45 +220,56 @@ def test_replays_restarts_and_forged_sequence_numbers():
         p.close()
 
 
+def _load_through_a_middle_box(on_datagram):
+    """0.5 s of load from the generator to a one-server rack (key KEY, spin handler) through
+    a box in the middle: ``on_datagram(box, server, data, src)`` gets everything sent to the
+    box (the generator's tasks and the server's answers) and passes on what it likes.
+    Returns the generator's report."""
+    from malcolm.net.transport import open_transport
+
+    from malcolm.loadgen.run import LoadSpec, Target, run_load
+    srv, addr, _ = _server(n=1, key=KEY, handler="spin", workers=1)
+    box = open_transport("udp", "127.0.0.1:0")
+    stop = threading.Event()
+
+    def relay():
+        while not stop.is_set():
+            for data, src in box.recv(0.05):
+                on_datagram(box, addr, data, src)
+    t = threading.Thread(target=relay, daemon=True)
+    t.start()
+    try:
+        spec = LoadSpec(target=Target("udp", [box.address], "--server", key=KEY),
+                        workload="exp:20", duration_s=0.5, warmup_s=0.0, timeout_s=1.0)
+        return run_load(spec, 300)
+    finally:
+        stop.set()
+        t.join(2)
+        box.close()
+        srv.stop()
+
+
 def test_forged_responses_are_counted_not_completed():
     """Issue 13, attack 4: a man in the middle answers every task at once with a forged
     "ok" (unsigned, and signed with another key) and relays the task to the real server,
     whose genuine answer it passes back. The load generator completes each task once, from
     the genuine answer, and counts the forgeries."""
-    from malcolm.net.transport import open_transport
-
-    from malcolm.loadgen.run import LoadSpec, Target, run_load
-    srv, addr, _ = _server(n=1, key=KEY, handler="spin", workers=1)
-    mitm = open_transport("udp", "127.0.0.1:0")
-    stop = threading.Event()
     client = [None]
     forged = [0]
 
-    def relay():
-        while not stop.is_set():
-            for data, src in mitm.recv(0.05):
-                if src == addr:                          # the genuine answer: pass it on
-                    if client[0] is not None:
-                        mitm.send(client[0], data)
-                    continue
-                client[0] = src
-                d = wire.decode(data, KEY)
-                for k in (None, OTHER):
-                    mitm.send(src, wire.encode_response(
-                        0, d["client_id"], d["request_id"], send_ns=d["send_ns"], key=k))
-                    forged[0] += 1
-                mitm.send(addr, data)
-    t = threading.Thread(target=relay, daemon=True)
-    t.start()
-    try:
-        spec = LoadSpec(target=Target("udp", [mitm.address], "--server", key=KEY),
-                        workload="exp:20", duration_s=0.5, warmup_s=0.0, timeout_s=1.0)
-        rep = run_load(spec, 300)
-    finally:
-        stop.set()
-        t.join(2)
-        mitm.close()
-        srv.stop()
+    def mitm(box, server, data, src):
+        if src == server:                               # the genuine answer: pass it on
+            if client[0] is not None:
+                box.send(client[0], data)
+            return
+        client[0] = src
+        d = wire.decode(data, KEY)
+        for k in (None, OTHER):
+            box.send(src, wire.encode_response(0, d["client_id"], d["request_id"],
+                                               send_ns=d["send_ns"], key=k))
+            forged[0] += 1
+        box.send(server, data)
+    rep = _load_through_a_middle_box(mitm)
     assert rep["accounted"] and rep["sent"] > 50
     assert rep["completed"] == rep["sent"] and rep["duplicates"] == 0
     assert rep["forged"] == forged[0] == 2 * rep["sent"]
@@ -270,44 +281,26 @@ def test_a_response_the_network_sent_twice_is_not_a_second_answer(second):
     copy of the answer taken (same sender epoch and sequence number) is counted as
     ``replayed_responses``, not as a task answered twice; a second, different answer to the
     same task is still a duplicate."""
-    from malcolm.net.transport import open_transport
-
-    from malcolm.loadgen.run import LoadSpec, Target, run_load
-    srv, addr, _ = _server(n=1, key=KEY, handler="spin", workers=1)
-    mid = open_transport("udp", "127.0.0.1:0")
-    stop = threading.Event()
     client = [None]
     extra = [0]
 
-    def relay():
-        while not stop.is_set():
-            for data, src in mid.recv(0.05):
-                if src != addr:
-                    client[0] = src
-                    mid.send(addr, data)
-                    continue
-                if client[0] is None:
-                    continue
-                mid.send(client[0], data)
-                if second == "copy":
-                    mid.send(client[0], data)
-                else:
-                    d = wire.decode(data, KEY)
-                    mid.send(client[0], wire.encode_response(
-                        0, d["client_id"], d["request_id"], key=KEY, epoch=d["epoch"],
-                        auth_seq=d["auth_seq"] + 1_000_000))
-                extra[0] += 1
-    t = threading.Thread(target=relay, daemon=True)
-    t.start()
-    try:
-        spec = LoadSpec(target=Target("udp", [mid.address], "--server", key=KEY),
-                        workload="exp:20", duration_s=0.5, warmup_s=0.0, timeout_s=1.0)
-        rep = run_load(spec, 300)
-    finally:
-        stop.set()
-        t.join(2)
-        mid.close()
-        srv.stop()
+    def twice(box, server, data, src):
+        if src != server:
+            client[0] = src
+            box.send(server, data)
+            return
+        if client[0] is None:
+            return
+        box.send(client[0], data)
+        if second == "copy":
+            box.send(client[0], data)
+        else:
+            d = wire.decode(data, KEY)
+            box.send(client[0], wire.encode_response(
+                0, d["client_id"], d["request_id"], key=KEY, epoch=d["epoch"],
+                auth_seq=d["auth_seq"] + 1_000_000))
+        extra[0] += 1
+    rep = _load_through_a_middle_box(twice)
     assert rep["accounted"] and rep["completed"] == rep["sent"] > 50, rep
     # the extra answer to the last task or two can come after the generator stopped listening
     seen = (rep["replayed_responses"], rep["duplicates"])

@@ -149,18 +149,52 @@ def test_a_good_file_passes_check(tmp_path, monkeypatch):
     (["loadgen", "--server", "127.0.0.1:1", "--spin-us", "nan"], "--spin-us"),
     (["loadgen", "--server", "127.0.0.1:1", "--max-timeouts", "200%"], "--max-timeouts"),
     (["loadgen", "--server", "127.0.0.1:1", "--key-file", "/nonexistent"], "rack key"),
+    # a new user's odd input (empty strings, huge numbers, files that are not text)
+    (["rack", "check", "--rack", "{bin}"], "not UTF-8"),
+    (["rack", "up", "--rack", "{bin}"], "not UTF-8"),
+    (["serve", "--rack", "", "--id", "0"], "--rack"),
+    (["serve", "--rack", "{rack}", "--id", "0", "--stats-json", ""], "--stats-json"),
+    (["serve", "--rack", "{rack}", "--id", "0", "--handler", ""], "--handler"),
+    (["rack", "up", "--rack", "{rack}", "--logdir", ""], "--logdir"),
+    (["rack", "gen", "--hosts", "a", "-o", "/nonexistent/x.toml"], "--output"),
+    (["rack", "gen", "--hostfile", "{bin}"], "not a text file"),
+    (["rack", "gen", "--hosts", "a", "--handler", ""], "--handler"),
+    (["rack", "gen", "--hosts", "a b"], "white space"),
+    (["loadgen", "--server", "127.0.0.1:1", "--rate", "1e30"], "rate"),
+    (["loadgen", "--server", "127.0.0.1:1", "--rate", "2e8"], "request window"),
+    (["loadgen", "--server", "127.0.0.1:1", "--key-file", ""], "--key-file"),
+    (["loadgen", "--server", "127.0.0.1:1", "--policy", ""], "--policy"),
+    (["loadgen", "--server", "127.0.0.1:1", "--duration", "1e300"], "--duration"),
+    (["loadgen", "--rack", "{bin}"], "not UTF-8"),
+    (["sim", "--rack", "{bin}"], "not UTF-8"),
+    (["sim", "--tasks", "99999999999999999999"], "--tasks"),
+    (["sim", "--load", "0.1:0.9:1e-9"], "at most 1000"),
+    (["sim", "--workload", "empirical:{bin}"], "not a text file"),
+    # output that could not be written is refused before the run, not after it
+    (["demo", "--quick", "--json", "{dir}"], "is a directory"),
+    (["demo", "--quick", "--plot", "/nonexistent/p.png"], "no directory"),
+    (["demo", "--quick", "--logdir", "/proc/nope"], "--logdir"),
+    (["demo", "--quick", "--dilate", ""], "--dilate"),
+    (["sim", "--json", "{dir}"], "is a directory"),
+    (["loadgen", "--server", "127.0.0.1:1", "--csv", "/nonexistent/x.csv"], "no directory"),
+    (["bench", "micro", "--json", "/nonexistent/x.json"], "no directory"),
 ])
 def test_bad_flags_give_one_line(tmp_path, args, word):
     rack = _rack(tmp_path)
-    res = CliRunner().invoke(main, [a.format(rack=rack) for a in args])
+    binary = tmp_path / "bin.toml"
+    binary.write_bytes(bytes(range(128, 256)))
+    res = CliRunner().invoke(main, [a.format(rack=rack, bin=binary, dir=tmp_path)
+                                    for a in args])
     _one_line_error(res, word)
 
 
-def test_loadgen_fails_when_nothing_listens():
+@pytest.mark.parametrize("seed", [None, 2 ** 63 - 1])
+def test_loadgen_fails_when_nothing_listens(seed):
     (port,) = free_udp_ports(1)
     res = CliRunner().invoke(main, ["loadgen", "--server", f"127.0.0.1:{port}", "--rate",
                                     "200", "--duration", "0.3s", "--warmup", "0",
-                                    "--timeout", "0.2s"])
+                                    "--timeout", "0.2s"]
+                             + ([] if seed is None else ["--seed", str(seed)]))
     assert res.exit_code == 3, res.output
     assert "no task completed" in res.output
 

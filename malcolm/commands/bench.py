@@ -10,7 +10,7 @@ from importlib import resources
 
 import click
 
-from malcolm.commands.types import json_option, write_json
+from malcolm.commands.types import check_writable, json_option, write_json
 
 SIZES = (4, 8, 16, 32)
 # Thesis Tables 6.1 and 6.2 (C++ with SIMD, 2.6 GHz EPYC), ns.
@@ -106,6 +106,7 @@ def micro(json_out, floor, quick):
     Sizes N = 4, 8, 16, 32. With --json, keys look like sample_ns.8 (ns per operation);
     floor figures appear as floor.sample_ns.8, and the run's metadata under metadata.
     """
+    check_writable(json_out, "--json")
     floor_res = run_floor() if floor else {}
     res = micro_results(quick=quick)
     if json_out:
@@ -136,6 +137,7 @@ def runtime(json_out, quick, transports):
     """Round trip, gateway throughput and decision overhead, each beside its plain-C floor
     measured in the same run (implementation: malcolm/bench/runtime.py)."""
     from malcolm.bench import runtime
+    check_writable(json_out, "--json")
     res = runtime.run_all(quick=quick, transports=transports or ("udp", "shm"))
     if json_out:
         from malcolm._metadata import run_metadata

@@ -17,6 +17,7 @@ The rack: two fast servers (3 workers) and two slow ones (1 worker), the ``bench
 from __future__ import annotations
 
 import math
+import os
 import signal
 import sys
 import time
@@ -174,6 +175,15 @@ def demo(quick, png, png_old, json_out, policy_list, policies, load_list, loads,
     if loads:
         load_list = tuple(load_list) + (loads,)
     json_path = json_out
+    from malcolm.commands.types import check_writable, refuse_empty
+    refuse_empty(dilate=dilate_text, logdir=logdir, workers=workers_text)
+    check_writable(json_path, "--json")         # fail now, not after minutes of runs
+    check_writable(png, "--plot")
+    if logdir:
+        try:
+            os.makedirs(logdir, exist_ok=True)
+        except OSError as e:
+            raise click.BadParameter(f"{logdir}: {e.strerror}", param_hint="--logdir") from None
     import threading
 
     from malcolm.loadgen.experiment import HEADER as ROW_HEADER
@@ -196,8 +206,10 @@ def demo(quick, png, png_old, json_out, policy_list, policies, load_list, loads,
                          **({} if hop_delay_us is None else {"hop_delay_us": hop_delay_us}))
     except ExperimentError as e:
         raise click.UsageError(str(e)) from None
-    old_int = signal.signal(signal.SIGINT, lambda *a: stop.set())
-    old_term = signal.signal(signal.SIGTERM, lambda *a: stop.set())
+    # Ctrl-C, SIGTERM or a closed terminal: finish the run in hand and stop the racks (a
+    # SIGKILL leaves that to the servers themselves: see malcolm.runtime.launcher)
+    stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    old = {sig: signal.signal(sig, lambda *a: stop.set()) for sig in stop_signals}
     t0 = time.monotonic()
     echo(f"malcolm demo: {len(exp.workers)} servers (workers {exp.workers}, bench handler, "
          f"udp), workload {exp.wl.describe()}, {exp.window_us:g} µs windows; loads "
@@ -208,8 +220,8 @@ def demo(quick, png, png_old, json_out, policy_list, policies, load_list, loads,
     except ExperimentError as e:
         raise click.ClickException(str(e)) from None
     finally:
-        signal.signal(signal.SIGINT, old_int)
-        signal.signal(signal.SIGTERM, old_term)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
     if stop.is_set():
         click.echo("malcolm demo: interrupted; the racks were stopped", err=True)
         sys.exit(130)

@@ -9,7 +9,15 @@ import threading
 
 import click
 
-from malcolm.commands.types import Duration, Rate, json_option, write_json, write_text
+from malcolm.commands.types import (
+    Duration,
+    Rate,
+    check_writable,
+    json_option,
+    refuse_empty,
+    write_json,
+    write_text,
+)
 
 
 @click.command()
@@ -149,6 +157,11 @@ def loadgen(rack_path, servers, transport, rates, arrivals, payload_size, payloa
     """
     if spin_us_old is not None:         # the first release's spelling, kept hidden
         spin_us = spin_us_old
+    refuse_empty(rack=rack_path, key_file=key_file, app=app, bind=bind, policy=policy,
+                 shares=shares, json=json_out, csv=csv_out, hdr=hdr_out, raw_out=raw_out)
+    for path, flag in ((json_out, "--json"), (csv_out, "--csv"), (hdr_out, "--hdr"),
+                       (raw_out, "--raw-out")):
+        check_writable(path, flag)              # fail now, not after the run
     from malcolm.loadgen.run import (
         HEADER,
         LoadgenError,

@@ -11,7 +11,7 @@ import time
 import click
 
 from malcolm.commands.types import Duration
-from malcolm.runtime.launcher import LocalRack
+from malcolm.runtime.launcher import LocalRack, ServerExited
 
 
 @click.group(epilog="""
@@ -117,6 +117,9 @@ def up(rack_pos, rack_opt, stats, duration, logdir, keep_going):
     rack_path = _rack_file(click.get_current_context(), rack_pos, rack_opt)
     import math
 
+    from malcolm.commands.types import refuse_empty
+    refuse_empty(logdir=logdir)
+
     from malcolm.runtime.config import ConfigError, check_rack
     if duration is not None and not (math.isfinite(duration) and duration > 0):
         raise click.BadParameter(f"{duration} must be a positive number of seconds",
@@ -131,10 +134,13 @@ def up(rack_pos, rack_opt, stats, duration, logdir, keep_going):
     except OSError as e:
         raise click.ClickException(f"--logdir {logdir}: {e.strerror}") from None
     stop = []
-    signal.signal(signal.SIGINT, lambda *a: stop.append(1))
-    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):     # HUP: a closed terminal
+        signal.signal(sig, lambda *a: stop.append(1))
     try:
         lr.up()
+    except ServerExited as e:
+        raise click.ClickException(f"server {e.server} exited with {e.code} ({e.reason}); "
+                                   f"its output is in {lr.out_path(e.server)}") from None
     except (RuntimeError, TimeoutError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"rack {lr.cfg.name} up: {len(lr.ids)} servers over {lr.cfg.transport} "
@@ -151,7 +157,7 @@ def up(rack_pos, rack_opt, stats, duration, logdir, keep_going):
                 click.echo(line)
             offsets[k] = len(text)
         dead = [k for k, p in lr.procs.items() if p.poll() is not None and k not in reported]
-        if dead and not stop:           # after Ctrl-C the servers stop by themselves
+        if dead and not stop:           # after Ctrl-C, lr.down() below stops the others
             failed = True
             codes = {k: lr.procs[k].returncode for k in dead}
             if not keep_going:

@@ -56,6 +56,9 @@ def expand_nodelist(nodelist: str) -> list[str]:
         name = name.strip()
         if not name:
             raise ValueError(f"node list {nodelist!r}: empty host name")
+        if any(c.isspace() for c in name):
+            raise ValueError(f"node list {nodelist!r}: host name {name!r} contains white "
+                             "space (separate hosts with commas)")
         out.extend(_expand_one(name, nodelist))
     return out
 
@@ -117,6 +120,8 @@ def read_hostfile(path: str) -> list[tuple[str, int | None]]:
             lines = f.read().splitlines()
     except OSError as e:
         raise ValueError(f"hostfile {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"hostfile {path}: not a text file") from None
     out = []
     for no, raw in enumerate(lines, 1):
         line = raw.split("#", 1)[0].strip()
@@ -281,6 +286,8 @@ def gen(from_slurm, hostfile, hosts, per_host, transport, port, workers, handler
     mpirun scripts.
     """
     from malcolm.runtime.config import ConfigError, parse_rack
+    if handler is not None and not handler.strip():
+        raise click.BadParameter("is empty (see malcolm list handlers)", param_hint="--handler")
     given = sum(bool(x) for x in (from_slurm, hostfile, hosts))
     if given > 1:
         raise click.UsageError("give one of --slurm, --hostfile, --hosts")
@@ -324,7 +331,11 @@ def gen(from_slurm, hostfile, hosts, per_host, transport, port, workers, handler
     if output == "-":
         click.echo(text, nl=False)
     else:
-        with open(output, "w") as f:
-            f.write(text)
+        try:
+            with open(output, "w") as f:
+                f.write(text)
+        except OSError as e:
+            raise click.BadParameter(f"cannot write {output}: {e.strerror}",
+                                     param_hint="--output") from None
         click.echo(f"wrote {output}: {total} servers on {len(counts)} host(s) over "
                    f"{transport}", err=True)

@@ -51,12 +51,6 @@ def log_malformed(k, prev, cur):
     log.warning("server %d dropped %d malformed message(s): %s%s", k, new, ", ".join(parts), src)
 
 
-def _launcher_pid():
-    """The launcher's pid from ``MALCOLM_LAUNCHER_PID`` (set by ``LocalRack``), or None."""
-    text = os.environ.get("MALCOLM_LAUNCHER_PID", "")
-    return int(text) if text.isdigit() else None
-
-
 @click.command(epilog="""
 \b
 Examples:
@@ -85,7 +79,35 @@ def serve(rack_path, server_id, stats, interval, stats_json, duration, handler):
     On a stop signal the server answers its waiting tasks with "server stopped", lets
     running ones finish (grace_s), and reports anything it could not finish.
     """
+    import errno
     import math
+
+    from malcolm.commands.types import refuse_empty
+    refuse_empty(rack=rack_path, stats_json=stats_json, handler=handler)
+
+    from malcolm.runtime.launcher import EXIT_ADDR_IN_USE, PDEATH_SIGNAL, die_with_launcher
+
+    # Started by a local launcher (malcolm.runtime.launcher): first of all, ask to be told
+    # when it dies, so that a SIGKILLed runner leaves no server behind holding its ports.
+    parent = die_with_launcher()
+    stop = threading.Event()
+    got = []
+
+    def _on_signal(signum, frame):
+        got.append(signal.Signals(signum).name)
+        stop.set()
+
+    def _on_launcher_death(signum, frame):
+        # also sent when only the launcher's thread that started this server exited
+        if os.getppid() != parent:
+            got.append("its launcher exited")
+            stop.set()
+
+    # SIGHUP: a closed terminal, or the kernel waking a paused server whose launcher died
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _on_signal)
+    if parent is not None:
+        signal.signal(PDEATH_SIGNAL, _on_launcher_death)
 
     from malcolm.net.transport import TransportUnavailable
     from malcolm.runtime.config import ConfigError, build_server, default_server_id, load_rack
@@ -118,17 +140,11 @@ def serve(rack_path, server_id, stats, interval, stats_json, duration, handler):
             check_local_address(cfg, k)
         srv = build_server(cfg, k, handler=handler)
     except (ConfigError, TransportUnavailable, ValueError, OSError) as e:
-        raise click.ClickException(str(e)) from None
+        err = click.ClickException(str(e))
+        if isinstance(e, OSError) and e.errno == errno.EADDRINUSE:
+            err.exit_code = EXIT_ADDR_IN_USE    # the launcher may retry on another port
+        raise err from None
 
-    stop = threading.Event()
-    got = []
-
-    def _on_signal(signum, frame):
-        got.append(signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGINT, _on_signal)
-    signal.signal(signal.SIGTERM, _on_signal)
     srv.start()
     addr = cfg.servers[k].address
     click.echo(f"malcolm serve: server {k} of {len(cfg.servers)} ready on {addr} "
@@ -138,10 +154,8 @@ def serve(rack_path, server_id, stats, interval, stats_json, duration, handler):
     sys.stdout.flush()
     t_end = None if duration is None else time.monotonic() + duration
     prev, t_prev = srv.stats(), time.monotonic()
-    # Started by a local launcher (malcolm.runtime.launcher): a server whose launcher died
-    # without stopping it (SIGKILL, a crash) would run on as an orphan and hold its ports;
-    # it stops itself instead, within a second of being re-parented.
-    parent = _launcher_pid()
+    # Besides the kernel's signal (Linux), a server whose launcher died without stopping it
+    # (SIGKILL, a crash) sees that it was re-parented within a second, and stops.
     while not stop.is_set():
         timeout = interval if parent is None else min(interval, 1.0)
         if t_end is not None:

@@ -7,7 +7,9 @@ import sys
 
 import click
 
-from malcolm.commands.types import Duration, json_option, write_json
+from malcolm.commands.types import Duration, check_writable, json_option, refuse_empty, write_json
+
+MAX_POINTS = 1000       # values one START:STOP:STEP range may expand to
 
 
 def _floats(values, what):
@@ -23,9 +25,12 @@ def _floats(values, what):
                 except ValueError:
                     raise click.BadParameter(f"bad range {part!r} (START:STOP:STEP)",
                                              param_hint=what) from None
-                if s <= 0 or b < a:
+                if not (s > 0 and b >= a and math.isfinite(a + b + s)):
                     raise click.BadParameter(f"bad range {part!r}", param_hint=what)
                 k = int(math.floor((b - a) / s + 1e-9))
+                if k >= MAX_POINTS:
+                    raise click.BadParameter(f"range {part!r} has {k + 1} points; at most "
+                                             f"{MAX_POINTS}", param_hint=what)
                 out += [round(a + i * s, 10) for i in range(k + 1)]
                 continue
             try:
@@ -136,7 +141,7 @@ Examples:
 @click.option("--load", "loads", multiple=True, default=("0.8",), show_default=True,
               help="Load(s), fractions of the rack's capacity: 0.5,0.7 or 0.5:0.95:0.05 "
                    "(START:STOP:STEP, STOP included).")
-@click.option("--tasks", default=100_000, show_default=True, type=click.IntRange(1),
+@click.option("--tasks", default=100_000, show_default=True, type=click.IntRange(1, 100_000_000),
               help="Tasks per run (the first --warmup-fraction is not measured).")
 @click.option("--seed", default=1, show_default=True, type=click.IntRange(0),
               help="Seed of every random stream of a run (same seed, same result).")
@@ -192,6 +197,9 @@ def sim(rack, rack_file, policies, workloads, loads, tasks, seed, delay, jitter,
     is one object, {"metadata": {...}, "runs": [summary, ...]}.
     """
     from malcolm.policy.registry import parse_policy
+    refuse_empty(rack=rack_file, json=json_out, plot=plot)
+    check_writable(json_out, "--json")          # fail now, not after the sweep
+    check_writable(plot, "--plot")
     if warmup_old is not None:          # the first release's spelling, kept hidden
         warmup = warmup_old
     if gateway_ns_old is not None:      # likewise

@@ -158,3 +158,32 @@ def write_text(dest: str, text: str, what: str) -> None:
         os.replace(tmp, dest)
     except OSError as e:
         raise click.ClickException(f"{what} {dest}: {e.strerror}") from None
+
+
+def refuse_empty(**flags) -> None:
+    """One line for a flag given as an empty string (``--key-file "$UNSET"``), which the
+    command would otherwise take for the flag not given at all. Keys: the flags' names
+    with ``_`` for ``-``."""
+    for name, value in flags.items():
+        if isinstance(value, str) and not value.strip():
+            raise click.BadParameter("is empty", param_hint="--" + name.replace("_", "-"))
+
+
+def check_writable(path, flag: str) -> None:
+    """Fail now, in one line, when output file ``path`` (``"-"``: stdout; None: not asked
+    for) could not be written after a long run: a directory, or a folder that is missing or
+    not writable. Writes nothing."""
+    if path is None or path == "-":
+        return
+    folder = os.path.dirname(os.path.abspath(path)) if str(path).strip() else ""
+    if not folder:
+        why = "is empty"
+    elif os.path.isdir(path):
+        why = f"{path} is a directory"
+    elif not os.path.isdir(folder):
+        why = f"{path}: no directory {folder}"
+    elif not os.access(folder, os.W_OK):
+        why = f"{path}: {folder} is not writable"
+    else:
+        return
+    raise click.BadParameter(why, param_hint=flag)

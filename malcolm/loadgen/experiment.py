@@ -36,6 +36,7 @@ One experiment is a rack shape (workers per server), a workload, policies and lo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -45,8 +46,9 @@ import threading
 import time
 
 from malcolm.loadgen import method
+from malcolm.loadgen.table import HEADER, format_row, format_run  # noqa: F401 (re-exported)
 from malcolm.net.ports import free_udp_ports
-from malcolm.runtime.launcher import LocalRack
+from malcolm.runtime.launcher import LocalRack, ServerExited
 
 BASE_POLICIES = {
     # name: (server [policy] section, client policy)
@@ -66,6 +68,7 @@ SPIN_US = 50.0
 # between machines in the thesis (Table 7.1: 4.2 µs, 3.8-3.9 on one machine), rounded to the
 # simulator's default delay_us = 2.0 so that both clocks see the same network by default.
 HOP_DELAY_US = 2.0
+PORT_TRIES = 3                  # rack starts on fresh ports when a chosen port was taken
 
 
 def raise_priority(pid):
@@ -155,30 +158,35 @@ class PolicyRack:
             section.setdefault("window_ns", int(exp.window_us * 1e3 * k))
         self.policy = policy
         self.exp = exp
-        ports = free_udp_ports(len(exp.workers))
-        self.servers = [(f"127.0.0.1:{p}", w) for p, w in zip(ports, exp.workers, strict=True)]
         self.path = os.path.join(tmp, f"rack-{tag}.toml")
-        with open(self.path, "w") as f:
-            f.write(rack_toml(section, self.servers, window_us=exp.window_us * k,
-                              poll=exp.layout.poll, handler=exp.handler_spec(k),
-                              steal_timeout_us=2000.0 * k, name=tag[:8],
-                              # admission is a time limit too: undilated, a K=200 rack
-                              # refused tasks after 1 ms of rack time (20 services)
-                              max_wait_ms=200.0 * k,
-                              cpus=exp.layout.server_cpus, spin_us=SPIN_US / k,
-                              hop_delay_us=exp.hop_us(k) * k))
+        self.text = functools.partial(
+            rack_toml, section, window_us=exp.window_us * k, poll=exp.layout.poll,
+            handler=exp.handler_spec(k), steal_timeout_us=2000.0 * k, name=tag[:8],
+            # admission is a time limit too: undilated, a K=200 rack refused tasks after 1 ms
+            # of rack time (20 services)
+            max_wait_ms=200.0 * k, cpus=exp.layout.server_cpus, spin_us=SPIN_US / k,
+            hop_delay_us=exp.hop_us(k) * k)
         # the load generator is an endpoint of the same network: its sends wait too
         self.hop = {"delay_us": exp.hop_us(k) * k} if exp.hop_us(k) > 0 else None
         self.logdir = os.path.join(exp.logdir or tmp, f"logs-{tag}")
         os.makedirs(self.logdir, exist_ok=True)
+        self._place()
+        self.last = None
+        self.paused = self.failed = False
+
+    def _place(self):
+        """Choose free ports for the servers and write the rack file (again, on a retry)."""
+        ports = free_udp_ports(len(self.exp.workers))
+        self.servers = [(f"127.0.0.1:{p}", w) for p, w in zip(ports, self.exp.workers,
+                                                                  strict=True)]
+        with open(self.path, "w") as f:
+            f.write(self.text(self.servers))
         from malcolm.runtime.config import ConfigError
         try:
-            self.rack = exp.rack_class(self.path, extra_args=["--interval", str(self.INTERVAL)],
-                                  logdir=self.logdir)
+            self.rack = self.exp.rack_class(self.path, logdir=self.logdir,
+                                            extra_args=["--interval", str(self.INTERVAL)])
         except ConfigError as e:
-            raise ExperimentError(f"policy {policy!r}: {e}") from None
-        self.last = None
-        self.paused = False
+            raise ExperimentError(f"policy {self.policy!r}: {e}") from None
 
     @property
     def addresses(self):
@@ -189,11 +197,36 @@ class PolicyRack:
             self.rack.start(k, wait=False)
 
     def wait_ready(self, timeout=90.0):
-        self.rack.wait_ready(self.rack.ids, timeout)
+        """Wait until the servers are ready. A port taken by another process between its
+        choice and the server's bind (EADDRINUSE) restarts the rack on fresh ports, at most
+        PORT_TRIES times in all (counted in ``port_retries``); any other failure, or the
+        last, is one ExperimentError line."""
+        for attempt in range(1, PORT_TRIES + 1):
+            try:
+                self.rack.wait_ready(self.rack.ids, timeout)    # stops the rack on failure
+                break
+            except ServerExited as e:
+                if not e.addr_in_use or attempt == PORT_TRIES:
+                    self.failed = True
+                    raise ExperimentError(f"{self.policy} rack: server {e.server} exited "
+                                          f"({e.reason}){self._where()}") from None
+                self.exp.port_retries += 1
+                self.exp.echo(f"  ports: {self.policy} server {e.server}'s port "
+                              f"{self.servers[e.server][0]} was taken before it bound it; "
+                              f"restarting the rack on fresh ports ({attempt}/{PORT_TRIES - 1})")
+                self._place()
+                self.start()
+            except (RuntimeError, TimeoutError) as e:
+                self.failed = True
+                raise ExperimentError(f"{self.policy} rack: {e}{self._where()}") from None
         if not all([raise_priority(p.pid) for p in self.rack.procs.values()]):
             self.exp.prioritized = False
         time.sleep(self.INTERVAL + 0.1)
         self.last = self.read_stats()
+
+    def _where(self):
+        """Where the servers' output stays (a temporary directory is gone by the report)."""
+        return f"; servers' output in {self.logdir}" if self.exp.logdir else ""
 
     def read_stats(self):
         out = []
@@ -341,6 +374,7 @@ class Experiment:
         self._svc = {}                 # load (None: all) -> [measured sum, requested sum]
         self.runs = []
         self.delay_us = float("nan")   # measured one-way delay, real µs
+        self.port_retries = 0          # rack starts retried on fresh ports (EADDRINUSE)
         self.net_delay = ""
         self.prioritized = os.geteuid() == 0
 
@@ -533,6 +567,7 @@ class Experiment:
                 "net_delay": self.net_delay, "one_way_delay_us": self.delay_us / k,
                 "hop_delay_us": self.hop_us(k),
                 "service_factor": self.svc_factor, "repeat": self.repeat,
+                "port_retries": self.port_retries,
                 "ci": "order-statistic interval of the median (distribution-free); its "
                       "coverage is given per row (93.75% for 5 repeats)",
                 "elapsed_s": time.monotonic() - t_start, "rows": rows, "runs": self.runs}
@@ -598,7 +633,7 @@ class Experiment:
             for rk in racks.values():
                 codes = rk.down()
                 bad = {k: c for k, c in codes.items() if c != 0}
-                if bad:
+                if bad and not rk.failed:               # a failed start is said already
                     self.echo(f"  note: {rk.policy} rack servers exited with {bad} "
                               f"(logs in {rk.logdir})")
 
@@ -760,36 +795,3 @@ def _samples(buckets, n, k):
         m = max(0, round(c * n / total))
         out += [(lo + hi) / 2 / 1e3 / k] * m
     return out
-
-
-def _f(v, w, d=0):
-    return f"{v:{w}.{d}f}" if isinstance(v, (int, float)) and math.isfinite(v) else f"{'-':>{w}}"
-
-
-def format_run(x):
-    """One line per run, as it finishes."""
-    flag = "  FLAGGED: " + "; ".join(x["flags"]) if x["flags"] else ""
-    return (f"  run {x['repeat'] + 1} {x['policy']:<16} load {x['load']:4.2f}: p99 "
-            f"{_f(x['p99_us'], 7)} µs, eff. load {x['effective_load']:.3f}, late "
-            f"{100 * x['late_fraction']:.2f}%, migr {x['migrations_per_task']:.2f}/task, "
-            f"steals {x['steals_per_task']:.2f}/task"
-            + (f", GET cpu {x['pad_us']['cpu']:.0f} µs real, target/wall "
-               f"{x['pad_us']['target']:.0f}/{x['pad_us']['wall']:.0f} µs, overran "
-               f"{x['overruns']}/{x['padded']}"
-               if x.get("padded") else "") + flag)
-
-
-HEADER = (f"{'policy':<16} {'load':>4} {'eff':>5} {'p99 µs':>7} {'95% CI':>15} {'n':>3} "
-          f"{'late':>6} {'migr':>5} {'steal':>5} {'sim p99':>7} {'ratio':>5}  util per server")
-
-
-def format_row(row):
-    ci = row["p99_ci_us"]
-    cis = f"[{_f(ci[0], 6)},{_f(ci[1], 6)}]"
-    util = " ".join(_f(u, 4, 2) if u is not None else "   -" for u in row["server_util"])
-    mark = "" if row["valid"] else "  (no clean run: median of flagged runs)"
-    return (f"{row['policy']:<16} {row['load']:4.2f} {row['effective_load']:5.3f} "
-            f"{_f(row['p99_us'], 7)} {cis:>15} {row['used']:>3} "
-            f"{100 * row['late_fraction']:5.2f}% {row['migrations_per_task']:5.2f} "
-            f"{row['steals_per_task']:5.2f} {_f(row.get('sim_p99_us'), 7)} "
-            f"{_f(row.get('sim_ratio'), 5, 2)}  {util}{mark}")

@@ -22,6 +22,10 @@ from malcolm.net import wire
 STATUS_NAMES = {int(s): s.name.lower() for s in wire.Status}
 
 
+MAX_RATE = 1e9          # tasks/s: far beyond what one machine sends; keeps the arithmetic exact
+MAX_RUN_S = 1e6         # s per rate: the native schedule counts in int64 ns
+
+
 class LoadgenError(ValueError):
     """Bad loadgen input; the message says what and how to fix it."""
 
@@ -267,6 +271,9 @@ class LoadSpec:
             raise LoadgenError(f"--raw-max {self.raw_max} must be in 1..2**31")
         if not math.isfinite(self.duration_s + self.warmup_s + self.timeout_s):
             raise LoadgenError("--duration, --warmup and --timeout must be finite")
+        if self.duration_s + self.warmup_s > MAX_RUN_S:
+            raise LoadgenError(f"--duration plus --warmup must be at most {MAX_RUN_S:g} s "
+                               "(about 11 days)")
         if self.policy and self.shares is not None:
             raise LoadgenError("--shares and --policy exclude each other: a client policy "
                                "picks each task's server itself")
@@ -332,6 +339,8 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
     from malcolm.workloads import parse_workload
 
     spec.validate()
+    if not (math.isfinite(rate) and 0 < rate <= MAX_RATE):
+        raise LoadgenError(f"rate {rate:g}/s must be in (0, {MAX_RATE:g}]")
     wl = parse_workload(spec.workload)
     phases = spec.phases(rate)
     per = [(t, r / spec.threads, s) for t, r, s in phases]
@@ -355,19 +364,22 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
             cid = ((base_id << 6) + i) & 0xFFFFFFFF
             stream = (spec.seed * 64 + i) & 0x7FFFFFFFFFFFFFFF if spec.crn else -1
             kv.append(spec.app.make(cid if stream < 0 else stream) if spec.app else None)
-            clients.append(LoadClient(
-                tr, servers, wl.native(), client_id=cid, stream=stream,
-                seed=spec.seed * 1_000_003 + int(rate), phases=per,
-                warmup_s=spec.warmup_s, duration_s=spec.duration_s,
-                timeout_s=spec.timeout_s, policy=spec.client_policy(i), busy=spec.busy,
-                spin_us=spec.spin_us,
-                raw_capacity=(spec.raw_max // spec.threads) if spec.raw else 0,
-                lag_threshold_us=spec.lag_threshold_us, app=kv[-1], key=spec.target.key,
-                arrival=sched["arrival"], trace=sched["trace"],
-                first_offset_s=sched["first_offset_s"],
-                payload_size=pl.native if pl is not None else (0, 0, 0),
-                payload_content=traffic.CONTENTS[pl.content] if pl is not None else 0,
-                check_echo=pl is not None and pl.check_echo, segment_s=spec.segment_s))
+            try:
+                clients.append(LoadClient(
+                    tr, servers, wl.native(), client_id=cid, stream=stream,
+                    seed=(spec.seed * 1_000_003 + int(rate)) & 0xFFFFFFFFFFFFFFFF, phases=per,
+                    warmup_s=spec.warmup_s, duration_s=spec.duration_s,
+                    timeout_s=spec.timeout_s, policy=spec.client_policy(i), busy=spec.busy,
+                    spin_us=spec.spin_us,
+                    raw_capacity=(spec.raw_max // spec.threads) if spec.raw else 0,
+                    lag_threshold_us=spec.lag_threshold_us, app=kv[-1], key=spec.target.key,
+                    arrival=sched["arrival"], trace=sched["trace"],
+                    first_offset_s=sched["first_offset_s"],
+                    payload_size=pl.native if pl is not None else (0, 0, 0),
+                    payload_content=traffic.CONTENTS[pl.content] if pl is not None else 0,
+                    check_echo=pl is not None and pl.check_echo, segment_s=spec.segment_s))
+            except ValueError as e:     # its request window: too high a rate x timeout
+                raise LoadgenError(f"rate {rate:g}/s: {e}") from None
         from malcolm._core import now_ns
         t0 = now_ns() + 20_000_000         # every thread starts on the same schedule
         threads = [threading.Thread(target=_pinned_run, args=(c, t0, spec.cpus, i, spec.nice),

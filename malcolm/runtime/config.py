@@ -258,11 +258,17 @@ def load_rack(path: str) -> RackConfig:
     ConfigError
         With the file, section and key at fault.
     """
+    if not path:
+        raise ConfigError("no rack file given (an empty path)")
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
     except FileNotFoundError:
         raise ConfigError(f"rack file {path} not found") from None
+    except OSError as e:                # a directory, no permission, an I/O error
+        raise ConfigError(f"rack file {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a rack file (not UTF-8 text)") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
     return parse_rack(data, path)

@@ -6,6 +6,8 @@ the benchmark runner, the fault injector and the tests.
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import os
 import signal
@@ -15,6 +17,31 @@ import tempfile
 import time
 
 from malcolm.runtime.config import load_rack
+
+# `malcolm serve` exits with this code when its address is taken (EADDRINUSE, Linux's value):
+# a launcher that chose the port itself can then pick another and retry.
+EXIT_ADDR_IN_USE = errno.EADDRINUSE
+# What the kernel sends a launched server when the thread that started it exits
+# (PR_SET_PDEATHSIG). Not SIGTERM: that thread need not be the launcher's last (the fault
+# injector restarts servers from short-lived threads), so the server checks that its parent
+# really is gone before it stops (see commands/serve.py).
+PDEATH_SIGNAL = signal.SIGUSR1
+_PR_SET_PDEATHSIG = 1
+
+
+class ServerExited(RuntimeError):
+    """A server of a :class:`LocalRack` exited before it said it was ready.
+
+    Attributes: ``server`` (its index), ``code`` (its exit code), ``reason`` (the last line
+    of its output), ``addr_in_use`` (its address was taken: :data:`EXIT_ADDR_IN_USE`).
+    """
+
+    def __init__(self, server, code, output):
+        lines = [ln for ln in output.splitlines() if ln.strip()]
+        self.server, self.code = server, code
+        self.reason = lines[-1].strip() if lines else "no output"
+        self.addr_in_use = code == EXIT_ADDR_IN_USE
+        super().__init__(f"server {server} exited with {code}:\n{output[-3000:]}")
 
 
 class LocalRack:
@@ -61,8 +88,14 @@ class LocalRack:
         # holding ports after a SIGKILL): see _launcher_pid in commands/serve.py.
         env = dict(os.environ if self.env is None else self.env,
                    MALCOLM_LAUNCHER_PID=str(os.getpid()))
+        # Its own process group: a Ctrl-C at the terminal reaches this process, which stops
+        # the rack in order, not every server at once behind its back; and when this process
+        # dies, the kernel wakes a server it had paused (SIGSTOP) with SIGHUP and SIGCONT
+        # (an orphaned process group with a stopped member), so that it too can stop.
+        group = ({"process_group": 0} if sys.version_info >= (3, 11)
+                 else {"preexec_fn": os.setpgrp})
         self.procs[k] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=env)
+                                         stdin=subprocess.DEVNULL, env=env, **group)
         out.close()
         if wait:
             self.wait_ready([k], timeout)
@@ -78,7 +111,8 @@ class LocalRack:
 
     def wait_ready(self, ids, timeout=30.0):
         """Wait until servers ``ids`` say they are ready; on a failure stop the rack and raise
-        RuntimeError (a server exited, with its output) or TimeoutError."""
+        :class:`ServerExited` (a RuntimeError: a server exited, with its output) or
+        TimeoutError."""
         t_end = time.monotonic() + timeout
         pending = set(ids)
         while pending:
@@ -89,8 +123,7 @@ class LocalRack:
                         continue
                 if self.procs[k].poll() is not None:
                     self.down()
-                    raise RuntimeError(f"server {k} exited with {self.procs[k].returncode}:\n"
-                                       + open(self.out_path(k)).read()[-3000:])
+                    raise ServerExited(k, self.procs[k].returncode, self.output(k))
             if pending and time.monotonic() > t_end:
                 self.down()
                 raise TimeoutError(f"servers {sorted(pending)} not ready in {timeout} s")
@@ -161,6 +194,31 @@ def server_command():
             "from malcolm.cli import main; main()")
     flags = ["-P"] if sys.version_info >= (3, 11) else []
     return [sys.executable, *flags, "-c", boot]
+
+
+def die_with_launcher():
+    """In a server a :class:`LocalRack` started: the launcher's pid, with the kernel asked
+    to send :data:`PDEATH_SIGNAL` when the thread that started this process exits; None
+    when no launcher started it.
+
+    Raises SystemExit when the launcher is gone already (it died before the request took
+    effect). Where ``prctl`` is unavailable (not Linux) the server's own polling of its
+    parent (about once a second) is all there is.
+    """
+    text = os.environ.get("MALCOLM_LAUNCHER_PID", "")
+    if not text.isdigit():
+        return None
+    parent = int(text)
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, int(PDEATH_SIGNAL), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:
+        raise SystemExit(f"malcolm serve: its launcher (pid {parent}) exited before it "
+                         "started; not starting")
+    return parent
 
 
 def _unlink_shm(name):

@@ -171,6 +171,10 @@ def _check_mechanics(info, gateway_ns, capacity, max_steals, steal_timeout_us, p
     return gateway_ns, capacity, max_steals
 
 
+# per run: the engine keeps about 30 bytes per task (latency, send time, type, service, drop)
+MAX_TASKS = 100_000_000
+
+
 def simulate(rack="8x8", policy="random", workload="exp:50", load=0.5, tasks=100_000,
              seed=1, delay_us=2.0, jitter_us=0.0, window_us=100.0, sched="fcfs",
              quantum_us=0.0, shares=None, loss=0.0, clients=None, warmup=0.1, ewma=EST_ALPHA,
@@ -303,8 +307,8 @@ def _plan(a: dict) -> _Plan:
             params = registry.check_params(name, params)
     info = registry.POLICIES[name]
     tasks = int(a["tasks"])
-    if tasks < 1:
-        raise ValueError(f"tasks must be >= 1, got {tasks}")
+    if not 1 <= tasks <= MAX_TASKS:
+        raise ValueError(f"tasks must be in 1..{MAX_TASKS}, got {tasks}")
     if not 0.0 <= a["warmup"] < 1.0:
         raise ValueError(f"warmup must be in [0, 1), got {a['warmup']}")
     for label in ("delay_us", "jitter_us", "quantum_us"):

@@ -339,6 +339,23 @@ PAD_MODES = {"warm": PAD_WARM, "cpu": PAD_CPU}
 OPTIONS = "path, cache_mb, dilate, pad, calib, warm"
 
 
+# the numeric options: (type, what a value must be, lowest, highest); NaN is refused
+NUMBERS = {"cache_mb": (float, "a number", 0, 1 << 20),
+           "dilate": (float, "a number", 1, 10_000),
+           "calib": (int, "a whole number of GETs per size", 16, 100_000)}
+
+
+def _number(key, val, kind, what, lo, hi):
+    """Option ``key``'s text ``val`` as a ``kind`` in ``lo..hi``, or RocksDBError."""
+    try:
+        x = kind(val)
+    except ValueError:
+        raise RocksDBError(f"{key} must be {what}") from None
+    if not lo <= x <= hi:
+        raise RocksDBError(f"{key} must be in {lo}..{hi}")
+    return x
+
+
 def parse_spec(rest):
     """``path=PATH[,cache_mb=N][,dilate=K][,pad=warm|cpu][,calib=N][,warm=FILE]`` (a handler
     spec after ``rocksdb:``) -> dict."""
@@ -351,34 +368,14 @@ def parse_spec(rest):
             raise RocksDBError(f"{p!r} must be key=value ({OPTIONS})")
         if key == "path":
             out["path"] = val
-        elif key == "cache_mb":
-            try:
-                out["cache_mb"] = float(val)
-            except ValueError:
-                raise RocksDBError("cache_mb must be a number")\
-                    from None
-            if not 0 <= out["cache_mb"] <= 1 << 20:
-                raise RocksDBError("cache_mb out of range")
-        elif key == "dilate":
-            try:
-                out["dilate"] = float(val)
-            except ValueError:
-                raise RocksDBError("dilate must be a number") from None
-            if not 1 <= out["dilate"] <= 10_000:
-                raise RocksDBError("dilate must be in 1..10000")
+        elif key in NUMBERS:
+            out[key] = _number(key, val, *NUMBERS[key])
         elif key == "pad":
             if val not in PAD_MODES:
                 raise RocksDBError(f"pad must be warm or cpu, not {val!r}")
             out["pad"] = val
         elif key == "warm":
             out["warm"] = val
-        elif key == "calib":
-            try:
-                out["calib"] = int(val)
-            except ValueError:
-                raise RocksDBError("calib must be a whole number of GETs per size") from None
-            if not 16 <= out["calib"] <= 100_000:
-                raise RocksDBError("calib must be in 16..100000")
         else:
             raise RocksDBError(f"unknown option {key!r} ({OPTIONS})")
     if not out.get("path"):

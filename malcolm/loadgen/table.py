@@ -1,0 +1,39 @@
+"""The experiment runner's text: a line per run as it finishes, and a row per point
+(policy and load) under :data:`HEADER`. :mod:`malcolm.loadgen.experiment` re-exports them."""
+
+from __future__ import annotations
+
+import math
+
+
+def _f(v, w, d=0):
+    return f"{v:{w}.{d}f}" if isinstance(v, (int, float)) and math.isfinite(v) else f"{'-':>{w}}"
+
+
+def format_run(x):
+    """One line per run, as it finishes."""
+    flag = "  FLAGGED: " + "; ".join(x["flags"]) if x["flags"] else ""
+    return (f"  run {x['repeat'] + 1} {x['policy']:<16} load {x['load']:4.2f}: p99 "
+            f"{_f(x['p99_us'], 7)} µs, eff. load {x['effective_load']:.3f}, late "
+            f"{100 * x['late_fraction']:.2f}%, migr {x['migrations_per_task']:.2f}/task, "
+            f"steals {x['steals_per_task']:.2f}/task"
+            + (f", GET cpu {x['pad_us']['cpu']:.0f} µs real, target/wall "
+               f"{x['pad_us']['target']:.0f}/{x['pad_us']['wall']:.0f} µs, overran "
+               f"{x['overruns']}/{x['padded']}"
+               if x.get("padded") else "") + flag)
+
+
+HEADER = (f"{'policy':<16} {'load':>4} {'eff':>5} {'p99 µs':>7} {'95% CI':>15} {'n':>3} "
+          f"{'late':>6} {'migr':>5} {'steal':>5} {'sim p99':>7} {'ratio':>5}  util per server")
+
+
+def format_row(row):
+    ci = row["p99_ci_us"]
+    cis = f"[{_f(ci[0], 6)},{_f(ci[1], 6)}]"
+    util = " ".join(_f(u, 4, 2) if u is not None else "   -" for u in row["server_util"])
+    mark = "" if row["valid"] else "  (no clean run: median of flagged runs)"
+    return (f"{row['policy']:<16} {row['load']:4.2f} {row['effective_load']:5.3f} "
+            f"{_f(row['p99_us'], 7)} {cis:>15} {row['used']:>3} "
+            f"{100 * row['late_fraction']:5.2f}% {row['migrations_per_task']:5.2f} "
+            f"{row['steals_per_task']:5.2f} {_f(row.get('sim_p99_us'), 7)} "
+            f"{_f(row.get('sim_ratio'), 5, 2)}  {util}{mark}")
