@@ -61,7 +61,7 @@ def main(argv=None):
     ap.add_argument("--malcolm", default="",
                     help="extra parameters for Malcolm and its frozen copy, k=v,...")
     ap.add_argument("--procs", type=int, default=2, help="processes (default 2)")
-    ap.add_argument("--seeds", default=",".join(map(str, SEEDS)),
+    ap.add_argument("--seeds", default=",".join(map(str, SEEDS)), type=g.numbers(int, "integers"),
                     help="simulation seeds, comma-separated (default 11-15)")
     ap.add_argument("--draw", type=int, default=None, metavar="SEED",
                     help="draw heterogeneous scenarios from SEED instead of the six racks")
@@ -76,10 +76,7 @@ def main(argv=None):
     g.json_stdout(a)
     if a.procs < 1:
         ap.error("--procs must be >= 1")
-    try:
-        seeds = tuple(int(v) for v in a.seeds.split(","))
-    except ValueError:
-        ap.error(f"--seeds must be integers separated by commas, got {a.seeds!r}")
+    seeds = tuple(a.seeds)
     if a.count < 1 or a.max_servers < 2 or not a.tasks_mult > 0:
         ap.error("--count must be >= 1, --max-servers >= 2 and --tasks-mult > 0")
     if a.draw is None:

@@ -40,17 +40,15 @@ def main(argv=None):
         python3 bench/light_load.py --policies "malcolm;malcolm:hop_gate=0" """)
     ap.add_argument("--policies", default="malcolm;malcolm:hop_gate=0;malcolm:learn=0",
                     help="policies to compare, ';'-separated (po2 and JBT are always run)")
-    ap.add_argument("--delays", default="2,10", help="one-way delays in µs, comma-separated")
+    ap.add_argument("--delays", default="2,10", type=g.numbers(float),
+                    help="one-way delays in µs, comma-separated")
     ap.add_argument("--procs", type=int, default=2, help="processes (default 2)")
     ap.add_argument("--racks", default=";".join(RACKS), help="racks, ';'-separated")
     ap.add_argument("--workloads", default="exp:50", help="workloads, ';'-separated")
     ap.add_argument("--tasks", type=int, default=100_000, help="tasks per run")
     ap.add_argument("--seed", type=int, default=1, help="simulation seed")
     a = ap.parse_args(argv)
-    try:
-        delays = [float(x) for x in a.delays.split(",")]
-    except ValueError:
-        ap.error(f"--delays must be numbers separated by commas, got {a.delays!r}")
+    delays = a.delays
     if a.procs < 1 or a.tasks < 1000:
         ap.error("--procs must be >= 1 and --tasks >= 1000")
     racks = [r for r in a.racks.split(";") if r]

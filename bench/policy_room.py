@@ -85,14 +85,12 @@ def main(argv=None):
     ap.add_argument("--count", type=int, default=8, help="scenarios (default 8)")
     ap.add_argument("--max-servers", type=int, default=16, help="largest rack drawn")
     ap.add_argument("--tasks-mult", type=float, default=0.5, help="scale task counts")
-    ap.add_argument("--seeds", default="21,22,23", help="simulation seeds")
+    ap.add_argument("--seeds", default="21,22,23", type=g.numbers(int, "integers"),
+                    help="simulation seeds")
     ap.add_argument("--variants", default="tilt:-0.25,tilt:0.25,tgt:0.5,acc:0.5,stl:-1,sw:1")
     ap.add_argument("--procs", type=int, default=2, help="processes (default 2)")
     a = ap.parse_args(argv)
-    try:
-        seeds = [int(v) for v in a.seeds.split(",")]
-    except ValueError:
-        ap.error(f"--seeds must be integers separated by commas, got {a.seeds!r}")
+    seeds = a.seeds
     if a.count < 1 or a.procs < 1 or a.max_servers < 2 or not a.tasks_mult > 0:
         ap.error("--count and --procs must be >= 1, --max-servers >= 2, --tasks-mult > 0")
     variants = ["start"] + [v for v in a.variants.split(",") if v]

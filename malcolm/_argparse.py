@@ -79,6 +79,18 @@ def rate(text) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def numbers(cast=float, what="numbers"):
+    """An argparse ``type`` factory: a comma-separated list of ``cast`` values (``2,10``)."""
+    def parse(text):
+        try:
+            return [cast(v) for v in str(text).split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"must be {what} separated by commas, got {text!r}") from None
+    parse.__name__ = what            # argparse names the type in its own messages
+    return parse
+
+
 def loads(text) -> list[float]:
     """An argparse ``type``: loads ``0.5,0.7`` or ``0.5:0.95:0.05`` (STOP included)."""
     out = []
