@@ -101,6 +101,8 @@ def apply_adamw(MalcolmPolicy p, grad):
     cdef int i
     for i in range(p.n_params):
         p.G[i] = g[i]
+    for i in range(2 * p.n):
+        p.gdiag[i] = 0.0        # what windows cached of the sparse diagonal: replaced too
     p.win_in_batch = 1
     p._apply_adamw()
     p._push_params()

@@ -290,6 +290,7 @@ cdef class MalcolmPolicy(AgentState):
         cdef double* th = self.P
         cdef double* gw
         cdef double* gb
+        cdef double* gd
         cdef double* p
         cdef uint64_t* cnt
         cdef uint64_t* seen
@@ -398,12 +399,16 @@ cdef class MalcolmPolicy(AgentState):
                 for i in range(n):
                     gb[i] += coef[i]
                 if self.sparse:
-                    # logit_i = B_i + W_ii z_i + W_i,me z_me: two weights per outcome
+                    # logit_i = B_i + W_ii z_i + W_i,me z_me: two weights per outcome; the
+                    # diagonal's in gdiag until the batch ends (contiguous, see the .pxd)
                     z = self.u_pub
+                    gd = self.gdiag + (0 if actor == 0 else n)
                     for i in range(n):
-                        gw[<Py_ssize_t>i * n + i] += coef[i] * z[i]
+                        gd[i] += coef[i] * z[i]
+                    gw += <Py_ssize_t>self.me * n
+                    for i in range(n):
                         if i != self.me:
-                            gw[<Py_ssize_t>self.me * n + i] += coef[i] * z[self.me]
+                            gw[i] += coef[i] * z[self.me]
                 else:
                     mc_ac_rank1(gw, self.u_pub, coef, n)
             self.win_in_batch += 1
@@ -430,6 +435,11 @@ cdef class MalcolmPolicy(AgentState):
         self.b2t *= b2
         c1 = 1.0 / (1.0 - self.b1t)
         c2 = 1.0 / sqrt(1.0 - self.b2t)
+        if self.sparse:
+            # the batch's diagonal gradients into G (whose diagonal is 0 until now, so the
+            # sums keep their bits)
+            self._fold_gdiag(self.G)
+            memset(self.gdiag, 0, sizeof(double) * 2 * n)
         lr = self.critic_lr
         mc_ac_adamw(self.P, self.G, self.M, self.V, d, lr, 1.0 - lr * self.weight_decay,
                     b1, b2, c1, c2, eps, inv_b)
@@ -515,6 +525,7 @@ cdef class MalcolmPolicy(AgentState):
         memset(self.M + d, 0, sizeof(double) * cnt)
         memset(self.V + d, 0, sizeof(double) * cnt)
         memset(self.G + d, 0, sizeof(double) * cnt)
+        memset(self.gdiag, 0, sizeof(double) * 2 * self.n)
         self._push_params()
         self.resets += 1
 
@@ -699,7 +710,12 @@ cdef class MalcolmPolicy(AgentState):
     @property
     def grad_cache(self):
         """The descent gradients cached in the current batch (sum over its windows)."""
-        return _copy(self.G, self.n_params)
+        cdef double[::1] o
+        out = _copy(self.G, self.n_params)
+        o = out
+        if self.sparse:
+            self._fold_gdiag(&o[0])
+        return out
 
     @property
     def adam_moments(self):

@@ -110,6 +110,11 @@ cdef class AgentState(Policy):
     cdef bint has_prev
     cdef double* srt                     # known loads v = x / load_scale, sorted ascending
     cdef double* pre                     # prefix sums of srt (n + 1)
+    cdef double* fv                      # _marginal_advantages scratch: F at srt[p]
+    # 2n: the sparse actors' diagonal gradients (W_jj, migrate then steal) of the current
+    # batch, contiguous: in G they lie n + 1 doubles apart, a cache line each, touched in
+    # every sampled window. Folded into G (whose diagonal is 0 meanwhile) before AdamW
+    cdef double* gdiag
     cdef int nsrt
     cdef int* ord                        # server indices in the last sorted order
     cdef int* pos                        # pos[j]: j's index in srt (known j)
@@ -175,6 +180,7 @@ cdef class AgentState(Policy):
     cdef void _features(self, double* out) noexcept nogil
     cdef void _sort_loads(self) noexcept nogil
     cdef double _absdev(self, double a, int start) noexcept nogil
+    cdef void _fold_gdiag(self, double* g) noexcept nogil
     cdef void _push_params(self) noexcept nogil
     cdef void _rescale(self) noexcept nogil
     cdef double _hop_units(self) noexcept nogil

@@ -83,6 +83,8 @@ cdef class AgentState(Policy):
         self.act = _dalloc(6 * n)
         self.srt = _dalloc(n)
         self.pre = _dalloc(n + 1)
+        self.fv = _dalloc(n)
+        self.gdiag = _dalloc(2 * n)
         self.ord = <int*>_zalloc(sizeof(int) * n)
         self.pos = <int*>_zalloc(sizeof(int) * n)
         self.G = _dalloc(npar)
@@ -107,7 +109,7 @@ cdef class AgentState(Policy):
         self.seen_stl = <uint64_t*>_zalloc(8 * n)
         if (self.P == NULL or self.P0 == NULL or self.logit == NULL or self.med == NULL
                 or self.srt == NULL or self.g_pub == NULL or self.pre == NULL
-                or self.act == NULL
+                or self.act == NULL or self.fv == NULL or self.gdiag == NULL
                 or self.ord == NULL or self.pos == NULL
                 or self.G == NULL or self.M == NULL or self.V == NULL
                 or self.x == NULL or self.u == NULL or self.u_pub == NULL
@@ -147,6 +149,8 @@ cdef class AgentState(Policy):
         free(self.act)
         free(self.srt)
         free(self.pre)
+        free(self.fv)
+        free(self.gdiag)
         free(self.ord)
         free(self.pos)
         free(self.G)
@@ -170,7 +174,7 @@ cdef class AgentState(Policy):
         free(self.seen_mig)
         free(self.seen_stl)
         self.P = self.P0 = self.logit = self.med = self.G = self.M = self.V = NULL
-        self.srt = self.pre = self.g_pub = self.act = NULL
+        self.srt = self.pre = self.g_pub = self.act = self.fv = self.gdiag = NULL
         self.ord = self.pos = NULL
         self.x = self.u = self.u_pub = self.feat_prev = self.feat_cur = NULL
         self.pm_pub = self.ps_pub = self.coef = self.adv = self.peer_theta = NULL
@@ -294,11 +298,27 @@ cdef class AgentState(Policy):
         cdef double hop = self._hop_units() * self.hop_weight
         cdef double cmig = self.migration_cost + hop, cstl = self.steal_cost + hop
         cdef double fme, fme_up
+        cdef double* fv = self.fv
+        cdef const double* srt = self.srt
+        cdef const double* pre = self.pre
+        cdef int p, lo, k
+        cdef double a
         self._sort_loads()
+        k = self.nsrt
         norm = 2.0 / (self.nsrt - 1) if self.nsrt > 1 else 0.0
+        # F(v_i) at every known load in one O(n) pass, instead of two binary searches per
+        # outcome (the migrate and the steal loop each needed it): v_i = srt[pos[i]] (the
+        # same product x_i * inv), and the loads below it are those before its run of
+        # equal loads in srt, which is what mc_count_below would return, so every F(v_i)
+        # has the bits _absdev(v_i) gives
+        lo = 0
+        for p in range(k):
+            lo = p if p == 0 or srt[p - 1] < srt[p] else lo
+            a = srt[p]
+            fv[p] = (a * lo - pre[lo]) + (pre[k] - pre[lo] - a * (k - lo))   # as _absdev
         sme = 1.0 / (rate[me] * self.load_scale) if rate[me] > 0.0 else 1.0
         vme = self.x[me] * inv
-        fme = self._absdev(vme, self.pos[me])
+        fme = fv[self.pos[me]]
         fme_up = self._absdev(vme + sme, self.pos[me])
         # migrate: the task goes to i (i = me: accepted here).
         # sum_{k != i} |vi + si - vk| - |vi - vk| = F(vi + si) - si - F(vi)
@@ -311,8 +331,7 @@ cdef class AgentState(Policy):
             if i == me:
                 di = fme_up - si - fme
             else:
-                di = (self._absdev(vi + si, self.pos[i]) - si
-                      - self._absdev(vi, self.pos[i]))
+                di = self._absdev(vi + si, self.pos[i]) - si - fv[self.pos[i]]
             am[i] = -norm * di - (cmig if i != me else 0.0)
         for i in range(n):
             if not self.known[i]:
@@ -332,12 +351,19 @@ cdef class AgentState(Policy):
             si = 1.0 / (rate[i] * self.load_scale) if rate[i] > 0.0 else 1.0
             vi = self.x[i] * inv
             di = ((self._absdev(vi - si, self.pos[i]) - si - fabs(vi - si - vme))
-                  - (self._absdev(vi, self.pos[i]) - fabs(vi - vme)))
+                  - (fv[self.pos[i]] - fabs(vi - vme)))
             di += ((fme_up - fabs(vme + sme - vi) - sme)
                    - (fme - fabs(vme - vi)))
             # the pair (i, me) itself
             di += fabs((vi - si) - (vme + sme)) - fabs(vi - vme)
             st[i] = -norm * di - cstl
+
+    cdef void _fold_gdiag(self, double* g) noexcept nogil:
+        """g (flat like ``G``) += the sparse actors' diagonal gradients held in ``gdiag``."""
+        cdef int j, n = self.n
+        for j in range(n):
+            g[self.off_wm + j * (n + 1)] += self.gdiag[j]
+            g[self.off_ws + j * (n + 1)] += self.gdiag[n + j]
 
     cdef void _decisions_counted(self) noexcept nogil:
         """The snapshot the next window's decisions are counted from."""
