@@ -496,6 +496,7 @@ cdef class MalcolmPolicy(AgentState):
         cdef int n = self.n, d = self.n_theta, i, j, k
         cdef double* th = self.P
         cdef double* m = self.med
+        self._peer_critics_checked()
         if not self.cons_median:
             k = 1
             for j in range(n):

@@ -149,7 +149,7 @@ cdef class AgentState(Policy):
 
     # peers, from heartbeats only
     cdef double* peer_theta              # n x d, latest critic received from each peer
-    cdef uint8_t* peer_theta_ok
+    cdef uint8_t* peer_theta_ok          # 0 none or refused, 1 received, 2 checked and ok
     cdef PeerRec* peers
     cdef uint64_t win_peer_mig, win_peer_stl
     cdef uint32_t hb_seq
@@ -181,6 +181,7 @@ cdef class AgentState(Policy):
     cdef void _sort_loads(self) noexcept nogil
     cdef double _absdev(self, double a, int start) noexcept nogil
     cdef void _fold_gdiag(self, double* g) noexcept nogil
+    cdef void _peer_critics_checked(self) noexcept nogil
     cdef void _push_params(self) noexcept nogil
     cdef void _rescale(self) noexcept nogil
     cdef double _hop_units(self) noexcept nogil

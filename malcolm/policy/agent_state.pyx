@@ -505,9 +505,8 @@ cdef class AgentState(Policy):
     cdef void observe_peer(self, int64_t now, const Heartbeat* hb) noexcept nogil:
         cdef int src = hb.src
         cdef int d = self.n_theta, i
-        cdef double rate = hb.rate, load = hb.load, nrm = 0.0, t, dly, tb
+        cdef double rate = hb.rate, load = hb.load, dly
         cdef uint64_t dm, ds
-        cdef bint ok
         cdef PeerRec* pr
         cdef double* pt
         if src < 0 or src >= self.n or src == self.me:
@@ -548,26 +547,42 @@ cdef class AgentState(Policy):
             self.hop_est = dly if not self.hop_seen else self.hop_est + 0.05 * (dly - self.hop_est)
             self.hop_seen = True
         if hb.n_theta == d:
-            # Bounded consensus: a peer's critic must be finite and within theta_bound.
-            # Checked and copied in one pass: the copy is read only while peer_theta_ok is
-            # set, so a refused critic may overwrite the last accepted one (a memcpy call
-            # per heartbeat for 5 doubles was a tenth of this method on a 64-server rack).
-            ok = True
+            # Only copied here; checked by _peer_critics_checked at the consensus round that
+            # reads it (one in consensus_every windows): checking every heartbeat was a third
+            # of this method, n - 1 times per window, on a 64-server rack (docs/policy.md
+            # "Scale"). 1: received, not yet checked.
             pt = &self.peer_theta[<Py_ssize_t>src * d]
             for i in range(d):
-                t = hb.theta[i]
-                pt[i] = t
+                pt[i] = hb.theta[i]
+            self.peer_theta_ok[src] = 1
+        self._set_load(src, load)
+
+    cdef void _peer_critics_checked(self) noexcept nogil:
+        """Bounded consensus: the peers' critics received since the last check are used
+        only if finite with norm <= theta_bound (peer_theta_ok 2), else refused (0, counted
+        in ``consensus_rejected``). Run before the consensus reads them: the same critics
+        pass as when each heartbeat was checked on arrival (a refused one may overwrite
+        the last accepted copy, as it did then)."""
+        cdef int j, i, d = self.n_theta
+        cdef double t, nrm, tb = self.theta_bound
+        cdef bint ok
+        cdef const double* pt
+        for j in range(self.n):
+            if self.peer_theta_ok[j] != 1:
+                continue
+            pt = &self.peer_theta[<Py_ssize_t>j * d]
+            ok = True
+            nrm = 0.0
+            for i in range(d):
+                t = pt[i]
                 ok = ok & (t == t) & (t <= 1e300) & (t >= -1e300)
                 nrm += t * t
-            # nrm <= (tb / 2)^2 decides without the square root (its ~20-cycle latency was
-            # a tenth of this method on a 64-server rack); the boundary cases still take it
-            tb = self.theta_bound
+            # nrm <= (tb / 2)^2 decides without the square root; the boundary cases take it
             if ok and ((tb < 1e150 and nrm <= 0.25 * tb * tb) or sqrt(nrm) <= tb):
-                self.peer_theta_ok[src] = 1
+                self.peer_theta_ok[j] = 2
             else:
                 self.consensus_rejected += 1
-                self.peer_theta_ok[src] = 0
-        self._set_load(src, load)
+                self.peer_theta_ok[j] = 0
 
     cdef void fill_heartbeat(self, Heartbeat* hb) noexcept nogil:
         memset(hb, 0, sizeof(Heartbeat) - sizeof(double) * MAX_THETA)
