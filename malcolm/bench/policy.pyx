@@ -138,6 +138,18 @@ def bench_policy(int n, Py_ssize_t iters=100_000, int repeats=1):
     return out
 
 
+def bench_window(int n, Py_ssize_t iters=20_000, int repeats=1):
+    """``window_ns.N`` of :func:`bench_policy` alone (the default policy's whole window, ns),
+    best of ``repeats`` loops of ``iters`` windows; the same loads as there. Cheap enough
+    for N = 64, where Algorithm 1's O(N^2) figures are not wanted."""
+    if iters < 1:
+        raise ValueError("iters must be >= 1")
+    if repeats < 1:
+        raise ValueError("repeats must be >= 1")
+    loads_np = np.random.default_rng(7).uniform(0.0, 4.0, (64, n))
+    return _bench_default_window(n, iters, loads_np, repeats)
+
+
 def _bench_default_window(int n, Py_ssize_t iters, loads_np, int repeats=1):
     cdef MalcolmPolicy p = MalcolmPolicy(n, 0, seed=1)
     cdef double[:, ::1] L = loads_np

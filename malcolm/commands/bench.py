@@ -13,6 +13,7 @@ import click
 from malcolm.commands.types import check_writable, json_option, write_json
 
 SIZES = (4, 8, 16, 32)
+WINDOW_SIZES = (4, 8, 16, 32, 64)   # the default policy's window: up to a full rack
 # Thesis Tables 6.1 and 6.2 (C++ with SIMD, 2.6 GHz EPYC), ns.
 THESIS = {
     "incremental_ns": {4: 7, 8: 12, 16: 22, 32: 43},
@@ -53,14 +54,16 @@ def micro_results(quick=False, policy=True):
         else:
             for n in SIZES:
                 res.update(policy_bench.bench_policy(n, *((2_000, 7) if quick else (5_000, 41))))
+            res["window_ns.64"] = policy_bench.bench_window(
+                64, *((2_000, 7) if quick else (5_000, 41)))
     return res
 
 
 def _table(res, floor):
     rows = []
     for key in ("sample_ns", "incremental_ns", "rebuild_ns", "dist_update_ns",
-                "param_update_ns"):
-        for n in SIZES:
+                "param_update_ns", "window_ns"):
+        for n in WINDOW_SIZES:
             k = f"{key}.{n}"
             if k not in res:
                 continue
