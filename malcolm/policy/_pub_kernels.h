@@ -116,39 +116,6 @@ static inline int mc_pub_migrate_weights(const double *restrict x, const double 
     return nm;
 }
 
-/* The sparse actors' inputs (AgentState._actor_inputs): z_j = u_j - the mean of the known
-   u, clipped to +-zclip, 0 for unknown servers. The same operations in the same order as
-   the Cython loops they replace (the mean's sum stays sequential; adding 0.0 for an
-   unknown server leaves a sum of non-negative loads unchanged), but without branches, so
-   that the second loop vectorizes. */
-static inline void mc_pub_sparse_inputs(const double *restrict u,
-                                        const unsigned char *restrict known,
-                                        double *restrict z, int n, double zclip) {
-    double ub = 0.0;
-    int j, k = 0;
-    for (j = 0; j < n; j++) {
-        ub += known[j] ? u[j] : 0.0;
-        k += known[j] != 0;
-    }
-    ub /= (double)(k > 0 ? k : 1);
-    for (j = 0; j < n; j++) {
-        double d = known[j] ? u[j] - ub : 0.0;
-        z[j] = d > zclip ? zclip : (d < -zclip ? -zclip : d);
-    }
-}
-
-/* The sparse actors' learned logit parts (AgentState._learned_logits): g_j = B_j + W_jj z_j
-   + W_j,me z_me from the gathered block a = [B | diag W | column me W] (migrate, then steal
-   at a + 3n), into g[0..n) and g[n..2n). restrict lets it vectorize (the Cython loop could
-   not tell g from a and z). */
-static inline void mc_pub_sparse_logits(const double *restrict a, const double *restrict z,
-                                        double *restrict g, int n, int me) {
-    double zme = z[me];
-    for (int j = 0; j < n; j++) g[j] = a[j] + a[n + j] * z[j] + a[2 * n + j] * zme;
-    for (int j = 0; j < n; j++)
-        g[n + j] = a[3 * n + j] + a[4 * n + j] * z[j] + a[5 * n + j] * zme;
-}
-
 /* The steal outcomes' weights (AgentState._steal_weights): 0 for the known peers not
    busier than us when the mask is on, 1 elsewhere. */
 static inline void mc_pub_steal_weights(const double *restrict x,

@@ -35,10 +35,6 @@ cdef extern from "policy/_pub_kernels.h" nogil:
                                double mask_factor) noexcept nogil
     void mc_pub_steal_weights(const double* x, const uint8_t* known, double* w, int n, int me,
                               int mask) noexcept nogil
-    void mc_pub_sparse_inputs(const double* u, const uint8_t* known, double* z, int n,
-                              double zclip) noexcept nogil
-    void mc_pub_sparse_logits(const double* a, const double* z, double* g, int n,
-                              int me) noexcept nogil
 
 
 cdef double LOAD_MAX_NS = 1e12
@@ -217,12 +213,19 @@ cdef class AgentState(Policy):
         rack's mean, so that a busy rack does not scale every logit with its load level.
         full: u, or u_j - u_me for known peers (0 elsewhere) with actor_input="relative".
         """
-        cdef int j, n = self.n
+        cdef int j, n = self.n, k = 0
+        cdef double ub = 0.0
         if self.sparse:
-            # deviations beyond ZCLIP tasks carry no more information (the mask handles
-            # overloaded servers), and bounded inputs keep logits bounded; in C
-            # (_pub_kernels.h), branch-free
-            mc_pub_sparse_inputs(self.u, self.known, z, n, ZCLIP)
+            for j in range(n):
+                if self.known[j]:
+                    ub += self.u[j]
+                    k += 1
+            ub /= k if k > 0 else 1
+            for j in range(n):
+                z[j] = self.u[j] - ub if self.known[j] else 0.0
+                # deviations beyond ZCLIP tasks carry no more information (the mask
+                # handles overloaded servers), and bounded inputs keep logits bounded
+                z[j] = ZCLIP if z[j] > ZCLIP else (-ZCLIP if z[j] < -ZCLIP else z[j])
             return
         if not self.rel_input:
             memcpy(z, self.u, sizeof(double) * n)
@@ -449,8 +452,11 @@ cdef class AgentState(Policy):
         cdef double* g = self.g_pub
         cdef const double* A = self.act
         cdef const double* z = self.u_pub
+        cdef double zme = z[self.me]
         if self.sparse:
-            mc_pub_sparse_logits(A, z, g, n, self.me)      # the same sums, vectorized (C)
+            for j in range(n):
+                g[j] = A[j] + A[n + j] * z[j] + A[2 * n + j] * zme
+                g[n + j] = A[3 * n + j] + A[4 * n + j] * z[j] + A[5 * n + j] * zme
         else:
             for j in range(n):
                 g[j] = self.mig.f[j]
