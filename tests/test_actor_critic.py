@@ -186,9 +186,8 @@ def test_learn_every_samples_one_window_in_k_and_keeps_the_batch_interval():
     assert p.batches == 1 and np.all(p.grad_cache == 0)
     with pytest.raises(ValueError):
         make(n, me, learn_every=-1)
-    assert make(n, me).learn_every == 1             # auto: every window below 16 servers
-    assert make(64, 0).learn_every == 8
-    assert make(16, 0).learn_every == 2
+    assert make(n, me).learn_every == 1             # auto: every window below 32 servers
+    assert make(64, 0).learn_every == 4
     assert make(64, 0, learn_every=1).learn_every == 1
 
 

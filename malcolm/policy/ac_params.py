@@ -12,7 +12,7 @@ __all__ = ["DEFAULTS", "THESIS", "check_params"]
 DEFAULTS = dict(
     window_ns=100_000,
     batch_windows=16,
-    learn_every=0,              # learning step on one window in K; 0: K = max(1, n // 8)
+    learn_every=0,              # learning step on one window in K; 0: K = max(1, n // 16)
     consensus_every=16,
     gamma=0.9,
     critic_lr=0.05,

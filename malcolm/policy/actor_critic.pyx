@@ -91,8 +91,8 @@ cdef class MalcolmPolicy(AgentState):
     learn_every : int
         Compute the learning step (advantages, gradients) on one window in ``learn_every``;
         the batch's mean is then over those windows. Cuts the learning cost per window by
-        that factor at the price of fewer samples. Default 0: ``max(1, n // 8)`` (every
-        window below 16 servers, one in 8 on 64).
+        that factor at the price of fewer samples. Default 0: ``max(1, n // 16)`` (every
+        window below 32 servers, one in 4 on 64).
     consensus_every : int
         Combine the critic with the peers' latest copies every C windows (0 disables).
     consensus : {"median", "mean"}
@@ -192,11 +192,9 @@ cdef class MalcolmPolicy(AgentState):
             raise ValueError(f"MalcolmPolicy: {d} critic features exceed MAX_THETA={MAX_THETA}")
         self.window_ns = cfg["window_ns"]
         self.batch_windows = cfg["batch_windows"]
-        # 0: one window in n // 8 (1 below 16 servers): the learning step is O(n) per window
-        # (two rank sorts, O(n^2) compares) while the evidence it learns from grows with n;
-        # K = 8 on racks of 2-15 servers was no worse than K = 1 on fresh draws (bench:
-        # docs/policy.md "Scale", fifth session)
-        self.learn_every = cfg["learn_every"] if cfg["learn_every"] > 0 else max(1, n // 8)
+        # 0: one window in n // 16 (1 below 32 servers): the learning step is O(n) per window
+        # while the evidence it learns from grows with n (bench: docs/policy.md "Scale")
+        self.learn_every = cfg["learn_every"] if cfg["learn_every"] > 0 else max(1, n // 16)
         self.consensus_every = cfg["consensus_every"]
         self.gamma = cfg["gamma"]
         self.critic_lr = cfg["critic_lr"]
