@@ -100,7 +100,8 @@ cdef class MalcolmPolicy(AgentState):
         or their mean (the thesis).
     theta_bound : float
         A peer's critic is used only if finite with norm <= this (else counted in
-        ``consensus_rejected``); the own critic is kept within it.
+        ``consensus_rejected`` by the consensus round that checks it); the own critic is
+        kept within it.
     gamma : float
         Discount per window, in [0, 1).
     critic_lr, actor_lr, accept_lr : float
