@@ -200,6 +200,9 @@ cdef class MalcolmPolicy(AgentState):
         self.critic_lr = cfg["critic_lr"]
         self.actor_lr = cfg["actor_lr"]
         self.accept_lr = cfg["accept_lr"]
+        self.tilt_lr = cfg["tilt_lr"]
+        self.use_tilt = self.tilt_lr > 0.0
+        self.tilt_max = cfg["tilt_max"]
         self.weight_lr_auto = cfg["weight_lr"] < 0.0
         self.weight_lr = cfg["actor_lr"] if self.weight_lr_auto else cfg["weight_lr"]
         self.weight_decay = cfg["weight_decay"]
@@ -397,6 +400,11 @@ cdef class MalcolmPolicy(AgentState):
                             coef[i] += self.entropy * p[i] * (log(p[i]) + h)
                 for i in range(n):
                     gb[i] += coef[i]
+                if actor == 0 and self.use_tilt:
+                    # chain rule: d logit_i / d tilt = tl_i (at the publish the decisions
+                    # were drawn from), one scalar summing every outcome's gradient
+                    for i in range(n):
+                        self.tilt_g += coef[i] * self.tl[i]
                 if self.sparse:
                     # logit_i = B_i + W_ii z_i + W_i,me z_me: two weights per outcome
                     z = self.u_pub
@@ -471,6 +479,9 @@ cdef class MalcolmPolicy(AgentState):
                 k = w + (me + 1) * (n + 1)
                 mc_ac_adamw_strided(self.P + k, self.G + k, self.M + k, self.V + k,
                                     n - me - 1, n + 1, wl, dw, b1, b2, c1, c2, eps, inv_b)
+        if self.use_tilt:
+            mc_ac_adamw(&self.tilt, &self.tilt_g, &self.tilt_m, &self.tilt_v, 1, self.tilt_lr,
+                        1.0 - self.tilt_lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b)
         self.win_in_batch = 0
         self.batches += 1
 
@@ -515,6 +526,7 @@ cdef class MalcolmPolicy(AgentState):
         memset(self.M + d, 0, sizeof(double) * cnt)
         memset(self.V + d, 0, sizeof(double) * cnt)
         memset(self.G + d, 0, sizeof(double) * cnt)
+        self.tilt = self.tilt_g = self.tilt_m = self.tilt_v = 0.0
         self._push_params()
         self.resets += 1
 
@@ -563,8 +575,16 @@ cdef class MalcolmPolicy(AgentState):
         else:
             for i in range(d, npar):
                 t += P[i]
+        t += self.tilt
         if not (t == t) or t > 1e300 or t < -1e300:
             self._reset_actors()
+        if self.trust > 0.0 and self.use_tilt:
+            # |tilt| <= tilt_max (0.5: with rates skewed 16:1, |tl| <= 2.8, a logit moves by
+            # at most 1.4 from the capacity shares, whichever way the tilt learns)
+            r = self.tilt_max
+            if self.tilt > r or self.tilt < -r:
+                self.tilt = r if self.tilt > r else -r
+                self.trust_clips += 1
         for i in range(d):
             t = P[i]
             if not (t == t) or t > 1e300 or t < -1e300:
@@ -623,6 +643,34 @@ cdef class MalcolmPolicy(AgentState):
             self.P[i] = hi
             self.trust_clips += 1
 
+    cdef void _tilt_logits(self) noexcept nogil:
+        """tl_j <- log r_j - the peers' mean log rate, for the peers j with a rate (0 for
+        the others and for accepting); the migrate actor's learnt logits g_pub += tilt * tl.
+
+        The learnt preference is then a function of what a peer is (its rate relative to
+        the other peers'), not of which peer it is: one scalar, learnt from the gradient of
+        every outcome of every decision, and a rate change moves every logit at once.
+        Accepting is left out (and the peers' logs centred) so that the tilt only shares the
+        migrated tasks out differently; how many to keep is the accept bias's job (a tilt
+        that also moved accepting learnt "keep more", opposite signs on big and small
+        servers). n logs per window, only with ``tilt_lr`` > 0.
+        """
+        cdef int n = self.n, me = self.me, j, k = 0
+        cdef double sl = 0.0
+        cdef const double* rate = self.adv + 2 * n
+        for j in range(n):
+            if j != me and self.known[j] and rate[j] > 0.0:
+                self.tl[j] = log(rate[j])
+                sl += self.tl[j]
+                k += 1
+            else:
+                self.tl[j] = 0.0
+        sl = sl / k if k > 0 else 0.0
+        for j in range(n):
+            if j != me and self.known[j] and rate[j] > 0.0:
+                self.tl[j] -= sl
+                self.g_pub[j] += self.tilt * self.tl[j]
+
     cdef void _publish(self) noexcept nogil:
         """Softmax of the actors' logits -> live CDFs; remember the state.
 
@@ -642,6 +690,8 @@ cdef class MalcolmPolicy(AgentState):
         cdef int n = self.n
         self._actor_inputs(self.u_pub)     # the inputs the published logits are computed from
         self._learned_logits()
+        if self.use_tilt:
+            self._tilt_logits()
         self._migrate_weights(self.logit)
         if mc_pub_softmax_w(self.g_pub, self.logit, self.pm_pub, n) != 0:
             self._publish_only(self.pm_pub)
@@ -759,6 +809,16 @@ cdef class MalcolmPolicy(AgentState):
         if self.weight_lr_auto:
             out["weight_lr"] = -1.0     # follows actor_lr
         return out
+
+    @property
+    def tilt_grad(self):
+        """The capacity tilt's descent gradient cached in the current batch."""
+        return self.tilt_g
+
+    @property
+    def tilt_inputs(self):
+        """log(r_j / mean r) at the last publish (what the tilt multiplies; 0 if off)."""
+        return _copy(self.tl, self.n)
 
     @property
     def hop_estimate_ns(self):

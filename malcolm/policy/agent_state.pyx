@@ -81,6 +81,7 @@ cdef class AgentState(Policy):
         self.med = _dalloc(n)
         self.g_pub = _dalloc(2 * n)
         self.act = _dalloc(6 * n)
+        self.tl = _dalloc(n)
         self.srt = _dalloc(n)
         self.pre = _dalloc(n + 1)
         self.ord = <int*>_zalloc(sizeof(int) * n)
@@ -107,7 +108,7 @@ cdef class AgentState(Policy):
         self.seen_stl = <uint64_t*>_zalloc(8 * n)
         if (self.P == NULL or self.P0 == NULL or self.logit == NULL or self.med == NULL
                 or self.srt == NULL or self.g_pub == NULL or self.pre == NULL
-                or self.act == NULL
+                or self.act == NULL or self.tl == NULL
                 or self.ord == NULL or self.pos == NULL
                 or self.G == NULL or self.M == NULL or self.V == NULL
                 or self.x == NULL or self.u == NULL or self.u_pub == NULL
@@ -145,6 +146,7 @@ cdef class AgentState(Policy):
         free(self.med)
         free(self.g_pub)
         free(self.act)
+        free(self.tl)
         free(self.srt)
         free(self.pre)
         free(self.ord)
@@ -170,7 +172,7 @@ cdef class AgentState(Policy):
         free(self.seen_mig)
         free(self.seen_stl)
         self.P = self.P0 = self.logit = self.med = self.G = self.M = self.V = NULL
-        self.srt = self.pre = self.g_pub = self.act = NULL
+        self.srt = self.pre = self.g_pub = self.act = self.tl = NULL
         self.ord = self.pos = NULL
         self.x = self.u = self.u_pub = self.feat_prev = self.feat_cur = NULL
         self.pm_pub = self.ps_pub = self.coef = self.adv = self.peer_theta = NULL
