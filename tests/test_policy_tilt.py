@@ -1,7 +1,8 @@
 """The capacity tilt (``tilt_lr``): a learnt preference keyed to what a server is.
 
-migrate logit_j += t * (log r_j - the peers' mean log rate) for the peers j, with one scalar t per agent learnt by the same
-difference-advantage gradient as the biases (chain rule: d logit_j / dt = log(r_j / mean r)).
+migrate logit_j += t * (log r_j - the peers' mean log rate) for the peers j, with one scalar t
+per agent learnt by the same difference-advantage gradient as the biases (chain rule:
+d logit_j / dt = the centred log rate).
 Checked: the gradient against a finite difference of the loss it descends, the trust bound
 and the runaway reset, that a rate change moves every logit at once, and a skewed rack at
 high load that the thesis's default ran away on.
@@ -12,9 +13,7 @@ import pytest
 
 ac = pytest.importorskip("malcolm.policy.actor_critic")
 hooks = pytest.importorskip("malcolm.policy._testing")
-from test_policy_guards import (  # noqa: E402
-    T, capacity_prior, feed, imbalance, rates_of, softmax,
-)
+from test_policy_guards import T, capacity_prior, feed, imbalance, rates_of, softmax  # noqa: E402
 
 MalcolmPolicy = ac.MalcolmPolicy
 

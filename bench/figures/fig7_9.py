@@ -17,8 +17,9 @@ re-converge" is the time from the change until the 5 ms moving average of the sp
 the types' mean loads is back within 1.5x its pre-change mean (plus 1 µs) and stays there for
 50 ms; ``inf`` if that never happens within the run. "Time to settle" is the same with the
 policy's own new level (the spread's mean over the last quarter of the run) in place of the
-pre-change mean (``settle_ms``; ``settle_1_2x_ms`` with a 1.2x band): after a slowdown the fair equilibrium is not the old spread (docs/policy.md,
-"Fig 7.9"), so this is the time the policy takes to get where it goes.
+pre-change mean (``settle_ms``; ``settle_1_2x_ms`` with a 1.2x band): after a slowdown the
+fair equilibrium is not the old spread (docs/policy.md, "Fig 7.9"), so this is the time the
+policy takes to get where it goes.
 
 Writes ``fig7_9.csv`` (curves), ``fig7_9_reconverge.csv`` and ``fig7_9.png``.
 
@@ -129,7 +130,8 @@ def main():
                 rows.append(dict(scenario=name, policy=pol, t_ms=tm[i],
                                  **{f"{k}_load_us": v[i] for k, v in per.items()}))
             print(f"{name:>28} {pol:>8}: re-converged after {rc:.0f} ms, settled at its new "
-                  f"level after {st:.0f} ms ({st12:.0f} ms within 1.2x); p99 {r.p99_us:.0f} µs", file=sys.stderr)
+                  f"level after {st:.0f} ms ({st12:.0f} ms within 1.2x); p99 {r.p99_us:.0f} µs",
+                  file=sys.stderr)
     os.makedirs(a.outdir, exist_ok=True)
     for fname, data in (("fig7_9.csv", rows), ("fig7_9_reconverge.csv", recon)):
         write_rows_csv(os.path.join(a.outdir, fname), data)

@@ -110,6 +110,9 @@ cdef class MalcolmPolicy(AgentState):
         Sparse actors: AdamW learning rate of the load weights (W_jj, W_j,me for j != me),
         the only state-dependent part of the actors. < 0 (default): ``actor_lr`` (the full
         actors always use ``actor_lr``).
+    tilt_lr, tilt_max : float
+        > 0: learn the capacity tilt t (|t| <= ``tilt_max`` with the trust region), the peers'
+        migrate logits += t (log r_j - their mean log rate), at this AdamW rate; 0: off.
     weight_decay, beta1, beta2, eps : float
         AdamW's decoupled weight decay and moment parameters.
     migration_cost, steal_cost : float
@@ -643,34 +646,6 @@ cdef class MalcolmPolicy(AgentState):
             self.P[i] = hi
             self.trust_clips += 1
 
-    cdef void _tilt_logits(self) noexcept nogil:
-        """tl_j <- log r_j - the peers' mean log rate, for the peers j with a rate (0 for
-        the others and for accepting); the migrate actor's learnt logits g_pub += tilt * tl.
-
-        The learnt preference is then a function of what a peer is (its rate relative to
-        the other peers'), not of which peer it is: one scalar, learnt from the gradient of
-        every outcome of every decision, and a rate change moves every logit at once.
-        Accepting is left out (and the peers' logs centred) so that the tilt only shares the
-        migrated tasks out differently; how many to keep is the accept bias's job (a tilt
-        that also moved accepting learnt "keep more", opposite signs on big and small
-        servers). n logs per window, only with ``tilt_lr`` > 0.
-        """
-        cdef int n = self.n, me = self.me, j, k = 0
-        cdef double sl = 0.0
-        cdef const double* rate = self.adv + 2 * n
-        for j in range(n):
-            if j != me and self.known[j] and rate[j] > 0.0:
-                self.tl[j] = log(rate[j])
-                sl += self.tl[j]
-                k += 1
-            else:
-                self.tl[j] = 0.0
-        sl = sl / k if k > 0 else 0.0
-        for j in range(n):
-            if j != me and self.known[j] and rate[j] > 0.0:
-                self.tl[j] -= sl
-                self.g_pub[j] += self.tilt * self.tl[j]
-
     cdef void _publish(self) noexcept nogil:
         """Softmax of the actors' logits -> live CDFs; remember the state.
 
@@ -809,16 +784,6 @@ cdef class MalcolmPolicy(AgentState):
         if self.weight_lr_auto:
             out["weight_lr"] = -1.0     # follows actor_lr
         return out
-
-    @property
-    def tilt_grad(self):
-        """The capacity tilt's descent gradient cached in the current batch."""
-        return self.tilt_g
-
-    @property
-    def tilt_inputs(self):
-        """log(r_j / mean r) at the last publish (what the tilt multiplies; 0 if off)."""
-        return _copy(self.tl, self.n)
 
     @property
     def hop_estimate_ns(self):

@@ -190,6 +190,7 @@ cdef class AgentState(Policy):
     cdef void _decisions_counted(self) noexcept nogil
     cdef void _gate_accept(self) noexcept nogil
     cdef void _learned_logits(self) noexcept nogil
+    cdef void _tilt_logits(self) noexcept nogil
     cdef void _migrate_weights(self, double* w) noexcept nogil
     cdef void _steal_weights(self, double* w) noexcept nogil
     cdef void _publish_only(self, double* p) noexcept nogil

@@ -12,7 +12,7 @@ Threads: ``decide_*`` run on the gateway thread and touch only the published tab
 gateway's ``Rng`` and the gateway-owned per-outcome decision counters; all other methods run
 on the policy thread.
 """
-from libc.math cimport fabs, sqrt
+from libc.math cimport fabs, log, sqrt
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free
 from libc.string cimport memcpy, memset
@@ -437,6 +437,45 @@ cdef class AgentState(Policy):
             for j in range(n):
                 g[j] = self.mig.f[j]
                 g[n + j] = self.stl.f[j]
+
+    cdef void _tilt_logits(self) noexcept nogil:
+        """tl_j <- log r_j - the peers' mean log rate, for the peers j with a rate (0 for
+        the others and for accepting); the migrate actor's learnt logits g_pub += tilt * tl.
+
+        The learnt preference is then a function of what a peer is (its rate relative to
+        the other peers'), not of which peer it is: one scalar, learnt from the gradient of
+        every outcome of every decision, and a rate change moves every logit at once.
+        Accepting is left out (and the peers' logs centred) so that the tilt only shares the
+        migrated tasks out differently; how many to keep is the accept bias's job (a tilt
+        that also moved accepting learnt "keep more", opposite signs on big and small
+        servers). n logs per window, only with ``tilt_lr`` > 0.
+        """
+        cdef int n = self.n, me = self.me, j, k = 0
+        cdef double sl = 0.0
+        cdef const double* rate = self.adv + 2 * n
+        for j in range(n):
+            if j != me and self.known[j] and rate[j] > 0.0:
+                self.tl[j] = log(rate[j])
+                sl += self.tl[j]
+                k += 1
+            else:
+                self.tl[j] = 0.0
+        sl = sl / k if k > 0 else 0.0
+        for j in range(n):
+            if j != me and self.known[j] and rate[j] > 0.0:
+                self.tl[j] -= sl
+                self.g_pub[j] += self.tilt * self.tl[j]
+
+    @property
+    def tilt_grad(self):
+        """The capacity tilt's descent gradient cached in the current batch."""
+        return self.tilt_g
+
+    @property
+    def tilt_inputs(self):
+        """What the tilt multiplies at the last publish: log r_j - the peers' mean log
+        rate (0 for accepting, for peers without a rate, and with ``tilt_lr=0``)."""
+        return [self.tl[j] for j in range(self.n)]
 
     cdef void _migrate_weights(self, double* w) noexcept nogil:
         """w <- the migrate outcomes' weights: the capacity prior (the softmax of g + log w is
