@@ -100,8 +100,7 @@ cdef class MalcolmPolicy(AgentState):
         or their mean (the thesis).
     theta_bound : float
         A peer's critic is used only if finite with norm <= this (else counted in
-        ``consensus_rejected`` by the consensus round that checks it); the own critic is
-        kept within it.
+        ``consensus_rejected`` when checked); the own critic is kept within it.
     gamma : float
         Discount per window, in [0, 1).
     critic_lr, actor_lr, accept_lr : float
@@ -111,6 +110,9 @@ cdef class MalcolmPolicy(AgentState):
         Sparse actors: AdamW learning rate of the load weights (W_jj, W_j,me for j != me),
         the only state-dependent part of the actors. < 0 (default): ``actor_lr`` (the full
         actors always use ``actor_lr``).
+    tilt_lr, tilt_max : float
+        > 0: learn the capacity tilt t (|t| <= ``tilt_max`` with the trust region), the peers'
+        migrate logits += t (log r_j - their mean log rate), at this AdamW rate; 0: off.
     weight_decay, beta1, beta2, eps : float
         AdamW's decoupled weight decay and moment parameters.
     migration_cost, steal_cost : float
@@ -201,6 +203,9 @@ cdef class MalcolmPolicy(AgentState):
         self.critic_lr = cfg["critic_lr"]
         self.actor_lr = cfg["actor_lr"]
         self.accept_lr = cfg["accept_lr"]
+        self.tilt_lr = cfg["tilt_lr"]
+        self.use_tilt = self.tilt_lr > 0.0
+        self.tilt_max = cfg["tilt_max"]
         self.weight_lr_auto = cfg["weight_lr"] < 0.0
         self.weight_lr = cfg["actor_lr"] if self.weight_lr_auto else cfg["weight_lr"]
         self.weight_decay = cfg["weight_decay"]
@@ -399,9 +404,13 @@ cdef class MalcolmPolicy(AgentState):
                             coef[i] += self.entropy * p[i] * (log(p[i]) + h)
                 for i in range(n):
                     gb[i] += coef[i]
+                if actor == 0 and self.use_tilt:
+                    # chain rule: d logit_i / d tilt = tl_i (at the publish the decisions
+                    # were drawn from), one scalar summing every outcome's gradient
+                    for i in range(n):
+                        self.tilt_g += coef[i] * self.tl[i]
                 if self.sparse:
-                    # logit_i = B_i + W_ii z_i + W_i,me z_me: two weights per outcome; the
-                    # diagonal's in gdiag until the batch ends (contiguous, see the .pxd)
+                    # logit_i = B_i + W_ii z_i + W_i,me z_me (the W_ii in gdiag, see .pxd)
                     z = self.u_pub
                     gd = self.gdiag + (0 if actor == 0 else n)
                     for i in range(n):
@@ -436,11 +445,7 @@ cdef class MalcolmPolicy(AgentState):
         self.b2t *= b2
         c1 = 1.0 / (1.0 - self.b1t)
         c2 = 1.0 / sqrt(1.0 - self.b2t)
-        if self.sparse:
-            # the batch's diagonal gradients into G (whose diagonal is 0 until now, so the
-            # sums keep their bits)
-            self._fold_gdiag(self.G)
-            memset(self.gdiag, 0, sizeof(double) * 2 * n)
+        self._fold_gdiag(self.G, True)     # the batch's sparse diagonal gradients into G
         lr = self.critic_lr
         mc_ac_adamw(self.P, self.G, self.M, self.V, d, lr, 1.0 - lr * self.weight_decay,
                     b1, b2, c1, c2, eps, inv_b)
@@ -482,6 +487,9 @@ cdef class MalcolmPolicy(AgentState):
                 k = w + (me + 1) * (n + 1)
                 mc_ac_adamw_strided(self.P + k, self.G + k, self.M + k, self.V + k,
                                     n - me - 1, n + 1, wl, dw, b1, b2, c1, c2, eps, inv_b)
+        if self.use_tilt:
+            mc_ac_adamw(&self.tilt, &self.tilt_g, &self.tilt_m, &self.tilt_v, 1, self.tilt_lr,
+                        1.0 - self.tilt_lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b)
         self.win_in_batch = 0
         self.batches += 1
 
@@ -528,6 +536,7 @@ cdef class MalcolmPolicy(AgentState):
         memset(self.V + d, 0, sizeof(double) * cnt)
         memset(self.G + d, 0, sizeof(double) * cnt)
         memset(self.gdiag, 0, sizeof(double) * 2 * self.n)
+        self.tilt = self.tilt_g = self.tilt_m = self.tilt_v = 0.0
         self._push_params()
         self.resets += 1
 
@@ -576,8 +585,16 @@ cdef class MalcolmPolicy(AgentState):
         else:
             for i in range(d, npar):
                 t += P[i]
+        t += self.tilt
         if not (t == t) or t > 1e300 or t < -1e300:
             self._reset_actors()
+        if self.trust > 0.0 and self.use_tilt:
+            # |tilt| <= tilt_max (0.5: with rates skewed 16:1, |tl| <= 2.8, a logit moves by
+            # at most 1.4 from the capacity shares, whichever way the tilt learns)
+            r = self.tilt_max
+            if self.tilt > r or self.tilt < -r:
+                self.tilt = r if self.tilt > r else -r
+                self.trust_clips += 1
         for i in range(d):
             t = P[i]
             if not (t == t) or t > 1e300 or t < -1e300:
@@ -655,6 +672,8 @@ cdef class MalcolmPolicy(AgentState):
         cdef int n = self.n
         self._actor_inputs(self.u_pub)     # the inputs the published logits are computed from
         self._learned_logits()
+        if self.use_tilt:
+            self._tilt_logits()
         self._migrate_weights(self.logit)
         if mc_pub_softmax_w(self.g_pub, self.logit, self.pm_pub, n) != 0:
             self._publish_only(self.pm_pub)
@@ -712,12 +731,9 @@ cdef class MalcolmPolicy(AgentState):
     @property
     def grad_cache(self):
         """The descent gradients cached in the current batch (sum over its windows)."""
-        cdef double[::1] o
-        out = _copy(self.G, self.n_params)
-        o = out
-        if self.sparse:
-            self._fold_gdiag(&o[0])
-        return out
+        cdef double[::1] o = _copy(self.G, self.n_params)
+        self._fold_gdiag(&o[0], False)
+        return o.base
 
     @property
     def adam_moments(self):

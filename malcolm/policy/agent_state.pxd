@@ -126,6 +126,15 @@ cdef class AgentState(Policy):
     # pages; _publish reads them every window (on 64 servers the diagonal's 128 misses per
     # window were its largest cost)
     cdef double* act
+    # the capacity tilt (tilt_lr > 0): migrate logit_j += tilt * tl_j, tl_j = log r_j - the
+    # peers' mean log rate at the last publish (0: accepting, no rate); one scalar learnt
+    # from every outcome's gradient: a preference keyed to what a peer is, not which
+    cdef readonly double tilt_lr
+    cdef readonly double tilt_max        # |tilt| bound while the trust region is on
+    cdef bint use_tilt
+    cdef readonly double tilt
+    cdef double tilt_g, tilt_m, tilt_v   # its cached gradient and AdamW moments
+    cdef double* tl
     cdef double* logit                   # publish scratch: f + capacity prior, masked
     cdef double* med                     # consensus scratch (n values per coordinate)
     cdef double hop_est                  # EWMA of measured one-way heartbeat delays (ns)
@@ -180,7 +189,7 @@ cdef class AgentState(Policy):
     cdef void _features(self, double* out) noexcept nogil
     cdef void _sort_loads(self) noexcept nogil
     cdef double _absdev(self, double a, int start) noexcept nogil
-    cdef void _fold_gdiag(self, double* g) noexcept nogil
+    cdef void _fold_gdiag(self, double* g, bint clear) noexcept nogil
     cdef void _peer_critics_checked(self) noexcept nogil
     cdef void _push_params(self) noexcept nogil
     cdef void _rescale(self) noexcept nogil
@@ -188,6 +197,7 @@ cdef class AgentState(Policy):
     cdef void _decisions_counted(self) noexcept nogil
     cdef void _gate_accept(self) noexcept nogil
     cdef void _learned_logits(self) noexcept nogil
+    cdef void _tilt_logits(self) noexcept nogil
     cdef void _migrate_weights(self, double* w) noexcept nogil
     cdef void _steal_weights(self, double* w) noexcept nogil
     cdef void _publish_only(self, double* p) noexcept nogil
