@@ -43,6 +43,8 @@ DEFAULTS = dict(
     capacity_prior=True,        # migrate logits += the capacity prior (capacity shares)
     hop_gate=True,              # accept while a local task would wait no longer than a hop
     mask_factor=2.0,            # 0 disables the overload mask
+    pending=0.0,                # w: a peer's load += w x own tasks sent since its heartbeat
+                                # (experimental, docs/policy.md "State the agents do not share")
     trust=8.0,                  # 0 disables the trust region around the initial actors
     runaway_windows=20,         # 0 disables the runaway reset
     theta_bound=1000.0,         # peers' critics with a larger norm are refused
@@ -131,6 +133,7 @@ def check_params(params):
     num("hop_ns", -1.0)
     num("hop_weight", 0.0)
     num("mask_factor", 0.0)
+    num("pending", 0.0, 1.0)
     num("trust", 0.0)
     num("theta_bound", 0.0, lo_open=True)
     integer("runaway_windows", 0)

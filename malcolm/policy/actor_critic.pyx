@@ -141,6 +141,10 @@ cdef class MalcolmPolicy(AgentState):
     hop_gate : bool
         Accept outright the arrivals that would wait here no longer than one hop, the least
         a migration costs (see ``AgentState._gate_accept``). Default True.
+    pending : float
+        Experimental, 0 (default) disables: each peer's load += ``pending`` x the tasks this
+        agent migrated to it since that peer's last heartbeat (state the agents do not share;
+        see ``AgentState._add_pending``).
     mask_factor : float
         Never migrate to a peer whose load is above ours and above ``mask_factor`` times the
         rack's mean plus one task; never steal from a peer not busier than us. 0 disables.
@@ -219,6 +223,7 @@ cdef class MalcolmPolicy(AgentState):
         self.hop_weight = cfg["hop_weight"]
         self.capacity_prior = cfg["capacity_prior"]
         self.hop_gate = cfg["hop_gate"]
+        self.pending = cfg["pending"]
         self.mask_factor = cfg["mask_factor"]
         self.trust = cfg["trust"]
         self.runaway_windows = cfg["runaway_windows"]
@@ -268,6 +273,8 @@ cdef class MalcolmPolicy(AgentState):
         self.last_now = now
         if self.auto_scale:
             self._rescale()
+        if self.pending > 0.0:
+            self._add_pending()
         self._learn_window()
         self.windows += 1
         if self.learn and self.runaway_windows > 0:

@@ -58,6 +58,7 @@ cdef class AgentState(Policy):
     cdef bint cons_median
     cdef readonly bint capacity_prior  # migrate logits += log(rate_j / mean rate)
     cdef readonly bint hop_gate        # accept while a local task waits no longer than a hop
+    cdef readonly double pending       # peer load += pending x own tasks sent since its hb
     cdef readonly double init_scale
     cdef readonly str init
     cdef readonly str actor_input  # "absolute" (u) or "relative" (u_j - u_me)
@@ -180,6 +181,7 @@ cdef class AgentState(Policy):
     cdef double _hop_units(self) noexcept nogil
     cdef void _decisions_counted(self) noexcept nogil
     cdef void _gate_accept(self) noexcept nogil
+    cdef void _add_pending(self) noexcept nogil
     cdef void _learned_logits(self) noexcept nogil
     cdef void _migrate_weights(self, double* w) noexcept nogil
     cdef void _steal_weights(self, double* w) noexcept nogil

@@ -390,6 +390,30 @@ cdef class AgentState(Policy):
         self.gate_seq += 1
         mc_store_relaxed(&self.gate_pub, ((self.gate_seq & LOW32) << 32) | kb)
 
+    cdef void _add_pending(self) noexcept nogil:
+        """Own migrations of the window that just ended, added to their targets' loads.
+
+        A peer's load is what its last heartbeat said, sent about a window ago; the tasks this
+        agent sent it since are not in it, and only this agent knows them (state the agents
+        do not share, unlike the heartbeats). Each peer j gets ``pending`` x (this window's
+        migrations to j) / r_j (one task of j, or one ``load_scale`` while its rate is
+        unknown); its next heartbeat overwrites the sum. Called before the window's learning
+        step, so the advantages, the features, the mask and the actors' inputs all see it.
+        O(n), on the policy thread: the gateway's path is unchanged.
+        """
+        cdef int j, n = self.n
+        cdef double d, r
+        cdef const double* rate = self.adv + 2 * n
+        for j in range(n):
+            if j == self.me or not self.known[j]:
+                continue
+            d = <double>(mc_load_relaxed(&self.cnt_mig[j]) - self.seen_mig[j])
+            if d <= 0.0:
+                continue
+            r = rate[j]
+            self._set_load(j, self.x[j] + self.pending * d * (1.0 / r if r > 0.0
+                                                              else self.load_scale))
+
     cdef void _set_load(self, int j, double load) noexcept nogil:
         cdef double v
         cdef int k
