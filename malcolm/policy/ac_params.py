@@ -45,6 +45,8 @@ DEFAULTS = dict(
     mask_factor=2.0,            # 0 disables the overload mask
     pending=0.0,                # w: a peer's load += w x own tasks sent since its heartbeat
                                 # (experimental, docs/policy.md "State the agents do not share")
+    pending_excess=False,       # pending counts only the sends beyond the table's expectation
+    gate_live=False,            # the hop gate follows the own queue between publishes
     trust=8.0,                  # 0 disables the trust region around the initial actors
     runaway_windows=20,         # 0 disables the runaway reset
     theta_bound=1000.0,         # peers' critics with a larger norm are refused
@@ -146,6 +148,8 @@ def check_params(params):
     cfg["learn"] = _as_bool("learn", cfg["learn"])
     cfg["capacity_prior"] = _as_bool("capacity_prior", cfg["capacity_prior"])
     cfg["hop_gate"] = _as_bool("hop_gate", cfg["hop_gate"])
+    cfg["pending_excess"] = _as_bool("pending_excess", cfg["pending_excess"])
+    cfg["gate_live"] = _as_bool("gate_live", cfg["gate_live"])
     return cfg
 
 

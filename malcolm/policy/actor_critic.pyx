@@ -145,6 +145,14 @@ cdef class MalcolmPolicy(AgentState):
         Experimental, 0 (default) disables: each peer's load += ``pending`` x the tasks this
         agent migrated to it since that peer's last heartbeat (state the agents do not share;
         see ``AgentState._add_pending``).
+    gate_live : bool
+        Experimental (default False): the hop gate follows the own queue between publishes,
+        which only the gateway knows: the published budget K = c - q + h r (signed) plus the
+        completions since the publish minus every arrival kept since (gated or sampled); an
+        arrival is accepted outright while that is >= 1 (``AgentState._decide_live``).
+    pending_excess : bool
+        With ``pending``: count only the sends beyond what the published table expected
+        (k_j - K pi_j, K the window's sampled decisions), which may be negative. Default False.
     mask_factor : float
         Never migrate to a peer whose load is above ours and above ``mask_factor`` times the
         rack's mean plus one task; never steal from a peer not busier than us. 0 disables.
@@ -224,6 +232,8 @@ cdef class MalcolmPolicy(AgentState):
         self.capacity_prior = cfg["capacity_prior"]
         self.hop_gate = cfg["hop_gate"]
         self.pending = cfg["pending"]
+        self.pending_excess = cfg["pending_excess"]
+        self.gate_live = cfg["gate_live"]
         self.mask_factor = cfg["mask_factor"]
         self.trust = cfg["trust"]
         self.runaway_windows = cfg["runaway_windows"]
