@@ -349,6 +349,38 @@ def test_pending_adds_own_migrations_to_their_targets_until_a_heartbeat():
         MalcolmPolicy(n, 0, pending=1.5)
 
 
+def test_gate_live_follows_the_own_queue_between_publishes():
+    """gate_live: the publish carries K = c - q + h r signed (here 1 - 3 + 0.2 = -1.8, floor
+    -2); each completion (a decide_steal call) frees one place, each arrival kept takes one,
+    so an arrival is kept outright exactly when K + completions - kept >= 1; a publish starts
+    over. The published table is the default's."""
+    n, hop = 4, 10_000.0
+    rates = rates_of([1] * n)
+    p = MalcolmPolicy(n, 0, seed=1, hop_ns=hop, learn=False, gate_live=True)
+    ref = MalcolmPolicy(n, 0, seed=1, hop_ns=hop, learn=False)
+    for q in (p, ref):
+        feed(q, 0, [3 * T, 0.0, 0.0, 0.0], rates)
+    np.testing.assert_array_equal(p.probs_migrate, ref.probs_migrate)
+    kept = int(hooks.sample_many(p, "arrival", 50)[0])  # sampled accepts take places too
+    assert kept > 0 and p.gated == 0                     # closed: 3 tasks wait > a hop
+
+    def complete(k):
+        hooks.sample_many(p, "steal", k)
+        return k
+
+    done = complete(2 + kept)                            # -2 + done - kept = 0: closed
+    kept += int(hooks.sample_many(p, "arrival", 1)[0])
+    assert p.gated == 0
+    done += complete(3 + kept - done)                    # -2 + done - kept = 1: one place
+    assert hooks.sample_many(p, "arrival", 1)[0] == 1 and p.gated == 1
+    hooks.sample_many(p, "arrival", 20)
+    assert p.gated == 1                                  # that one place is taken
+    feed(p, 100_000, [0.0] * n, rates)                   # a publish: idle, K = floor(1.2)
+    assert hooks.sample_many(p, "arrival", 1)[0] == 1 and p.gated == 2
+    with pytest.raises(TypeError, match="gate_live"):
+        MalcolmPolicy(n, 0, gate_live="maybe")
+
+
 # ---------------------------------------------------------------- sparse actor arithmetic
 @pytest.mark.parametrize("hop,hop_weight", [(0.0, 1.0), (3000.0, 1.0), (3000.0, 0.3)])
 def test_sparse_actor_gradient_matches_numpy_reference(hop, hop_weight):

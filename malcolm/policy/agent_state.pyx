@@ -219,8 +219,7 @@ cdef class AgentState(Policy):
             return self.me
         a = cat_sample(&self.mig, &self.rng)
         mc_store_relaxed(&self.cnt_mig[a], self.cnt_mig[a] + 1)
-        if a == self.me:
-            self.gate_used += 1
+        self.gate_used += a == self.me      # branch-free: the outcome is random
         return a
 
     cdef int decide_steal(self, int64_t now) noexcept nogil:
