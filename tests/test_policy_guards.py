@@ -248,13 +248,14 @@ def test_hop_cost_is_measured_from_heartbeats():
 
 
 def test_hop_gate_accepts_what_would_wait_less_than_a_hop():
-    """With one worker (the policy's count until the driver sets it) the first
+    """The publish-time gate (gate_live=False; the live one is tested below). With one
+    worker (the policy's count until the driver sets it) the first
     K = floor(1 + (hop - x_me) r_me) arrivals after a publish stay; the rest, and every
     arrival when x_me > hop, follow the published distribution untouched."""
     n, hop = 4, 10_000.0
 
     def window(workers, own_load, draws, **kw):
-        p = MalcolmPolicy(n, 0, seed=1, hop_ns=hop, learn=False, **kw)
+        p = MalcolmPolicy(n, 0, seed=1, hop_ns=hop, learn=False, gate_live=False, **kw)
         rates = rates_of([workers] * n)
         feed(p, 0, [own_load, 0.0, 0.0, 0.0], rates)
         return p, [hooks.sample_many(p, "arrival", 1)[0] for _ in range(draws)]
@@ -291,7 +292,7 @@ def test_hop_gate_counts_idle_workers():
     rates = rates_of([4] * n)
 
     def window(tasks, workers=None, draws=6):
-        p = MalcolmPolicy(n, 0, seed=1, hop_ns=hop, learn=False)
+        p = MalcolmPolicy(n, 0, seed=1, hop_ns=hop, learn=False, gate_live=False)
         if workers is not None:
             p.workers = workers
         feed(p, 0, [tasks / rates[0], 0.0, 0.0, 0.0], rates)
@@ -377,6 +378,12 @@ def test_gate_live_follows_the_own_queue_between_publishes():
     assert p.gated == 1                                  # that one place is taken
     feed(p, 100_000, [0.0] * n, rates)                   # a publish: idle, K = floor(1.2)
     assert hooks.sample_many(p, "arrival", 1)[0] == 1 and p.gated == 2
+    # without the gate's publish (hop_gate=False) nothing renews the budget: inert
+    off = MalcolmPolicy(n, 0, seed=1, hop_ns=hop, learn=False, hop_gate=False)
+    feed(off, 0, [0.0] * n, rates)
+    hooks.sample_many(off, "steal", 100)
+    hooks.sample_many(off, "arrival", 100)
+    assert off.gated == 0
     with pytest.raises(TypeError, match="gate_live"):
         MalcolmPolicy(n, 0, gate_live="maybe")
 

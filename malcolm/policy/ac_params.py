@@ -17,7 +17,8 @@ DEFAULTS = dict(
     gamma=0.9,
     critic_lr=0.05,
     actor_lr=0.003,
-    accept_lr=0.03,             # sparse actors: the own outcome's bias and weight
+    accept_lr=0.0,              # sparse actors: the own outcome's bias and weight (0: kept at
+                                # the safe start; the live gate decides what a hop saves)
     weight_lr=-1.0,             # sparse actors' load weights (their state-dependent part);
                                 # < 0: actor_lr
     weight_decay=1e-4,
@@ -39,14 +40,14 @@ DEFAULTS = dict(
     # actor, kept for fidelity (see docs/policy.md, "Deviations").
     advantage="difference",
     hop_ns=-1.0,                # < 0: one-way delay measured from heartbeats
-    hop_weight=1.0,             # the hop's weight in the actors' advantages (not the gate)
+    hop_weight=0.3,             # the hop's weight in the actors' advantages (not the gate)
     capacity_prior=True,        # migrate logits += the capacity prior (capacity shares)
     hop_gate=True,              # accept while a local task would wait no longer than a hop
     mask_factor=2.0,            # 0 disables the overload mask
     pending=0.0,                # w: a peer's load += w x own tasks sent since its heartbeat
                                 # (experimental, docs/policy.md "State the agents do not share")
     pending_excess=False,       # pending counts only the sends beyond the table's expectation
-    gate_live=False,            # the hop gate follows the own queue between publishes
+    gate_live=True,             # the hop gate follows the own queue between publishes
     trust=8.0,                  # 0 disables the trust region around the initial actors
     runaway_windows=20,         # 0 disables the runaway reset
     theta_bound=1000.0,         # peers' critics with a larger norm are refused

@@ -105,7 +105,10 @@ cdef class MalcolmPolicy(AgentState):
         Discount per window, in [0, 1).
     critic_lr, actor_lr, accept_lr : float
         AdamW learning rates of the critic, the actors, and (sparse actors) the own
-        outcome's bias and weight (accept / do not steal).
+        outcome's bias and weight (accept / do not steal). ``accept_lr`` is 0 by default:
+        with the live hop gate (``gate_live``) deciding which arrivals a hop would not pay
+        for, learning the accept bias from the stale one-window advantage only cost p99
+        (docs/policy.md, "State the agents do not share").
     weight_lr : float
         Sparse actors: AdamW learning rate of the load weights (W_jj, W_j,me for j != me),
         the only state-dependent part of the actors. < 0 (default): ``actor_lr`` (the full
@@ -121,7 +124,8 @@ cdef class MalcolmPolicy(AgentState):
     hop_weight : float
         Weight of that hop in the actors' one-decision advantages (the hop gate uses the
         full hop). A hop delays one task once; a one-task change of the imbalance lasts
-        until the queues drain, so the myopic advantage weighs the hop against it too much.
+        until the queues drain, so the myopic advantage weighs the hop against it too much
+        (default 0.3).
     entropy : float
         Weight of the actors' regulariser (payoff units per window): KL(pi || the safe start)
         for the sparse actors or with the capacity prior or the mask, else the entropy bonus
@@ -146,10 +150,11 @@ cdef class MalcolmPolicy(AgentState):
         agent migrated to it since that peer's last heartbeat (state the agents do not share;
         see ``AgentState._add_pending``).
     gate_live : bool
-        Experimental (default False): the hop gate follows the own queue between publishes,
-        which only the gateway knows: the published budget K = c - q + h r (signed) plus the
+        Default True (with ``hop_gate``): the hop gate follows the own queue between
+        publishes, which only the gateway knows: the published budget K = c - q + h r (signed) plus the
         completions since the publish minus every arrival kept since (gated or sampled); an
         arrival is accepted outright while that is >= 1 (``AgentState._decide_live``).
+        False: the publish-time budget (the first K arrivals after each publish).
     pending_excess : bool
         With ``pending``: count only the sends beyond what the published table expected
         (k_j - K pi_j, K the window's sampled decisions), which may be negative. Default False.
@@ -234,6 +239,8 @@ cdef class MalcolmPolicy(AgentState):
         self.pending = cfg["pending"]
         self.pending_excess = cfg["pending_excess"]
         self.gate_live = cfg["gate_live"]
+        # only the gate's publish (hop_gate) renews the budget the live gateway counts from
+        self.live = self.gate_live and self.hop_gate
         self.mask_factor = cfg["mask_factor"]
         self.trust = cfg["trust"]
         self.runaway_windows = cfg["runaway_windows"]

@@ -137,6 +137,7 @@ cdef class AgentState(Policy):
     cdef uint64_t gate_epoch
     cdef uint64_t gate_used
     cdef readonly bint gate_live       # gate: K (signed) + completions - accepts since publish
+    cdef bint live                       # gate_live and hop_gate: the gateway runs it
     cdef int64_t gate_done               # completions seen since the publish (gateway-owned)
 
     # decisions taken by the gateway: cumulative counts per outcome (gateway writes only)

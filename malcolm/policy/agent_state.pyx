@@ -183,7 +183,7 @@ cdef class AgentState(Policy):
         cdef uint64_t g = mc_load_relaxed(&self.gate_pub)
         cdef uint32_t k = <uint32_t>g       # the low half: the budget; 0 while closed
         cdef int a
-        if self.gate_live:
+        if self.live:
             return self._decide_live(g)
         if k:
             # the hop gate's budget for this window (see _gate_accept): gateway-owned counts
@@ -225,7 +225,7 @@ cdef class AgentState(Policy):
     cdef int decide_steal(self, int64_t now) noexcept nogil:
         cdef int a = cat_sample(&self.stl, &self.rng)
         cdef uint64_t g
-        if self.gate_live:
+        if self.live:
             # a completion: one task fewer here (see _decide_live)
             g = mc_load_relaxed(&self.gate_pub)
             if g >> 32 != self.gate_epoch:
