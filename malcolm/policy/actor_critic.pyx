@@ -151,9 +151,10 @@ cdef class MalcolmPolicy(AgentState):
         see ``AgentState._add_pending``).
     gate_live : bool
         Default True (with ``hop_gate``): the hop gate follows the own queue between
-        publishes, which only the gateway knows: the published budget K = c - q + h r (signed) plus the
-        completions since the publish minus every arrival kept since (gated or sampled); an
-        arrival is accepted outright while that is >= 1 (``AgentState._decide_live``).
+        publishes, which only the gateway knows: the published budget K = c - q + h r
+        (signed) plus the completions since the publish minus every arrival kept since
+        (gated or sampled); an arrival is accepted outright while that is >= 1
+        (``AgentState._decide_live``).
         False: the publish-time budget (the first K arrivals after each publish).
     pending_excess : bool
         With ``pending``: count only the sends beyond what the published table expected
