@@ -386,6 +386,8 @@ def test_frozen_policy_does_not_change():
     (dict(window_ns=0), ValueError, "window_ns"),
     (dict(consensus_every=-1), ValueError, "consensus_every"),
     (dict(actor_lr=-1.0), ValueError, "actor_lr"),
+    (dict(tilt_lr=-0.1), ValueError, "tilt_lr"),
+    (dict(tilt_max=-1.0), ValueError, "tilt_max"),
     (dict(critic_lr=float("nan")), ValueError, "critic_lr"),
     (dict(eps=0.0), ValueError, "eps"),
     (dict(beta2=1.0), ValueError, "beta2"),

@@ -110,3 +110,9 @@ def apply_adamw(MalcolmPolicy p, grad):
 def consensus(MalcolmPolicy p):
     """Run the consensus step now (normally every ``consensus_every`` windows)."""
     p._consensus()
+
+
+def set_tilt(MalcolmPolicy p, double t):
+    """Set the capacity tilt (``tilt_lr`` > 0) and republish."""
+    p.tilt = t
+    p._publish()

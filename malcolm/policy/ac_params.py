@@ -19,6 +19,8 @@ DEFAULTS = dict(
     actor_lr=0.003,
     accept_lr=0.0,              # sparse actors: the own outcome's bias and weight (0: kept at
                                 # the safe start; the live gate decides what a hop saves)
+    tilt_max=0.5,               # |tilt| <= this (with trust > 0)
+    tilt_lr=0.0,                # > 0: learn the capacity tilt, peer logit_j += t log r_j (centred)
     weight_lr=-1.0,             # sparse actors' load weights (their state-dependent part);
                                 # < 0: actor_lr
     weight_decay=1e-4,
@@ -122,6 +124,8 @@ def check_params(params):
     num("critic_lr", 0.0)
     num("actor_lr", 0.0)
     num("accept_lr", 0.0)
+    num("tilt_lr", 0.0)
+    num("tilt_max", 0.0)
     num("weight_lr", -1.0)
     num("weight_decay", 0.0)
     num("beta1", 0.0, 1.0, hi_open=True)

@@ -105,14 +105,14 @@ cdef class MalcolmPolicy(AgentState):
         Discount per window, in [0, 1).
     critic_lr, actor_lr, accept_lr : float
         AdamW learning rates of the critic, the actors, and (sparse actors) the own
-        outcome's bias and weight (accept / do not steal). ``accept_lr`` is 0 by default:
-        with the live hop gate (``gate_live``) deciding which arrivals a hop would not pay
-        for, learning the accept bias from the stale one-window advantage only cost p99
-        (docs/policy.md, "State the agents do not share").
+        outcome's bias and weight (accept / do not steal; 0 by default, see ``gate_live``).
     weight_lr : float
         Sparse actors: AdamW learning rate of the load weights (W_jj, W_j,me for j != me),
         the only state-dependent part of the actors. < 0 (default): ``actor_lr`` (the full
         actors always use ``actor_lr``).
+    tilt_lr, tilt_max : float
+        > 0: learn the capacity tilt t (|t| <= ``tilt_max`` with the trust region), the peers'
+        migrate logits += t (log r_j - their mean log rate), at this AdamW rate; 0: off.
     weight_decay, beta1, beta2, eps : float
         AdamW's decoupled weight decay and moment parameters.
     migration_cost, steal_cost : float
@@ -124,8 +124,7 @@ cdef class MalcolmPolicy(AgentState):
     hop_weight : float
         Weight of that hop in the actors' one-decision advantages (the hop gate uses the
         full hop). A hop delays one task once; a one-task change of the imbalance lasts
-        until the queues drain, so the myopic advantage weighs the hop against it too much
-        (default 0.3).
+        until the queues drain, so the myopic advantage weighs the hop against it too much.
     entropy : float
         Weight of the actors' regulariser (payoff units per window): KL(pi || the safe start)
         for the sparse actors or with the capacity prior or the mask, else the entropy bonus
@@ -145,20 +144,11 @@ cdef class MalcolmPolicy(AgentState):
     hop_gate : bool
         Accept outright the arrivals that would wait here no longer than one hop, the least
         a migration costs (see ``AgentState._gate_accept``). Default True.
-    pending : float
-        Experimental, 0 (default) disables: each peer's load += ``pending`` x the tasks this
-        agent migrated to it since that peer's last heartbeat (state the agents do not share;
-        see ``AgentState._add_pending``).
-    gate_live : bool
-        Default True (with ``hop_gate``): the hop gate follows the own queue between
-        publishes, which only the gateway knows: the published budget K = c - q + h r
-        (signed) plus the completions since the publish minus every arrival kept since
-        (gated or sampled); an arrival is accepted outright while that is >= 1
-        (``AgentState._decide_live``).
-        False: the publish-time budget (the first K arrivals after each publish).
-    pending_excess : bool
-        With ``pending``: count only the sends beyond what the published table expected
-        (k_j - K pi_j, K the window's sampled decisions), which may be negative. Default False.
+    gate_live, pending, pending_excess : bool, float, bool
+        State the agents do not share (docs/policy.md): the hop gate follows the own queue
+        between publishes (default True, with ``hop_gate``; ``AgentState._decide_live``).
+        Experimental, off: a peer's load += ``pending`` x own migrations to it since its
+        heartbeat (``_add_pending``; only those beyond the table's share: ``pending_excess``).
     mask_factor : float
         Never migrate to a peer whose load is above ours and above ``mask_factor`` times the
         rack's mean plus one task; never steal from a peer not busier than us. 0 disables.
@@ -218,6 +208,9 @@ cdef class MalcolmPolicy(AgentState):
         self.critic_lr = cfg["critic_lr"]
         self.actor_lr = cfg["actor_lr"]
         self.accept_lr = cfg["accept_lr"]
+        self.tilt_lr = cfg["tilt_lr"]
+        self.use_tilt = self.tilt_lr > 0.0
+        self.tilt_max = cfg["tilt_max"]
         self.weight_lr_auto = cfg["weight_lr"] < 0.0
         self.weight_lr = cfg["actor_lr"] if self.weight_lr_auto else cfg["weight_lr"]
         self.weight_decay = cfg["weight_decay"]
@@ -237,11 +230,7 @@ cdef class MalcolmPolicy(AgentState):
         self.hop_weight = cfg["hop_weight"]
         self.capacity_prior = cfg["capacity_prior"]
         self.hop_gate = cfg["hop_gate"]
-        self.pending = cfg["pending"]
-        self.pending_excess = cfg["pending_excess"]
-        self.gate_live = cfg["gate_live"]
-        # only the gate's publish (hop_gate) renews the budget the live gateway counts from
-        self.live = self.gate_live and self.hop_gate
+        self._unshared_config(cfg)
         self.mask_factor = cfg["mask_factor"]
         self.trust = cfg["trust"]
         self.runaway_windows = cfg["runaway_windows"]
@@ -291,8 +280,7 @@ cdef class MalcolmPolicy(AgentState):
         self.last_now = now
         if self.auto_scale:
             self._rescale()
-        if self.pending > 0.0:
-            self._add_pending()
+        self._add_pending()
         self._learn_window()
         self.windows += 1
         if self.learn and self.runaway_windows > 0:
@@ -422,6 +410,11 @@ cdef class MalcolmPolicy(AgentState):
                             coef[i] += self.entropy * p[i] * (log(p[i]) + h)
                 for i in range(n):
                     gb[i] += coef[i]
+                if actor == 0 and self.use_tilt:
+                    # chain rule: d logit_i / d tilt = tl_i (at the publish the decisions
+                    # were drawn from), one scalar summing every outcome's gradient
+                    for i in range(n):
+                        self.tilt_g += coef[i] * self.tl[i]
                 if self.sparse:
                     # logit_i = B_i + W_ii z_i + W_i,me z_me: two weights per outcome
                     z = self.u_pub
@@ -496,6 +489,9 @@ cdef class MalcolmPolicy(AgentState):
                 k = w + (me + 1) * (n + 1)
                 mc_ac_adamw_strided(self.P + k, self.G + k, self.M + k, self.V + k,
                                     n - me - 1, n + 1, wl, dw, b1, b2, c1, c2, eps, inv_b)
+        if self.use_tilt:
+            mc_ac_adamw(&self.tilt, &self.tilt_g, &self.tilt_m, &self.tilt_v, 1, self.tilt_lr,
+                        1.0 - self.tilt_lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b)
         self.win_in_batch = 0
         self.batches += 1
 
@@ -540,6 +536,7 @@ cdef class MalcolmPolicy(AgentState):
         memset(self.M + d, 0, sizeof(double) * cnt)
         memset(self.V + d, 0, sizeof(double) * cnt)
         memset(self.G + d, 0, sizeof(double) * cnt)
+        self.tilt = self.tilt_g = self.tilt_m = self.tilt_v = 0.0
         self._push_params()
         self.resets += 1
 
@@ -588,8 +585,16 @@ cdef class MalcolmPolicy(AgentState):
         else:
             for i in range(d, npar):
                 t += P[i]
+        t += self.tilt
         if not (t == t) or t > 1e300 or t < -1e300:
             self._reset_actors()
+        if self.trust > 0.0 and self.use_tilt:
+            # |tilt| <= tilt_max (0.5: with rates skewed 16:1, |tl| <= 2.8, a logit moves by
+            # at most 1.4 from the capacity shares, whichever way the tilt learns)
+            r = self.tilt_max
+            if self.tilt > r or self.tilt < -r:
+                self.tilt = r if self.tilt > r else -r
+                self.trust_clips += 1
         for i in range(d):
             t = P[i]
             if not (t == t) or t > 1e300 or t < -1e300:
@@ -667,6 +672,8 @@ cdef class MalcolmPolicy(AgentState):
         cdef int n = self.n
         self._actor_inputs(self.u_pub)     # the inputs the published logits are computed from
         self._learned_logits()
+        if self.use_tilt:
+            self._tilt_logits()
         self._migrate_weights(self.logit)
         if mc_pub_softmax_w(self.g_pub, self.logit, self.pm_pub, n) != 0:
             self._publish_only(self.pm_pub)

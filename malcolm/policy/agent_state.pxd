@@ -123,6 +123,15 @@ cdef class AgentState(Policy):
     # pages; _publish reads them every window (on 64 servers the diagonal's 128 misses per
     # window were its largest cost)
     cdef double* act
+    # the capacity tilt (tilt_lr > 0): migrate logit_j += tilt * tl_j, tl_j = log r_j - the
+    # peers' mean log rate at the last publish (0: accepting, no rate); one scalar learnt
+    # from every outcome's gradient: a preference keyed to what a peer is, not which
+    cdef readonly double tilt_lr
+    cdef readonly double tilt_max        # |tilt| bound while the trust region is on
+    cdef bint use_tilt
+    cdef readonly double tilt
+    cdef double tilt_g, tilt_m, tilt_v   # its cached gradient and AdamW moments
+    cdef double* tl
     cdef double* logit                   # publish scratch: f + capacity prior, masked
     cdef double* med                     # consensus scratch (n values per coordinate)
     cdef double hop_est                  # EWMA of measured one-way heartbeat delays (ns)
@@ -187,7 +196,9 @@ cdef class AgentState(Policy):
     cdef void _gate_accept(self) noexcept nogil
     cdef int _decide_live(self, uint64_t g) noexcept nogil
     cdef void _add_pending(self) noexcept nogil
+    cdef int _unshared_config(self, dict cfg) except -1
     cdef void _learned_logits(self) noexcept nogil
+    cdef void _tilt_logits(self) noexcept nogil
     cdef void _migrate_weights(self, double* w) noexcept nogil
     cdef void _steal_weights(self, double* w) noexcept nogil
     cdef void _publish_only(self, double* p) noexcept nogil

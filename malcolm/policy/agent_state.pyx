@@ -12,7 +12,7 @@ Threads: ``decide_*`` run on the gateway thread and touch only the published tab
 gateway's ``Rng`` and the gateway-owned per-outcome decision counters; all other methods run
 on the policy thread.
 """
-from libc.math cimport fabs, floor, sqrt
+from libc.math cimport fabs, floor, log, sqrt
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free
 from libc.string cimport memcpy, memset
@@ -81,6 +81,7 @@ cdef class AgentState(Policy):
         self.med = _dalloc(n)
         self.g_pub = _dalloc(2 * n)
         self.act = _dalloc(6 * n)
+        self.tl = _dalloc(n)
         self.srt = _dalloc(n)
         self.pre = _dalloc(n + 1)
         self.ord = <int*>_zalloc(sizeof(int) * n)
@@ -107,7 +108,7 @@ cdef class AgentState(Policy):
         self.seen_stl = <uint64_t*>_zalloc(8 * n)
         if (self.P == NULL or self.P0 == NULL or self.logit == NULL or self.med == NULL
                 or self.srt == NULL or self.g_pub == NULL or self.pre == NULL
-                or self.act == NULL
+                or self.act == NULL or self.tl == NULL
                 or self.ord == NULL or self.pos == NULL
                 or self.G == NULL or self.M == NULL or self.V == NULL
                 or self.x == NULL or self.u == NULL or self.u_pub == NULL
@@ -145,6 +146,7 @@ cdef class AgentState(Policy):
         free(self.med)
         free(self.g_pub)
         free(self.act)
+        free(self.tl)
         free(self.srt)
         free(self.pre)
         free(self.ord)
@@ -170,7 +172,7 @@ cdef class AgentState(Policy):
         free(self.seen_mig)
         free(self.seen_stl)
         self.P = self.P0 = self.logit = self.med = self.G = self.M = self.V = NULL
-        self.srt = self.pre = self.g_pub = self.act = NULL
+        self.srt = self.pre = self.g_pub = self.act = self.tl = NULL
         self.ord = self.pos = NULL
         self.x = self.u = self.u_pub = self.feat_prev = self.feat_cur = NULL
         self.pm_pub = self.ps_pub = self.coef = self.adv = self.peer_theta = NULL
@@ -436,6 +438,16 @@ cdef class AgentState(Policy):
         self.gate_seq += 1
         mc_store_relaxed(&self.gate_pub, ((self.gate_seq & LOW32) << 32) | kb)
 
+    cdef int _unshared_config(self, dict cfg) except -1:
+        """The parameters of the decisions from state the agents do not share (``__init__``)."""
+        self.pending = cfg["pending"]
+        self.pending_excess = cfg["pending_excess"]
+        self.gate_live = cfg["gate_live"]
+        # only the gate's publish (hop_gate, set before) renews the budget the live gateway
+        # counts from
+        self.live = self.gate_live and self.hop_gate
+        return 0
+
     cdef void _add_pending(self) noexcept nogil:
         """Own migrations of the window that just ended, added to their targets' loads.
 
@@ -456,6 +468,8 @@ cdef class AgentState(Policy):
         cdef int j, n = self.n
         cdef double d, r, tot = 0.0
         cdef const double* rate = self.adv + 2 * n
+        if not self.pending > 0.0:
+            return
         if self.pending_excess:
             for j in range(n):
                 tot += <double>(mc_load_relaxed(&self.cnt_mig[j]) - self.seen_mig[j])
@@ -516,6 +530,45 @@ cdef class AgentState(Policy):
             for j in range(n):
                 g[j] = self.mig.f[j]
                 g[n + j] = self.stl.f[j]
+
+    cdef void _tilt_logits(self) noexcept nogil:
+        """tl_j <- log r_j - the peers' mean log rate, for the peers j with a rate (0 for
+        the others and for accepting); the migrate actor's learnt logits g_pub += tilt * tl.
+
+        The learnt preference is then a function of what a peer is (its rate relative to
+        the other peers'), not of which peer it is: one scalar, learnt from the gradient of
+        every outcome of every decision, and a rate change moves every logit at once.
+        Accepting is left out (and the peers' logs centred) so that the tilt only shares the
+        migrated tasks out differently; how many to keep is the accept bias's job (a tilt
+        that also moved accepting learnt "keep more", opposite signs on big and small
+        servers). n logs per window, only with ``tilt_lr`` > 0.
+        """
+        cdef int n = self.n, me = self.me, j, k = 0
+        cdef double sl = 0.0
+        cdef const double* rate = self.adv + 2 * n
+        for j in range(n):
+            if j != me and self.known[j] and rate[j] > 0.0:
+                self.tl[j] = log(rate[j])
+                sl += self.tl[j]
+                k += 1
+            else:
+                self.tl[j] = 0.0
+        sl = sl / k if k > 0 else 0.0
+        for j in range(n):
+            if j != me and self.known[j] and rate[j] > 0.0:
+                self.tl[j] -= sl
+                self.g_pub[j] += self.tilt * self.tl[j]
+
+    @property
+    def tilt_grad(self):
+        """The capacity tilt's descent gradient cached in the current batch."""
+        return self.tilt_g
+
+    @property
+    def tilt_inputs(self):
+        """What the tilt multiplies at the last publish: log r_j - the peers' mean log
+        rate (0 for accepting, for peers without a rate, and with ``tilt_lr=0``)."""
+        return [self.tl[j] for j in range(self.n)]
 
     cdef void _migrate_weights(self, double* w) noexcept nogil:
         """w <- the migrate outcomes' weights: the capacity prior (the softmax of g + log w is
