@@ -248,13 +248,14 @@ def test_hop_cost_is_measured_from_heartbeats():
 
 
 def test_hop_gate_accepts_what_would_wait_less_than_a_hop():
-    """With one worker (the policy's count until the driver sets it) the first
+    """The publish-time gate (gate_live=False; the live one is tested below). With one
+    worker (the policy's count until the driver sets it) the first
     K = floor(1 + (hop - x_me) r_me) arrivals after a publish stay; the rest, and every
     arrival when x_me > hop, follow the published distribution untouched."""
     n, hop = 4, 10_000.0
 
     def window(workers, own_load, draws, **kw):
-        p = MalcolmPolicy(n, 0, seed=1, hop_ns=hop, learn=False, **kw)
+        p = MalcolmPolicy(n, 0, seed=1, hop_ns=hop, learn=False, gate_live=False, **kw)
         rates = rates_of([workers] * n)
         feed(p, 0, [own_load, 0.0, 0.0, 0.0], rates)
         return p, [hooks.sample_many(p, "arrival", 1)[0] for _ in range(draws)]
@@ -291,7 +292,7 @@ def test_hop_gate_counts_idle_workers():
     rates = rates_of([4] * n)
 
     def window(tasks, workers=None, draws=6):
-        p = MalcolmPolicy(n, 0, seed=1, hop_ns=hop, learn=False)
+        p = MalcolmPolicy(n, 0, seed=1, hop_ns=hop, learn=False, gate_live=False)
         if workers is not None:
             p.workers = workers
         feed(p, 0, [tasks / rates[0], 0.0, 0.0, 0.0], rates)
@@ -310,6 +311,81 @@ def test_hop_gate_counts_idle_workers():
     assert p.gated == 4 and kept[:4] == [1] * 4
     with pytest.raises(ValueError, match="workers"):
         p.workers = 0
+
+
+def test_pending_adds_own_migrations_to_their_targets_until_a_heartbeat():
+    """pending=w: at the end of a window each peer's last reported load grows by w x the
+    tasks this agent sent it in the window (in that peer's task times), again in each window
+    without a heartbeat from it, and its next heartbeat replaces the sum. pending=0 (the
+    default) leaves the reported loads alone."""
+    n = 4
+    rates = rates_of([1, 2, 4, 8])
+    base = np.array([0.0, 1.0, 2.0, 0.5]) * T
+
+    def run(w):
+        p = MalcolmPolicy(n, 0, seed=1, hop_gate=False, mask_factor=0.0, learn=False,
+                          pending=w)
+        feed(p, 0, base, rates)
+        got = []
+        for k in range(1, 3):       # two windows without heartbeats
+            c = hooks.sample_many(p, "arrival", 200)
+            p.py_observe_local(k * 100_000, 0.0, 0.0, float(rates[0]))
+            p.py_end_window(k * 100_000)
+            got.append((c, p.loads))
+        return p, got
+
+    p, got = run(0.5)
+    sent = np.zeros(n)
+    for c, loads in got:
+        sent += c
+        want = base + 0.5 * sent / rates
+        np.testing.assert_allclose(loads[1:], want[1:], rtol=1e-12)
+    assert sent[1:].min() > 0
+    p.py_observe_peer(300_000, 2, 7.0, rate=float(rates[2]))
+    assert p.loads[2] == 7.0                         # the heartbeat replaces the sum
+    q, got = run(0.0)
+    for _, loads in got:
+        np.testing.assert_array_equal(loads[1:], base[1:])
+    with pytest.raises(ValueError, match="pending"):
+        MalcolmPolicy(n, 0, pending=1.5)
+
+
+def test_gate_live_follows_the_own_queue_between_publishes():
+    """gate_live: the publish carries K = c - q + h r signed (here 1 - 3 + 0.2 = -1.8, floor
+    -2); each completion (a decide_steal call) frees one place, each arrival kept takes one,
+    so an arrival is kept outright exactly when K + completions - kept >= 1; a publish starts
+    over. The published table is the default's."""
+    n, hop = 4, 10_000.0
+    rates = rates_of([1] * n)
+    p = MalcolmPolicy(n, 0, seed=1, hop_ns=hop, learn=False, gate_live=True)
+    ref = MalcolmPolicy(n, 0, seed=1, hop_ns=hop, learn=False)
+    for q in (p, ref):
+        feed(q, 0, [3 * T, 0.0, 0.0, 0.0], rates)
+    np.testing.assert_array_equal(p.probs_migrate, ref.probs_migrate)
+    kept = int(hooks.sample_many(p, "arrival", 50)[0])  # sampled accepts take places too
+    assert kept > 0 and p.gated == 0                     # closed: 3 tasks wait > a hop
+
+    def complete(k):
+        hooks.sample_many(p, "steal", k)
+        return k
+
+    done = complete(2 + kept)                            # -2 + done - kept = 0: closed
+    kept += int(hooks.sample_many(p, "arrival", 1)[0])
+    assert p.gated == 0
+    done += complete(3 + kept - done)                    # -2 + done - kept = 1: one place
+    assert hooks.sample_many(p, "arrival", 1)[0] == 1 and p.gated == 1
+    hooks.sample_many(p, "arrival", 20)
+    assert p.gated == 1                                  # that one place is taken
+    feed(p, 100_000, [0.0] * n, rates)                   # a publish: idle, K = floor(1.2)
+    assert hooks.sample_many(p, "arrival", 1)[0] == 1 and p.gated == 2
+    # without the gate's publish (hop_gate=False) nothing renews the budget: inert
+    off = MalcolmPolicy(n, 0, seed=1, hop_ns=hop, learn=False, hop_gate=False)
+    feed(off, 0, [0.0] * n, rates)
+    hooks.sample_many(off, "steal", 100)
+    hooks.sample_many(off, "arrival", 100)
+    assert off.gated == 0
+    with pytest.raises(TypeError, match="gate_live"):
+        MalcolmPolicy(n, 0, gate_live="maybe")
 
 
 # ---------------------------------------------------------------- sparse actor arithmetic

@@ -44,7 +44,7 @@ def test_tilt_gradient_matches_finite_difference(t0):
     n, me, beta, mc, hop = 4, 2, 0.3, 0.01, 4000.0
     p = MalcolmPolicy(n, me, seed=1, batch_windows=10_000, consensus_every=0, hop_ns=hop,
                       entropy=beta, migration_cost=mc, steal_cost=mc, mask_factor=0.0,
-                      tilt_lr=0.01)
+                      tilt_lr=0.01, hop_weight=1.0)     # the reference charges the whole hop
     rng = np.random.default_rng(5)
     W = rng.normal(scale=0.3, size=(n, n))
     B = rng.normal(scale=0.3, size=n)

@@ -17,7 +17,8 @@ DEFAULTS = dict(
     gamma=0.9,
     critic_lr=0.05,
     actor_lr=0.003,
-    accept_lr=0.03,             # sparse actors: the own outcome's bias and weight
+    accept_lr=0.0,              # sparse actors: the own outcome's bias and weight (0: kept at
+                                # the safe start; the live gate decides what a hop saves)
     tilt_max=0.5,               # |tilt| <= this (with trust > 0)
     tilt_lr=0.0,                # > 0: learn the capacity tilt, peer logit_j += t log r_j (centred)
     weight_lr=-1.0,             # sparse actors' load weights (their state-dependent part);
@@ -41,10 +42,14 @@ DEFAULTS = dict(
     # actor, kept for fidelity (see docs/policy.md, "Deviations").
     advantage="difference",
     hop_ns=-1.0,                # < 0: one-way delay measured from heartbeats
-    hop_weight=1.0,             # the hop's weight in the actors' advantages (not the gate)
+    hop_weight=0.3,             # the hop's weight in the actors' advantages (not the gate)
     capacity_prior=True,        # migrate logits += the capacity prior (capacity shares)
     hop_gate=True,              # accept while a local task would wait no longer than a hop
     mask_factor=2.0,            # 0 disables the overload mask
+    pending=0.0,                # w: a peer's load += w x own tasks sent since its heartbeat
+                                # (experimental, docs/policy.md "State the agents do not share")
+    pending_excess=False,       # pending counts only the sends beyond the table's expectation
+    gate_live=True,             # the hop gate follows the own queue between publishes
     trust=8.0,                  # 0 disables the trust region around the initial actors
     runaway_windows=20,         # 0 disables the runaway reset
     theta_bound=1000.0,         # peers' critics with a larger norm are refused
@@ -135,6 +140,7 @@ def check_params(params):
     num("hop_ns", -1.0)
     num("hop_weight", 0.0)
     num("mask_factor", 0.0)
+    num("pending", 0.0, 1.0)
     num("trust", 0.0)
     num("theta_bound", 0.0, lo_open=True)
     integer("runaway_windows", 0)
@@ -147,6 +153,8 @@ def check_params(params):
     cfg["learn"] = _as_bool("learn", cfg["learn"])
     cfg["capacity_prior"] = _as_bool("capacity_prior", cfg["capacity_prior"])
     cfg["hop_gate"] = _as_bool("hop_gate", cfg["hop_gate"])
+    cfg["pending_excess"] = _as_bool("pending_excess", cfg["pending_excess"])
+    cfg["gate_live"] = _as_bool("gate_live", cfg["gate_live"])
     return cfg
 
 

@@ -105,7 +105,7 @@ cdef class MalcolmPolicy(AgentState):
         Discount per window, in [0, 1).
     critic_lr, actor_lr, accept_lr : float
         AdamW learning rates of the critic, the actors, and (sparse actors) the own
-        outcome's bias and weight (accept / do not steal).
+        outcome's bias and weight (accept / do not steal; 0 by default, see ``gate_live``).
     weight_lr : float
         Sparse actors: AdamW learning rate of the load weights (W_jj, W_j,me for j != me),
         the only state-dependent part of the actors. < 0 (default): ``actor_lr`` (the full
@@ -144,6 +144,11 @@ cdef class MalcolmPolicy(AgentState):
     hop_gate : bool
         Accept outright the arrivals that would wait here no longer than one hop, the least
         a migration costs (see ``AgentState._gate_accept``). Default True.
+    gate_live, pending, pending_excess : bool, float, bool
+        State the agents do not share (docs/policy.md): the hop gate follows the own queue
+        between publishes (default True, with ``hop_gate``; ``AgentState._decide_live``).
+        Experimental, off: a peer's load += ``pending`` x own migrations to it since its
+        heartbeat (``_add_pending``; only those beyond the table's share: ``pending_excess``).
     mask_factor : float
         Never migrate to a peer whose load is above ours and above ``mask_factor`` times the
         rack's mean plus one task; never steal from a peer not busier than us. 0 disables.
@@ -225,6 +230,7 @@ cdef class MalcolmPolicy(AgentState):
         self.hop_weight = cfg["hop_weight"]
         self.capacity_prior = cfg["capacity_prior"]
         self.hop_gate = cfg["hop_gate"]
+        self._unshared_config(cfg)
         self.mask_factor = cfg["mask_factor"]
         self.trust = cfg["trust"]
         self.runaway_windows = cfg["runaway_windows"]
@@ -274,6 +280,7 @@ cdef class MalcolmPolicy(AgentState):
         self.last_now = now
         if self.auto_scale:
             self._rescale()
+        self._add_pending()
         self._learn_window()
         self.windows += 1
         if self.learn and self.runaway_windows > 0:

@@ -58,6 +58,8 @@ cdef class AgentState(Policy):
     cdef bint cons_median
     cdef readonly bint capacity_prior  # migrate logits += log(rate_j / mean rate)
     cdef readonly bint hop_gate        # accept while a local task waits no longer than a hop
+    cdef readonly double pending       # peer load += pending x own tasks sent since its hb
+    cdef readonly bint pending_excess  # ... only those beyond the published table's share
     cdef readonly double init_scale
     cdef readonly str init
     cdef readonly str actor_input  # "absolute" (u) or "relative" (u_j - u_me)
@@ -148,6 +150,9 @@ cdef class AgentState(Policy):
     cdef double gate_carry               # the budgets' fractional parts carried (dithering)
     cdef uint64_t gate_epoch
     cdef uint64_t gate_used
+    cdef readonly bint gate_live       # gate: K (signed) + completions - accepts since publish
+    cdef bint live                       # gate_live and hop_gate: the gateway runs it
+    cdef int64_t gate_done               # completions seen since the publish (gateway-owned)
 
     # decisions taken by the gateway: cumulative counts per outcome (gateway writes only)
     cdef uint64_t* cnt_mig
@@ -196,6 +201,9 @@ cdef class AgentState(Policy):
     cdef double _hop_units(self) noexcept nogil
     cdef void _decisions_counted(self) noexcept nogil
     cdef void _gate_accept(self) noexcept nogil
+    cdef int _decide_live(self, uint64_t g) noexcept nogil
+    cdef void _add_pending(self) noexcept nogil
+    cdef int _unshared_config(self, dict cfg) except -1
     cdef void _learned_logits(self) noexcept nogil
     cdef void _tilt_logits(self) noexcept nogil
     cdef void _migrate_weights(self, double* w) noexcept nogil

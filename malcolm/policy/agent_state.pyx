@@ -12,8 +12,8 @@ Threads: ``decide_*`` run on the gateway thread and touch only the published tab
 gateway's ``Rng`` and the gateway-owned per-outcome decision counters; all other methods run
 on the policy thread.
 """
-from libc.math cimport fabs, log, sqrt
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
+from libc.math cimport fabs, floor, log, sqrt
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free
 from libc.string cimport memcpy, memset
 
@@ -190,6 +190,8 @@ cdef class AgentState(Policy):
         cdef uint64_t g = mc_load_relaxed(&self.gate_pub)
         cdef uint32_t k = <uint32_t>g       # the low half: the budget; 0 while closed
         cdef int a
+        if self.live:
+            return self._decide_live(g)
         if k:
             # the hop gate's budget for this window (see _gate_accept): gateway-owned counts
             if g >> 32 != self.gate_epoch:
@@ -203,8 +205,41 @@ cdef class AgentState(Policy):
         mc_store_relaxed(&self.cnt_mig[a], self.cnt_mig[a] + 1)
         return a
 
+    cdef int _decide_live(self, uint64_t g) noexcept nogil:
+        """``gate_live``: the gate's budget from the own queue now, not at the publish.
+
+        The publish carries K = c - q + h r as a signed 32-bit number (q the tasks here at the
+        publish); since then this gateway kept ``gate_used`` arrivals and saw ``gate_done``
+        completions (``decide_steal`` is called after each), so the next arrival finds
+        q' = q + used - done tasks and waits no longer than a hop while K + done - used >= 1.
+        Migrations in and steals are still not counted (no gateway call sees them).
+        """
+        cdef int a
+        cdef int64_t k = <int64_t>(<int32_t>(g & LOW32))
+        if g >> 32 != self.gate_epoch:
+            self.gate_epoch = g >> 32
+            self.gate_used = 0
+            self.gate_done = 0
+        if k + self.gate_done - <int64_t>self.gate_used >= 1:
+            self.gate_used += 1
+            mc_store_relaxed(&self.gated, self.gated + 1)
+            return self.me
+        a = cat_sample(&self.mig, &self.rng)
+        mc_store_relaxed(&self.cnt_mig[a], self.cnt_mig[a] + 1)
+        self.gate_used += a == self.me      # branch-free: the outcome is random
+        return a
+
     cdef int decide_steal(self, int64_t now) noexcept nogil:
         cdef int a = cat_sample(&self.stl, &self.rng)
+        cdef uint64_t g
+        if self.live:
+            # a completion: one task fewer here (see _decide_live)
+            g = mc_load_relaxed(&self.gate_pub)
+            if g >> 32 != self.gate_epoch:
+                self.gate_epoch = g >> 32
+                self.gate_used = 0
+                self.gate_done = 0
+            self.gate_done += 1
         mc_store_relaxed(&self.cnt_stl[a], self.cnt_stl[a] + 1)
         return -1 if a == self.me else a
 
@@ -409,11 +444,22 @@ cdef class AgentState(Policy):
         """
         cdef double h = self._hop_units() * self.load_scale, r = self.adv[2 * self.n + self.me]
         cdef double c = <double>(self.n_workers if self.n_workers > 1 else 1)
-        cdef double k = 0.0
+        cdef double k = 0.0, kf
         cdef uint64_t kb = 0
         if h > 0.0 and r > 0.0:
             # q = x_me r: the driver observes load = queue / rate with one read of the rate
             k = c - self.x[self.me] * r + h * r
+        elif self.gate_live:
+            k = -1e9        # no hop or rate known yet: closed, whatever completes
+        if self.gate_live:
+            # signed: a queue beyond the hop closes the gate until enough tasks complete
+            k = k if k > -1e9 else -1e9
+            k = k if k < 65536.0 else 65536.0
+            kf = floor(k)
+            self.gate_seq += 1
+            mc_store_relaxed(&self.gate_pub, ((self.gate_seq & LOW32) << 32)
+                             | (<uint64_t>(<uint32_t>(<int32_t>kf))))
+            return
         if k >= 1.0:
             k += self.gate_carry
             k = 65536.0 if k > 65536.0 else k
@@ -423,6 +469,53 @@ cdef class AgentState(Policy):
             self.gate_carry = 0.0
         self.gate_seq += 1
         mc_store_relaxed(&self.gate_pub, ((self.gate_seq & LOW32) << 32) | kb)
+
+    cdef int _unshared_config(self, dict cfg) except -1:
+        """The parameters of the decisions from state the agents do not share (``__init__``)."""
+        self.pending = cfg["pending"]
+        self.pending_excess = cfg["pending_excess"]
+        self.gate_live = cfg["gate_live"]
+        # only the gate's publish (hop_gate, set before) renews the budget the live gateway
+        # counts from
+        self.live = self.gate_live and self.hop_gate
+        return 0
+
+    cdef void _add_pending(self) noexcept nogil:
+        """Own migrations of the window that just ended, added to their targets' loads.
+
+        A peer's load is what its last heartbeat said, sent about a window ago; the tasks this
+        agent sent it since are not in it, and only this agent knows them (state the agents
+        do not share, unlike the heartbeats). Each peer j gets ``pending`` x (this window's
+        migrations to j) / r_j (one task of j, or one ``load_scale`` while its rate is
+        unknown); its next heartbeat overwrites the sum. Called before the window's learning
+        step, so the advantages, the features, the mask and the actors' inputs all see it.
+        O(n), on the policy thread: the gateway's path is unchanged.
+
+        ``pending_excess``: only the sends beyond the table's expectation, k_j - K pi_j (K
+        the window's sampled decisions, pi the table they were drawn from). At a steady state
+        a peer's stale load already includes this agent's average sends (its load is
+        stationary), so the excess is the unbiased private correction; all the sends bias
+        every peer's load upwards and make accepting look better than it is.
+        """
+        cdef int j, n = self.n
+        cdef double d, r, tot = 0.0
+        cdef const double* rate = self.adv + 2 * n
+        if not self.pending > 0.0:
+            return
+        if self.pending_excess:
+            for j in range(n):
+                tot += <double>(mc_load_relaxed(&self.cnt_mig[j]) - self.seen_mig[j])
+        for j in range(n):
+            if j == self.me or not self.known[j]:
+                continue
+            d = <double>(mc_load_relaxed(&self.cnt_mig[j]) - self.seen_mig[j])
+            if self.pending_excess:
+                d -= tot * self.pm_pub[j]
+            if d == 0.0:
+                continue
+            r = rate[j]
+            self._set_load(j, self.x[j] + self.pending * d * (1.0 / r if r > 0.0
+                                                              else self.load_scale))
 
     cdef void _set_load(self, int j, double load) noexcept nogil:
         cdef double v
