@@ -313,43 +313,6 @@ def test_hop_gate_counts_idle_workers():
         p.workers = 0
 
 
-def test_pending_adds_own_migrations_to_their_targets_until_a_heartbeat():
-    """pending=w: at the end of a window each peer's last reported load grows by w x the
-    tasks this agent sent it in the window (in that peer's task times), again in each window
-    without a heartbeat from it, and its next heartbeat replaces the sum. pending=0 (the
-    default) leaves the reported loads alone."""
-    n = 4
-    rates = rates_of([1, 2, 4, 8])
-    base = np.array([0.0, 1.0, 2.0, 0.5]) * T
-
-    def run(w):
-        p = MalcolmPolicy(n, 0, seed=1, hop_gate=False, mask_factor=0.0, learn=False,
-                          pending=w)
-        feed(p, 0, base, rates)
-        got = []
-        for k in range(1, 3):       # two windows without heartbeats
-            c = hooks.sample_many(p, "arrival", 200)
-            p.py_observe_local(k * 100_000, 0.0, 0.0, float(rates[0]))
-            p.py_end_window(k * 100_000)
-            got.append((c, p.loads))
-        return p, got
-
-    p, got = run(0.5)
-    sent = np.zeros(n)
-    for c, loads in got:
-        sent += c
-        want = base + 0.5 * sent / rates
-        np.testing.assert_allclose(loads[1:], want[1:], rtol=1e-12)
-    assert sent[1:].min() > 0
-    p.py_observe_peer(300_000, 2, 7.0, rate=float(rates[2]))
-    assert p.loads[2] == 7.0                         # the heartbeat replaces the sum
-    q, got = run(0.0)
-    for _, loads in got:
-        np.testing.assert_array_equal(loads[1:], base[1:])
-    with pytest.raises(ValueError, match="pending"):
-        MalcolmPolicy(n, 0, pending=1.5)
-
-
 def test_gate_live_follows_the_own_queue_between_publishes():
     """gate_live: the publish carries K = c - q + h r signed (here 1 - 3 + 0.2 = -1.8, floor
     -2); each completion (a decide_steal call) frees one place, each arrival kept takes one,

@@ -46,9 +46,6 @@ DEFAULTS = dict(
     capacity_prior=True,        # migrate logits += the capacity prior (capacity shares)
     hop_gate=True,              # accept while a local task would wait no longer than a hop
     mask_factor=2.0,            # 0 disables the overload mask
-    pending=0.0,                # w: a peer's load += w x own tasks sent since its heartbeat
-                                # (experimental, docs/policy.md "State the agents do not share")
-    pending_excess=False,       # pending counts only the sends beyond the table's expectation
     gate_live=True,             # the hop gate follows the own queue between publishes
     trust=8.0,                  # 0 disables the trust region around the initial actors
     runaway_windows=20,         # 0 disables the runaway reset
@@ -140,7 +137,6 @@ def check_params(params):
     num("hop_ns", -1.0)
     num("hop_weight", 0.0)
     num("mask_factor", 0.0)
-    num("pending", 0.0, 1.0)
     num("trust", 0.0)
     num("theta_bound", 0.0, lo_open=True)
     integer("runaway_windows", 0)
@@ -153,7 +149,6 @@ def check_params(params):
     cfg["learn"] = _as_bool("learn", cfg["learn"])
     cfg["capacity_prior"] = _as_bool("capacity_prior", cfg["capacity_prior"])
     cfg["hop_gate"] = _as_bool("hop_gate", cfg["hop_gate"])
-    cfg["pending_excess"] = _as_bool("pending_excess", cfg["pending_excess"])
     cfg["gate_live"] = _as_bool("gate_live", cfg["gate_live"])
     return cfg
 

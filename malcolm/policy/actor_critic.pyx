@@ -30,7 +30,7 @@ design and the reasons for the feature vector are in ``docs/policy.md``.
 """
 import numpy as np
 
-from libc.math cimport log, sqrt
+from libc.math cimport copysign, fabs, log, sqrt
 from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memcpy, memset
 
@@ -144,11 +144,9 @@ cdef class MalcolmPolicy(AgentState):
     hop_gate : bool
         Accept outright the arrivals that would wait here no longer than one hop, the least
         a migration costs (see ``AgentState._gate_accept``). Default True.
-    gate_live, pending, pending_excess : bool, float, bool
-        State the agents do not share (docs/policy.md): the hop gate follows the own queue
-        between publishes (default True, with ``hop_gate``; ``AgentState._decide_live``).
-        Experimental, off: a peer's load += ``pending`` x own migrations to it since its
-        heartbeat (``_add_pending``; only those beyond the table's share: ``pending_excess``).
+    gate_live : bool
+        The hop gate follows the own queue between publishes, state the agents do not share
+        (default True, with ``hop_gate``; ``AgentState._decide_live``; docs/policy.md).
     mask_factor : float
         Never migrate to a peer whose load is above ours and above ``mask_factor`` times the
         rack's mean plus one task; never steal from a peer not busier than us. 0 disables.
@@ -280,7 +278,6 @@ cdef class MalcolmPolicy(AgentState):
         self.last_now = now
         if self.auto_scale:
             self._rescale()
-        self._add_pending()
         self._learn_window()
         self.windows += 1
         if self.learn and self.runaway_windows > 0:
@@ -578,11 +575,10 @@ cdef class MalcolmPolicy(AgentState):
         a non-finite parameter resets the actors; the critic's norm stays within theta_bound.
         """
         cdef int d = self.n_theta, npar = self.n_params, i, j, k, nn = self.n * self.n
-        cdef double r, nrm = 0.0, t
+        cdef double r, nrm = 0.0, t = 0.0
         cdef double* P = self.P
         # Adam's step is finite for finite gradients; a NaN can only come from a bug or an
         # absurd input that got past the clamps, and then the safe start is the answer.
-        t = 0.0
         for j in range(self.n):
             t += (P[self.off_bm + j] + P[self.off_bs + j] + P[self.off_wm + self.me * self.n + j]
                   + P[self.off_ws + self.me * self.n + j])
@@ -595,13 +591,11 @@ cdef class MalcolmPolicy(AgentState):
         t += self.tilt
         if not (t == t) or t > 1e300 or t < -1e300:
             self._reset_actors()
-        if self.trust > 0.0 and self.use_tilt:
+        if self.trust > 0.0 and self.use_tilt and fabs(self.tilt) > self.tilt_max:
             # |tilt| <= tilt_max (0.5: with rates skewed 16:1, |tl| <= 2.8, a logit moves by
             # at most 1.4 from the capacity shares, whichever way the tilt learns)
-            r = self.tilt_max
-            if self.tilt > r or self.tilt < -r:
-                self.tilt = r if self.tilt > r else -r
-                self.trust_clips += 1
+            self.tilt = copysign(self.tilt_max, self.tilt)
+            self.trust_clips += 1
         for i in range(d):
             t = P[i]
             if not (t == t) or t > 1e300 or t < -1e300:
@@ -697,7 +691,6 @@ cdef class MalcolmPolicy(AgentState):
         if self.marginal and not self.adv_next:
             self._marginal_advantages(True, True)
 
-    # ------------------------------------------------------------ Python inspection and driving
     def _vec(self, int off, int count):
         return _copy(self.P + off, count)
 

@@ -58,8 +58,6 @@ cdef class AgentState(Policy):
     cdef bint cons_median
     cdef readonly bint capacity_prior  # migrate logits += log(rate_j / mean rate)
     cdef readonly bint hop_gate        # accept while a local task waits no longer than a hop
-    cdef readonly double pending       # peer load += pending x own tasks sent since its hb
-    cdef readonly bint pending_excess  # ... only those beyond the published table's share
     cdef readonly double init_scale
     cdef readonly str init
     cdef readonly str actor_input  # "absolute" (u) or "relative" (u_j - u_me)
@@ -202,7 +200,6 @@ cdef class AgentState(Policy):
     cdef void _decisions_counted(self) noexcept nogil
     cdef void _gate_accept(self) noexcept nogil
     cdef int _decide_live(self, uint64_t g) noexcept nogil
-    cdef void _add_pending(self) noexcept nogil
     cdef int _unshared_config(self, dict cfg) except -1
     cdef void _learned_logits(self) noexcept nogil
     cdef void _tilt_logits(self) noexcept nogil

@@ -472,50 +472,11 @@ cdef class AgentState(Policy):
 
     cdef int _unshared_config(self, dict cfg) except -1:
         """The parameters of the decisions from state the agents do not share (``__init__``)."""
-        self.pending = cfg["pending"]
-        self.pending_excess = cfg["pending_excess"]
         self.gate_live = cfg["gate_live"]
         # only the gate's publish (hop_gate, set before) renews the budget the live gateway
         # counts from
         self.live = self.gate_live and self.hop_gate
         return 0
-
-    cdef void _add_pending(self) noexcept nogil:
-        """Own migrations of the window that just ended, added to their targets' loads.
-
-        A peer's load is what its last heartbeat said, sent about a window ago; the tasks this
-        agent sent it since are not in it, and only this agent knows them (state the agents
-        do not share, unlike the heartbeats). Each peer j gets ``pending`` x (this window's
-        migrations to j) / r_j (one task of j, or one ``load_scale`` while its rate is
-        unknown); its next heartbeat overwrites the sum. Called before the window's learning
-        step, so the advantages, the features, the mask and the actors' inputs all see it.
-        O(n), on the policy thread: the gateway's path is unchanged.
-
-        ``pending_excess``: only the sends beyond the table's expectation, k_j - K pi_j (K
-        the window's sampled decisions, pi the table they were drawn from). At a steady state
-        a peer's stale load already includes this agent's average sends (its load is
-        stationary), so the excess is the unbiased private correction; all the sends bias
-        every peer's load upwards and make accepting look better than it is.
-        """
-        cdef int j, n = self.n
-        cdef double d, r, tot = 0.0
-        cdef const double* rate = self.adv + 2 * n
-        if not self.pending > 0.0:
-            return
-        if self.pending_excess:
-            for j in range(n):
-                tot += <double>(mc_load_relaxed(&self.cnt_mig[j]) - self.seen_mig[j])
-        for j in range(n):
-            if j == self.me or not self.known[j]:
-                continue
-            d = <double>(mc_load_relaxed(&self.cnt_mig[j]) - self.seen_mig[j])
-            if self.pending_excess:
-                d -= tot * self.pm_pub[j]
-            if d == 0.0:
-                continue
-            r = rate[j]
-            self._set_load(j, self.x[j] + self.pending * d * (1.0 / r if r > 0.0
-                                                              else self.load_scale))
 
     cdef void _set_load(self, int j, double load) noexcept nogil:
         cdef double v
