@@ -16,15 +16,49 @@
 #define MC_SORT_CLONES
 #endif
 
+typedef double mc_sort_v4d __attribute__((vector_size(32)));
+typedef long long mc_sort_v4l __attribute__((vector_size(32)));
+
 /* rk[i] <- the number of keys that sort before key i: smaller ones, and equal ones at a
-   lower index (so the ranks are a permutation and the sort is stable). */
+   lower index (so the ranks are a permutation and the sort is stable). Counted as
+   #{j : key[j] < key[i]} over all keys, in one loop over a copy padded with +inf to a
+   multiple of 4 (4-lane compares, no scalar tail per i, four keys i per pass), plus the
+   equal keys at lower indices, handed out in a second O(k) pass: equal keys have equal
+   counts of smaller keys and different keys different counts, so fill[c] numbers the keys
+   equal to one value in index order. The same ranks as comparing each pair with <= below i
+   and < from i on, in about half the instructions (docs/policy.md "Scale", sixth
+   session). */
 static MC_SORT_CLONES void mc_sort_ranks(const double *restrict key, int *restrict rk, int k) {
-    for (int i = 0; i < k; i++) {
-        double ki = key[i];
-        long c = 0;
-        for (int j = 0; j < i; j++) c += key[j] <= ki;
-        for (int j = i; j < k; j++) c += key[j] < ki;
-        rk[i] = (int)c;
+    double kp[MC_SORT_MAX] __attribute__((aligned(32)));
+    int lt[MC_SORT_MAX], fill[MC_SORT_MAX];
+    int i, j, m = (k + 3) & ~3;
+    for (i = 0; i < k; i++) kp[i] = key[i];
+    for (; i < m; i++) kp[i] = __builtin_inf();    /* never below a key (keys not NaN) */
+    /* four keys i at a time, each 4-lane load of the keys j compared with all four (the
+       padding keys' counts are computed and never read) */
+    for (i = 0; i < m; i += 4) {
+        mc_sort_v4d k0 = {kp[i], kp[i], kp[i], kp[i]};
+        mc_sort_v4d k1 = {kp[i + 1], kp[i + 1], kp[i + 1], kp[i + 1]};
+        mc_sort_v4d k2 = {kp[i + 2], kp[i + 2], kp[i + 2], kp[i + 2]};
+        mc_sort_v4d k3 = {kp[i + 3], kp[i + 3], kp[i + 3], kp[i + 3]};
+        mc_sort_v4l c0 = {0, 0, 0, 0}, c1 = c0, c2 = c0, c3 = c0;
+        for (j = 0; j < m; j += 4) {
+            mc_sort_v4d a;
+            __builtin_memcpy(&a, kp + j, sizeof a);
+            c0 -= (mc_sort_v4l)(a < k0);      /* a true lane is -1 */
+            c1 -= (mc_sort_v4l)(a < k1);
+            c2 -= (mc_sort_v4l)(a < k2);
+            c3 -= (mc_sort_v4l)(a < k3);
+        }
+        lt[i] = (int)(c0[0] + c0[1] + c0[2] + c0[3]);
+        lt[i + 1] = (int)(c1[0] + c1[1] + c1[2] + c1[3]);
+        lt[i + 2] = (int)(c2[0] + c2[1] + c2[2] + c2[3]);
+        lt[i + 3] = (int)(c3[0] + c3[1] + c3[2] + c3[3]);
+    }
+    for (i = 0; i < k; i++) fill[i] = 0;
+    for (i = 0; i < k; i++) {
+        int c = lt[i];
+        rk[i] = c + fill[c]++;
     }
 }
 
