@@ -605,8 +605,8 @@ cdef class AgentState(Policy):
 
     cdef void observe_peer(self, int64_t now, const Heartbeat* hb) noexcept nogil:
         cdef int src = hb.src
-        cdef int d = self.n_theta, i
-        cdef double rate = hb.rate, load = hb.load, dly
+        cdef int d = self.n_theta
+        cdef double rate = hb.rate, load = hb.load, dly, v
         cdef uint64_t dm, ds
         cdef PeerRec* pr
         cdef double* pt
@@ -651,12 +651,24 @@ cdef class AgentState(Policy):
             # Only copied here; checked by _peer_critics_checked at the consensus round that
             # reads it (one in consensus_every windows): checking every heartbeat was a third
             # of this method, n - 1 times per window, on a 64-server rack (docs/policy.md
-            # "Scale"). 1: received, not yet checked.
+            # "Scale"). 1: received, not yet checked. d = 5 (symmetric): a few moves.
             pt = &self.peer_theta[<Py_ssize_t>src * d]
-            for i in range(d):
-                pt[i] = hb.theta[i]
+            if d == 5:
+                memcpy(pt, hb.theta, sizeof(double) * 5)
+            else:
+                memcpy(pt, hb.theta, sizeof(double) * d)
             self.peer_theta_ok[src] = 1
-        self._set_load(src, load)
+        if not self.sparse:
+            self._set_load(src, load)
+            return
+        # _set_load's sparse path in place (no vtable call; load is in [0, LOAD_MAX_NS])
+        v = load / self.load_scale
+        if v > self.load_clip:
+            v = self.load_clip
+        self.x[src] = load
+        self.u[src] = v
+        self.known[src] = 1
+        self.sorted_ok = False
 
     cdef void _peer_critics_checked(self) noexcept nogil:
         """Bounded consensus: the peers' critics received since the last check are used
