@@ -11,26 +11,39 @@
 #endif
 #define MC_PUB_MAX 64       /* servers (MAX_SERVERS in policy/base.pxd) */
 
+typedef double mc_pub_v4d __attribute__((vector_size(32)));
+typedef long long mc_pub_v4l __attribute__((vector_size(32)));
+
 /* p = w * exp(g) / sum(w * exp(g)): the softmax of g + log(w), without the n logs.
    w_i = 0 masks outcome i (p_i = 0 exactly). The shift is the largest g over the
    unmasked outcomes, so every exponent is <= 0 for them; the masked ones are computed
    with a clamped exponent and multiplied by 0. The max and the sum run in four lanes
-   (a sequential sum of 64 terms is a chain of 64 dependent adds). Returns 0, or -1
+   (a sequential sum of 64 terms is a chain of 64 dependent adds), written as 4-lane
+   vectors: lane l sums p[l], p[l + 4], ... in order as the scalar lanes did, and the max
+   of the unmasked non-NaN g is the same whatever the lanes (up to the sign of a zero
+   shift, which leaves every g - m unchanged). Returns 0, or -1
    (p untouched) when no outcome is left or the sum is not a positive finite number: the
    caller decides. */
 static MC_PUB_CLONES int mc_pub_softmax_w(const double *restrict g, const double *restrict w,
                                           double *restrict p, int n) {
-    double m0 = -1e300, m1 = -1e300, m2 = -1e300, m3 = -1e300, m, z;
-    double z0 = 0.0, z1 = 0.0, z2 = 0.0, z3 = 0.0;
+    const mc_pub_v4d lowv = {-1e300, -1e300, -1e300, -1e300}, zerov = {0.0, 0.0, 0.0, 0.0};
+    mc_pub_v4d mv = lowv, zv = zerov;
+    double m0, m1, m2, m3, m, z, z0;
     int i = 0;
     for (; i + 4 <= n; i += 4) {
-        double a0 = w[i] > 0.0 ? g[i] : -1e300, a1 = w[i + 1] > 0.0 ? g[i + 1] : -1e300;
-        double a2 = w[i + 2] > 0.0 ? g[i + 2] : -1e300, a3 = w[i + 3] > 0.0 ? g[i + 3] : -1e300;
-        m0 = a0 > m0 ? a0 : m0;
-        m1 = a1 > m1 ? a1 : m1;
-        m2 = a2 > m2 ? a2 : m2;
-        m3 = a3 > m3 ? a3 : m3;
+        mc_pub_v4d gv, wv;
+        mc_pub_v4l on, gt;
+        __builtin_memcpy(&gv, g + i, sizeof gv);
+        __builtin_memcpy(&wv, w + i, sizeof wv);
+        on = (mc_pub_v4l)(wv > zerov);
+        gv = (mc_pub_v4d)(((mc_pub_v4l)gv & on) | ((mc_pub_v4l)lowv & ~on));
+        gt = (mc_pub_v4l)(gv > mv);
+        mv = (mc_pub_v4d)(((mc_pub_v4l)gv & gt) | ((mc_pub_v4l)mv & ~gt));
     }
+    m0 = mv[0];
+    m1 = mv[1];
+    m2 = mv[2];
+    m3 = mv[3];
     for (; i < n; i++) m0 = (w[i] > 0.0 && g[i] > m0) ? g[i] : m0;
     m0 = m1 > m0 ? m1 : m0;
     m2 = m3 > m2 ? m3 : m2;
@@ -41,13 +54,13 @@ static MC_PUB_CLONES int mc_pub_softmax_w(const double *restrict g, const double
         p[i] = w[i] * mc_exp_nonpos(d < 0.0 ? d : 0.0);
     }
     for (i = 0; i + 4 <= n; i += 4) {
-        z0 += p[i];
-        z1 += p[i + 1];
-        z2 += p[i + 2];
-        z3 += p[i + 3];
+        mc_pub_v4d pv;
+        __builtin_memcpy(&pv, p + i, sizeof pv);
+        zv += pv;
     }
+    z0 = zv[0];
     for (; i < n; i++) z0 += p[i];
-    z = (z0 + z1) + (z2 + z3);
+    z = (z0 + zv[1]) + (zv[2] + zv[3]);
     if (!(z > 0.0) || !(z < 1e308)) return -1;
     z = 1.0 / z;
     for (i = 0; i < n; i++) p[i] *= z;
@@ -124,5 +137,46 @@ static inline void mc_pub_steal_weights(const double *restrict x,
     double xme = x[me];
     for (int j = 0; j < n; j++)
         w[j] = ((j != me) & mask & (known[j] != 0) & (x[j] <= xme)) ? 0.0 : 1.0;
+}
+/* The sparse actors' inputs (AgentState._actor_inputs): z_j = u_j - the mean of the known
+   u, clipped to +-zclip, 0 for unknown servers. The same operations in the same order as
+   the Cython loops they replace (the sum stays sequential); with restrict the second loop
+   vectorizes. Not cloned for AVX2: FMA contraction there would change the bits. */
+static inline void mc_pub_actor_inputs(const double *restrict u,
+                                       const unsigned char *restrict known,
+                                       double *restrict z, int n, double zclip) {
+    double ub = 0.0;
+    int j, k = 0;
+    for (j = 0; j < n; j++) {
+        if (known[j]) {
+            ub += u[j];
+            k += 1;
+        }
+    }
+    ub /= (double)(k > 0 ? k : 1);
+    if (k == n) {       /* every server known (a rack after its first window): no mask */
+        for (j = 0; j < n; j++) {
+            double t = u[j] - ub;
+            z[j] = t > zclip ? zclip : (t < -zclip ? -zclip : t);
+        }
+        return;
+    }
+    for (j = 0; j < n; j++) {
+        double t = known[j] ? u[j] - ub : 0.0;
+        z[j] = t > zclip ? zclip : (t < -zclip ? -zclip : t);
+    }
+}
+
+/* The sparse actors' learned logit parts (AgentState._learned_logits) from the gathered
+   block A = [B | W_jj | W_j,me] (migrate, then steal): g_j = B_j + W_jj z_j + W_j,me z_me,
+   evaluated as (B_j + W_jj z_j) + W_j,me z_me like the Cython loop it replaces. */
+static inline void mc_pub_learned_logits(const double *restrict A, const double *restrict z,
+                                         double *restrict g, int n, int me) {
+    const double *restrict bm = A, *restrict dm = A + n, *restrict cm = A + 2 * n;
+    const double *restrict bs = A + 3 * n, *restrict ds = A + 4 * n, *restrict cs = A + 5 * n;
+    double *restrict gm = g, *restrict gs = g + n;
+    double zme = z[me];
+    for (int j = 0; j < n; j++) gm[j] = bm[j] + dm[j] * z[j] + cm[j] * zme;
+    for (int j = 0; j < n; j++) gs[j] = bs[j] + ds[j] * z[j] + cs[j] * zme;
 }
 #endif

@@ -35,6 +35,10 @@ cdef extern from "policy/_pub_kernels.h" nogil:
                                double mask_factor) noexcept nogil
     void mc_pub_steal_weights(const double* x, const uint8_t* known, double* w, int n, int me,
                               int mask) noexcept nogil
+    void mc_pub_actor_inputs(const double* u, const uint8_t* known, double* z, int n,
+                             double zclip) noexcept nogil
+    void mc_pub_learned_logits(const double* A, const double* z, double* g, int n,
+                               int me) noexcept nogil
 
 
 cdef double LOAD_MAX_NS = 1e12
@@ -251,19 +255,12 @@ cdef class AgentState(Policy):
         rack's mean, so that a busy rack does not scale every logit with its load level.
         full: u, or u_j - u_me for known peers (0 elsewhere) with actor_input="relative".
         """
-        cdef int j, n = self.n, k = 0
-        cdef double ub = 0.0
+        cdef int j, n = self.n
         if self.sparse:
-            for j in range(n):
-                if self.known[j]:
-                    ub += self.u[j]
-                    k += 1
-            ub /= k if k > 0 else 1
-            for j in range(n):
-                z[j] = self.u[j] - ub if self.known[j] else 0.0
-                # deviations beyond ZCLIP tasks carry no more information (the mask
-                # handles overloaded servers), and bounded inputs keep logits bounded
-                z[j] = ZCLIP if z[j] > ZCLIP else (-ZCLIP if z[j] < -ZCLIP else z[j])
+            # in C (_pub_kernels.h), the same operations. Deviations beyond ZCLIP tasks carry
+            # no more information (the mask handles overloaded servers), and bounded inputs
+            # keep logits bounded
+            mc_pub_actor_inputs(self.u, self.known, z, n, ZCLIP)
             return
         if not self.rel_input:
             memcpy(z, self.u, sizeof(double) * n)
@@ -512,13 +509,8 @@ cdef class AgentState(Policy):
         block ``act`` (W_me,me counted once: its column-me entry there is 0)."""
         cdef int n = self.n, j
         cdef double* g = self.g_pub
-        cdef const double* A = self.act
-        cdef const double* z = self.u_pub
-        cdef double zme = z[self.me]
         if self.sparse:
-            for j in range(n):
-                g[j] = A[j] + A[n + j] * z[j] + A[2 * n + j] * zme
-                g[n + j] = A[3 * n + j] + A[4 * n + j] * z[j] + A[5 * n + j] * zme
+            mc_pub_learned_logits(self.act, self.u_pub, g, n, self.me)    # in C, the same
         else:
             for j in range(n):
                 g[j] = self.mig.f[j]
