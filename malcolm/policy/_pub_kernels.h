@@ -68,32 +68,31 @@ static MC_PUB_CLONES int mc_pub_softmax_w(const double *restrict g, const double
 }
 
 /* The migrate outcomes' weights (AgentState._migrate_weights, whose docstring says what
-   they are); returns how many peers the overload mask zeroed. The same operations in the
-   same order as the Cython loops they replace, so the weights are bit-identical (the sums
-   stay sequential; a build with FMA, MALCOLM_NATIVE=1, may fuse rsum + km1 * r here as it
-   did there), but the per-server divisions run in loops that vectorize, and the mask's
-   second test (v > lim + 1 / (r ls), which needs another division) runs only for servers
-   above lim: below it the test is false whatever s > 0 is (lim + s >= lim). The branches
-   it replaces mispredicted on most servers of a busy rack. Not cloned for AVX2: the
-   clone's dispatch made the cache-hot 16-server window 10% slower and inlining is lost. */
+   they are); returns how many peers the overload mask zeroed. The same values as the
+   Cython loops this replaced (each sum in its order; a build with FMA, MALCOLM_NATIVE=1,
+   may fuse rsum + km1 * r here as it did there), with the per-server divisions in loops
+   that vectorize and the overload mask without branches (they mispredicted on most
+   servers of a busy rack). Not cloned for AVX2: the clone's dispatch made the cache-hot
+   16-server window 10% slower and inlining is lost. */
 static inline int mc_pub_migrate_weights(const double *restrict x, const double *restrict rate,
                                          const unsigned char *restrict known,
                                          double *restrict w, int n, int me, double ls,
                                          int capacity_prior, double mask_factor) {
     double rbar, vbar = 0.0, vme, lim, rsum = 0.0, spare = 0.0, c, km1;
-    double v[MC_PUB_MAX];
-    int j, k = 0, nm = 0, flow, prior;
-    for (j = 0; j < n; j++) {
-        vbar += known[j] ? x[j] : 0.0;
-        k += known[j] != 0;
+    int j, k = 0, kr = 0, flow, prior;
+    long long nm = 0;
+    /* x_j >= 0 (0 while j is unknown: x is never written before known_j) and rate_j >= 0
+       (0 or a clamped positive rate), so the sums add x and rate of every server: the
+       terms the selects made +0.0 add nothing to a sum that starts at +0.0 */
+    for (j = 0; j < n; j++) k += known[j] != 0;
+    for (j = 0; j < n; j++) kr += rate[j] > 0.0;
+    for (j = 0; j < n; j++) {       /* the two sums in one pass, each in its own order */
+        vbar += x[j];
+        rsum += rate[j];
     }
     vbar /= (double)(k > 0 ? k : 1) * ls;
     vme = x[me] / ls;
-    k = 0;
-    for (j = 0; j < n; j++) {
-        rsum += rate[j] > 0.0 ? rate[j] : 0.0;
-        k += rate[j] > 0.0;
-    }
+    k = kr;
     rbar = k > 0 ? rsum / k : 0.0;
     prior = capacity_prior && rbar > 0.0;
     flow = prior && k > 1 && rate[me] > 0.0;
@@ -101,8 +100,9 @@ static inline int mc_pub_migrate_weights(const double *restrict x, const double 
     if (flow) {
         for (j = 0; j < n; j++) {
             double r = rate[j], q = r * r / (rsum + km1 * r);
-            w[j] = (j != me && r > 0.0) ? q : 0.0;
+            w[j] = r > 0.0 ? q : 0.0;
         }
+        w[me] = 0.0;                /* accepting is not a peer's share */
         for (j = 0; j < n; j++) spare += w[j];
         c = (rsum - rate[me]) / (spare * rbar);
         for (j = 0; j < n; j++) w[j] = rate[j] > 0.0 ? c * w[j] : 1.0;
@@ -114,19 +114,18 @@ static inline int mc_pub_migrate_weights(const double *restrict x, const double 
     }
     if (prior && rate[me] > 0.0) w[me] = rate[me] / rbar;
     if (mask_factor > 0.0) {
+        /* masked: a known peer j with v_j > v_me, v_j > lim and v_j > lim + s_j, in one
+           branch-free loop. v_j > v_me already excludes j = me (v_me is v_j's own
+           division) and every unknown j (v_j = 0 <= v_me) */
         lim = mask_factor * vbar;
-        for (j = 0; j < n; j++) v[j] = x[j] / ls;
         for (j = 0; j < n; j++) {
-            if ((j != me) & (known[j] != 0) & (v[j] > vme) & (v[j] > lim)) {
-                double s = rate[j] > 0.0 ? 1.0 / (rate[j] * ls) : 1.0;
-                if (v[j] > lim + s) {
-                    w[j] = 0.0;
-                    nm++;
-                }
-            }
+            double v = x[j] / ls, s = rate[j] > 0.0 ? 1.0 / (rate[j] * ls) : 1.0;
+            long long m = (v > vme) & (v > lim) & (v > lim + s);
+            w[j] = m ? 0.0 : w[j];
+            nm += m;
         }
     }
-    return nm;
+    return (int)nm;
 }
 
 /* The steal outcomes' weights (AgentState._steal_weights): 0 for the known peers not
