@@ -70,9 +70,8 @@ static MC_PUB_CLONES int mc_pub_softmax_w(const double *restrict g, const double
 /* The migrate outcomes' weights (AgentState._migrate_weights, whose docstring says what
    they are); returns how many peers the overload mask zeroed. The same values as the
    Cython loops this replaced (each sum in its order; a build with FMA, MALCOLM_NATIVE=1,
-   may fuse rsum + km1 * r here as it did there), with the per-server divisions in loops
-   that vectorize and the overload mask without branches (they mispredicted on most
-   servers of a busy rack). Not cloned for AVX2: the clone's dispatch made the cache-hot
+   may fuse rsum + km1 * r here as it did there), with the sums without selects and the
+   per-server divisions in loops that vectorize. Not cloned for AVX2: the clone's dispatch made the cache-hot
    16-server window 10% slower and inlining is lost. */
 static inline int mc_pub_migrate_weights(const double *restrict x, const double *restrict rate,
                                          const unsigned char *restrict known,
@@ -114,15 +113,22 @@ static inline int mc_pub_migrate_weights(const double *restrict x, const double 
     }
     if (prior && rate[me] > 0.0) w[me] = rate[me] / rbar;
     if (mask_factor > 0.0) {
-        /* masked: a known peer j with v_j > v_me, v_j > lim and v_j > lim + s_j, in one
-           branch-free loop. v_j > v_me already excludes j = me (v_me is v_j's own
-           division) and every unknown j (v_j = 0 <= v_me) */
+        /* masked: a known peer j with v_j > v_me, v_j > lim and v_j > lim + s_j. v_j > v_me
+           already excludes j = me (v_me is v_j's own division) and every unknown j
+           (v_j = 0 <= v_me). The divisions v_j in a loop that vectorizes; s_j's only for
+           the few servers above both first limits (a division costs more time than the
+           branch that skips it) */
+        double v[MC_PUB_MAX];
         lim = mask_factor * vbar;
+        for (j = 0; j < n; j++) v[j] = x[j] / ls;
         for (j = 0; j < n; j++) {
-            double v = x[j] / ls, s = rate[j] > 0.0 ? 1.0 / (rate[j] * ls) : 1.0;
-            long long m = (v > vme) & (v > lim) & (v > lim + s);
-            w[j] = m ? 0.0 : w[j];
-            nm += m;
+            if ((v[j] > vme) & (v[j] > lim)) {
+                double s = rate[j] > 0.0 ? 1.0 / (rate[j] * ls) : 1.0;
+                if (v[j] > lim + s) {
+                    w[j] = 0.0;
+                    nm++;
+                }
+            }
         }
     }
     return (int)nm;

@@ -26,8 +26,32 @@ ctypedef struct PeerRec:
 
 
 cdef class AgentState(Policy):
-    # configuration (read-only from Python)
+    # What every heartbeat reads and writes (observe_peer, n - 1 times per window), first
+    # and together: spread over the object they cost a cache line each per heartbeat on a
+    # 64-server rack (docs/policy.md "Scale", sixth session). Read-mostly first, then the
+    # fields observe_peer writes.
     cdef readonly int64_t window_ns
+    cdef readonly double load_scale    # ns per unit of scaled load (derived when auto_scale)
+    cdef readonly double load_clip
+    cdef double* x                       # loads in ns (last known)
+    cdef double* u                       # scaled, clipped loads: the actors' inputs
+    cdef uint8_t* known                  # a load for this server has been seen
+    # 3n: marginal advantages (migrate, steal) at the last publish, then each server's rate
+    # (tasks/ns)
+    cdef double* adv
+    cdef PeerRec* peers
+    cdef double* peer_theta              # n x d, latest critic received from each peer
+    cdef uint8_t* peer_theta_ok          # 0 none or refused, 1 received, 2 checked and ok
+    cdef readonly int n_theta       # critic features: 5, or 2n + 2 with per_server features
+    cdef bint sparse
+    cdef readonly bint auto_hop
+    cdef double hop_est                  # EWMA of measured one-way heartbeat delays (ns)
+    cdef bint hop_seen
+    cdef bint sorted_ok                  # srt reflects the current loads
+    cdef uint64_t win_peer_mig, win_peer_stl
+    cdef readonly uint64_t hb_clamped          # heartbeat fields clamped to sane bounds
+
+    # configuration (read-only from Python)
     cdef readonly int batch_windows
     cdef readonly int learn_every        # the gradient of one window in learn_every
     cdef readonly int consensus_every
@@ -45,11 +69,8 @@ cdef class AgentState(Policy):
     cdef readonly double migration_cost
     cdef readonly double steal_cost
     cdef readonly double entropy
-    cdef readonly double load_scale    # ns per unit of scaled load (derived when auto_scale)
     cdef readonly bint auto_scale      # load_scale=0: derived from the reported service rates
-    cdef readonly double load_clip
     cdef readonly double hop_ns        # one-way hop cost in ns (measured when auto_hop)
-    cdef readonly bint auto_hop
     cdef readonly double mask_factor   # never migrate to j with v_j > max(v_me, f * mean + s_j)
     cdef readonly double trust         # actors stay within this (logit units) of the safe init
     cdef readonly int runaway_windows  # own runaway queue this many windows -> reset actors
@@ -63,14 +84,12 @@ cdef class AgentState(Policy):
     cdef readonly str actor_input  # "absolute" (u) or "relative" (u_j - u_me)
     cdef bint rel_input
     cdef readonly str actor          # "sparse" (default, O(n)) or "full" (the thesis's W)
-    cdef bint sparse
     cdef readonly str advantage    # "td" (delta * (k/K - pi)) or "marginal" (see docstring)
     cdef bint marginal               # "marginal" or "difference"
     cdef bint adv_next               # "difference": advantages at the end-of-window state
     cdef public bint learn
 
     # sizes
-    cdef readonly int n_theta       # critic features: 5, or 2n + 2 with per_server features
     cdef readonly str features_kind
     cdef bint symmetric
     cdef readonly int n_params      # d + 2 (n*n + n)
@@ -91,9 +110,6 @@ cdef class AgentState(Policy):
     cdef readonly uint64_t adam_steps
 
     # what the agent knows about the rack, refreshed by observe_* (policy thread)
-    cdef double* x                       # loads in ns (last known)
-    cdef double* u                       # scaled, clipped loads: the actors' inputs
-    cdef uint8_t* known                  # a load for this server has been seen
     cdef double queue_len, rate
     cdef int64_t last_now
 
@@ -104,9 +120,6 @@ cdef class AgentState(Policy):
     cdef double* pm_pub
     cdef double* ps_pub
     cdef double* coef                    # per-outcome scratch of the actor gradient
-    # 3n: marginal advantages (migrate, steal) at the last publish, then each server's rate
-    # (tasks/ns)
-    cdef double* adv
     cdef bint has_prev
     cdef double* srt                     # known loads v = x / load_scale, sorted ascending
     cdef double* pre                     # prefix sums of srt (n + 1)
@@ -118,7 +131,6 @@ cdef class AgentState(Policy):
     cdef int nsrt
     cdef int* ord                        # server indices in the last sorted order
     cdef int* pos                        # pos[j]: j's index in srt (known j)
-    cdef bint sorted_ok                  # srt reflects the current loads
     cdef double* g_pub                   # 2n: the learned logit parts at publish (mig, stl)
     # 6n: what the sparse actors' logits read, gathered from P by _push_params into one
     # block, [B_j | W_jj | W_j,me (0 at j = me)] for migrate, then the same for steal. In P
@@ -137,8 +149,6 @@ cdef class AgentState(Policy):
     cdef double* tl
     cdef double* logit                   # publish scratch: f + capacity prior, masked
     cdef double* med                     # consensus scratch (n values per coordinate)
-    cdef double hop_est                  # EWMA of measured one-way heartbeat delays (ns)
-    cdef bint hop_seen
     cdef int runaway_run                 # consecutive windows with a runaway own queue
     cdef double runaway_last
     # the hop gate: the policy publishes (sequence << 32 | K); the gateway accepts the first
@@ -160,10 +170,6 @@ cdef class AgentState(Policy):
     cdef uint64_t own_mig_seen, own_stl_seen   # Policy.migrations/steals at the last window
 
     # peers, from heartbeats only
-    cdef double* peer_theta              # n x d, latest critic received from each peer
-    cdef uint8_t* peer_theta_ok          # 0 none or refused, 1 received, 2 checked and ok
-    cdef PeerRec* peers
-    cdef uint64_t win_peer_mig, win_peer_stl
     cdef uint32_t hb_seq
 
     # learning diagnostics
@@ -176,7 +182,6 @@ cdef class AgentState(Policy):
     cdef readonly double last_cost
     cdef readonly uint64_t resets              # runaway resets of the actors
     cdef readonly uint64_t consensus_rejected  # peers' critics refused (non-finite, too large)
-    cdef readonly uint64_t hb_clamped          # heartbeat fields clamped to sane bounds
     cdef readonly uint64_t masked              # migrate outcomes masked at publish (summed)
     cdef readonly uint64_t trust_clips         # actor parameters clipped to the trust region
     cdef readonly uint64_t gated             # arrivals the hop gate accepted (gateway)
