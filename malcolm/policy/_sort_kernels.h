@@ -86,4 +86,11 @@ static inline int mc_count_below(const double *v, int k, double a) {
     }
     return (int)(base - v) + (base[0] < a);
 }
+/* sum_k |a - v_k| over the sorted v[0..k-1] with prefix sums pre[0..k]: AgentState._absdev's
+   formula, here so that _marginal_advantages computes it in place (2n + 1 per sampled
+   window, each a call through the vtable before). */
+static inline double mc_absdev(const double *v, const double *pre, int k, double a) {
+    int lo = mc_count_below(v, k, a);
+    return (a * lo - pre[lo]) + (pre[k] - pre[lo] - a * (k - lo));
+}
 #endif

@@ -29,6 +29,7 @@ from malcolm.policy.base cimport MAX_THETA, Heartbeat, Policy
 cdef extern from "policy/_sort_kernels.h" nogil:
     void mc_sort_pairs(double* key, int* idx, int k) noexcept nogil
     int mc_count_below(const double* v, int k, double a) noexcept nogil
+    double mc_absdev(const double* v, const double* pre, int k, double a) noexcept nogil
 cdef extern from "policy/_pub_kernels.h" nogil:
     int mc_pub_migrate_weights(const double* x, const double* rate, const uint8_t* known,
                                double* w, int n, int me, double ls, int capacity_prior,
@@ -312,9 +313,7 @@ cdef class AgentState(Policy):
         search (O(log n), ``mc_count_below``) beat walking from it, whose steps
         mispredicted on a rack of many equal loads.
         """
-        cdef int k = self.nsrt
-        cdef int lo = mc_count_below(self.srt, k, a)
-        return (a * lo - self.pre[lo]) + (self.pre[k] - self.pre[lo] - a * (k - lo))
+        return mc_absdev(self.srt, self.pre, self.nsrt, a)     # _sort_kernels.h
 
     cdef void _marginal_advantages(self, bint do_mig, bint do_stl) noexcept nogil:
         """Per-outcome one-decision changes of the potential at the current state (adv).
@@ -354,7 +353,7 @@ cdef class AgentState(Policy):
         sme = 1.0 / (rate[me] * self.load_scale) if rate[me] > 0.0 else 1.0
         vme = self.x[me] * inv
         fme = fv[self.pos[me]]
-        fme_up = self._absdev(vme + sme, self.pos[me])
+        fme_up = mc_absdev(srt, pre, k, vme + sme)
         # migrate: the task goes to i (i = me: accepted here).
         # sum_{k != i} |vi + si - vk| - |vi - vk| = F(vi + si) - si - F(vi)
         for i in range(n):
@@ -366,7 +365,7 @@ cdef class AgentState(Policy):
             if i == me:
                 di = fme_up - si - fme
             else:
-                di = self._absdev(vi + si, self.pos[i]) - si - fv[self.pos[i]]
+                di = mc_absdev(srt, pre, k, vi + si) - si - fv[self.pos[i]]
             am[i] = -norm * di - (cmig if i != me else 0.0)
         for i in range(n):
             if not self.known[i]:
@@ -385,7 +384,7 @@ cdef class AgentState(Policy):
                 continue
             si = 1.0 / (rate[i] * self.load_scale) if rate[i] > 0.0 else 1.0
             vi = self.x[i] * inv
-            di = ((self._absdev(vi - si, self.pos[i]) - si - fabs(vi - si - vme))
+            di = ((mc_absdev(srt, pre, k, vi - si) - si - fabs(vi - si - vme))
                   - (fv[self.pos[i]] - fabs(vi - vme)))
             di += ((fme_up - fabs(vme + sme - vi) - sme)
                    - (fme - fabs(vme - vi)))
@@ -772,9 +771,9 @@ cdef class AgentState(Policy):
         cdef double sr = 0.0, ls, v
         cdef const double* rate = self.adv + 2 * n
         for j in range(n):
-            if self.known[j] and rate[j] > 0.0:
-                sr += rate[j]
-                k += 1
+            # rate_j >= 0, and 0 while j is unknown: the terms left out added +0.0
+            sr += rate[j]
+            k += rate[j] > 0.0
         if k == 0 or not (sr > 0.0):
             return
         ls = k / sr
