@@ -19,7 +19,11 @@ the types' mean loads is back within 1.5x its pre-change mean (plus 1 µs) and s
 policy's own new level (the spread's mean over the last quarter of the run) in place of the
 pre-change mean (``settle_ms``; ``settle_1_2x_ms`` with a 1.2x band): after a slowdown the
 fair equilibrium is not the old spread (docs/policy.md, "Fig 7.9"), so this is the time the
-policy takes to get where it goes.
+policy takes to get where it goes. The latency around the change: p99 of the tasks created
+in the 50 ms before it (``p99_before50_us``), in the 50 ms after it (``p99_after50_us``) and
+the largest p99 of a 10 ms bin of creation time after it (``peak_p99_10ms_after_us``); a
+task's creation time is estimated from its index and the arrival rate (exact on average, off
+by about sqrt(i)/rate, under 1 ms here).
 
 Writes ``fig7_9.csv`` (curves), ``fig7_9_reconverge.csv`` and ``fig7_9.png``.
 
@@ -81,6 +85,29 @@ def reconverge_ms(tm, spread, t_change_ms, hold_ms=50, ref=None, factor=1.5):
     return float("inf")
 
 
+def created_ms(n, rate0, rate1, t_change_ms):
+    """Estimated creation time (ms) of the first ``n`` tasks: Poisson arrivals at ``rate0``
+    tasks/s until the change and ``rate1`` after it, so the i-th comes at i / rate on
+    average."""
+    i = np.arange(n, dtype=float)
+    n0 = rate0 * t_change_ms / 1000.0
+    return np.where(i < n0, i / rate0 * 1000.0, t_change_ms + (i - n0) / rate1 * 1000.0)
+
+
+def p99_around(lat, cm, t_change_ms, end_ms, bin_ms=10.0):
+    """p99 (µs) of the tasks created in the 50 ms before and after the change, and the
+    largest p99 of a ``bin_ms`` bin after it (bins of fewer than 100 tasks left out)."""
+    def q(sel):
+        return float(np.quantile(lat[sel], 0.99)) if np.count_nonzero(sel) >= 100 \
+            else float("nan")
+    before = q((cm >= t_change_ms - 50) & (cm < t_change_ms))
+    after = q((cm >= t_change_ms) & (cm < t_change_ms + 50))
+    peaks = [q((cm >= t0) & (cm < t0 + bin_ms))
+             for t0 in np.arange(t_change_ms, end_ms - bin_ms / 2, bin_ms)]
+    peaks = [p for p in peaks if p == p]
+    return before, after, max(peaks) if peaks else float("nan")
+
+
 def main():
     ap = parser(__doc__, tasks=None, name="fig7_9", examples="""
         python3 bench/figures/fig7_9.py --quick --rate-mult 1.6 --seed 2
@@ -99,6 +126,7 @@ def main():
     if a.quick:
         a.t_change, a.duration = 200.0, 400.0
     rows, recon, curves = [], [], {}
+    hi_rate = 540e3 * a.rate_mult                # (b)'s rate after the change
     for name, sc in scenarios(a.t_change * 1000, a.rate_mult).items():
         for pol in pols:
             # tasks from the average rate over the run, so arrivals last about `duration`
@@ -119,18 +147,24 @@ def main():
             last = spread[tm > a.duration - (a.duration - a.t_change) / 4]
             st = reconverge_ms(tm, spread, a.t_change, ref=float(last.mean()))
             st12 = reconverge_ms(tm, spread, a.t_change, ref=float(last.mean()), factor=1.2)
+            rate1 = hi_rate if "rate" in name else sc["rate_tps"]
+            cm = created_ms(len(r.latencies_us), sc["rate_tps"], rate1, a.t_change)
+            p99_b, p99_a, p99_pk = p99_around(r.latencies_us, cm, a.t_change, a.duration)
             recon.append(dict(scenario=name, policy=pol, reconverge_ms=rc, settle_ms=st,
                               settle_1_2x_ms=st12,
                               spread_before_us=float(spread[tm < a.t_change].mean()),
                               spread_after_us=float(spread[tm > a.t_change + 50].mean()),
                               peak_spread_after_us=float(spread[tm > a.t_change].max()),
-                              p99_us=r.p99_us))
+                              p99_us=r.p99_us, p99_before50_us=p99_b,
+                              p99_after50_us=p99_a, peak_p99_10ms_after_us=p99_pk))
             curves[(name, pol)] = (tm, per)
             for i in range(len(tm)):
                 rows.append(dict(scenario=name, policy=pol, t_ms=tm[i],
                                  **{f"{k}_load_us": v[i] for k, v in per.items()}))
             print(f"{name:>28} {pol:>8}: re-converged after {rc:.0f} ms, settled at its new "
-                  f"level after {st:.0f} ms ({st12:.0f} ms within 1.2x); p99 {r.p99_us:.0f} µs",
+                  f"level after {st:.0f} ms ({st12:.0f} ms within 1.2x); p99 {r.p99_us:.0f} µs "
+                  f"(50 ms before / after the change {p99_b:.0f} / {p99_a:.0f}, "
+                  f"peak 10 ms {p99_pk:.0f})",
                   file=sys.stderr)
     os.makedirs(a.outdir, exist_ok=True)
     for fname, data in (("fig7_9.csv", rows), ("fig7_9_reconverge.csv", recon)):
