@@ -146,12 +146,64 @@ def test_rows_leave_flagged_runs_out_and_say_so():
     rows = {r["policy"]: r for r in exp.rows()}
     j = rows["jsq"]
     assert j["p99_us"] == 110 and j["used"] == 2 and j["valid"]      # 999 is not averaged
-    assert j["late_fraction"] == 0.05                                 # the worst repeat
+    assert j["late_fraction"] == 0.0                   # the worst run in the median
+    assert j["late_fraction_attempts"] == 0.05         # the worst of all, listed
+    assert j["repeats"] == 3 and j["attempts"] == 3
     assert j["flagged"][0]["repeat"] == 1 and "late" in j["flagged"][0]["why"][0]
     assert not rows["po2"]["valid"] and rows["po2"]["p99_us"] == 300
 
 
+def _fake_attempts(exp, flagged):
+    """Stand in for real runs: attempt i of every point is flagged iff i < flagged[point]."""
+    calls = []
+
+    def attempt(r, load, p, rk, rate, a):
+        calls.append((r, load, p, a))
+        late = 0.05 if a < flagged.get((r, p), 0) else 0.0
+        run = _run(p, load, 100 + 900 * (late > 0), late=late, repeat=r)
+        run["attempt"] = a
+        exp.runs.append(run)
+        return run
+    exp._attempt = attempt
+    return calls
+
+
+def test_a_flagged_run_is_run_again_and_both_attempts_are_listed():
+    # 8 planned runs: two retries allowed in all
+    exp = Experiment([1, 1], policies=["jsq", "po2"], loads=[0.8], repeat=4, retries=1,
+                     echo=lambda s: None)
+    calls = _fake_attempts(exp, {(0, "jsq"): 1, (1, "po2"): 2})
+    for r in range(2):
+        for p in ("jsq", "po2"):
+            assert exp._point(r, 0.8, p, None, 1.0)
+    # jsq repeat 0: flagged, then clean; po2 repeat 1: flagged twice (one retry only)
+    assert [c for c in calls if c[3] > 0] == [(0, 0.8, "jsq", 1), (1, 0.8, "po2", 1)]
+    rows = {r["policy"]: r for r in exp.rows()}
+    j, p = rows["jsq"], rows["po2"]
+    assert j["attempts"] == 3 and j["used"] == 2 and j["p99_us"] == 100
+    assert j["late_fraction"] == 0.0 and j["late_fraction_attempts"] == 0.05
+    assert [(f["repeat"], f["attempt"]) for f in j["flagged"]] == [(0, 0)]
+    assert p["attempts"] == 3 and p["used"] == 1 and len(p["flagged"]) == 2
+
+
+def test_retries_are_bounded_in_all():
+    # 1 policy x 1 load x 4 repeats: at most one retry in the whole experiment
+    exp = Experiment([1], policies=["jsq"], loads=[0.8], repeat=4, retries=3,
+                     echo=lambda s: None)
+    calls = _fake_attempts(exp, {(r, "jsq"): 9 for r in range(4)})
+    for r in range(4):
+        exp._point(r, 0.8, "jsq", None, 1.0)
+    assert len(calls) == 5 and not exp.rows()[0]["valid"]
+    exp0 = Experiment([1], policies=["jsq"], loads=[0.8], retries=0, echo=lambda s: None)
+    calls = _fake_attempts(exp0, {(0, "jsq"): 9})
+    exp0._point(0, 0.8, "jsq", None, 1.0)
+    assert len(calls) == 1
+    with pytest.raises(ExperimentError, match="--retries"):
+        Experiment([1], retries=-1)
+
+
 @pytest.mark.parametrize("args, msg", [
+    (["--retries", "-1"], "Invalid value for '--retries'"),
     (["--dilate", "foo"], "must be 'auto' or a number"),
     (["--dilate", "0.5"], "must be in [1, 10000]"),
     (["--load", "x"], "'x' is not a number"),

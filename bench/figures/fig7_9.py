@@ -1,8 +1,8 @@
 """Thesis Fig 7.9: adaptivity to a traffic shift, a rate increase and a slowdown.
 
 Rack of 12 servers: 4 fast (8 workers), 4 medium (6), 4 slow (4); Exp(50). Three runs, each
-with one change at ``--t-change`` ms (Malcolm has been learning from a random
-initialisation until then):
+with one change at ``--t-change`` ms (Malcolm has been learning from its start
+until then):
 
 (a) shift: 540 KTPS throughout, evenly spread, then 60% of it sent to the fast servers;
 (b) rate: 360 KTPS evenly spread, then 540 KTPS with the extra 180 KTPS sent to the fast
@@ -19,7 +19,13 @@ the types' mean loads is back within 1.5x its pre-change mean (plus 1 µs) and s
 policy's own new level (the spread's mean over the last quarter of the run) in place of the
 pre-change mean (``settle_ms``; ``settle_1_2x_ms`` with a 1.2x band): after a slowdown the
 fair equilibrium is not the old spread (docs/policy.md, "Fig 7.9"), so this is the time the
-policy takes to get where it goes.
+policy takes to get where it goes. The latency around the change: p99 of the tasks created
+in the 50 ms before it (``p99_before50_us``), in the 50 ms after it (``p99_after50_us``) and
+the largest p99 of a 10 ms bin of creation time after it (``peak_p99_10ms_after_us``) and,
+as the baseline for a spike, before it (``peak_p99_10ms_before_us``), and the p99 of the
+tasks created in the run's last quarter (``p99_last_quarter_us``, the level the change leads
+to); a task's creation time is estimated from its index and the arrival rate (exact on average, off
+by about sqrt(i)/rate, under 1 ms here).
 
 Writes ``fig7_9.csv`` (curves), ``fig7_9_reconverge.csv`` and ``fig7_9.png``.
 
@@ -81,6 +87,35 @@ def reconverge_ms(tm, spread, t_change_ms, hold_ms=50, ref=None, factor=1.5):
     return float("inf")
 
 
+def created_ms(n, rate0, rate1, t_change_ms):
+    """Estimated creation time (ms) of the first ``n`` tasks: Poisson arrivals at ``rate0``
+    tasks/s until the change and ``rate1`` after it, so the i-th comes at i / rate on
+    average."""
+    i = np.arange(n, dtype=float)
+    n0 = rate0 * t_change_ms / 1000.0
+    return np.where(i < n0, i / rate0 * 1000.0, t_change_ms + (i - n0) / rate1 * 1000.0)
+
+
+def p99_around(lat, cm, t_change_ms, end_ms, bin_ms=10.0):
+    """p99 (µs) of the tasks created in the 50 ms before and after the change, the largest
+    p99 of a ``bin_ms`` bin after it and before it (bins of fewer than 100 tasks left out),
+    and the p99 of the tasks created in the run's last quarter (the level after the change).
+    The peak before is the baseline for a spike: a 10 ms bin's p99 is noisier than a 50 ms
+    one's, so the peak after is compared with it, not with the run's p99."""
+    def q(sel):
+        return float(np.quantile(lat[sel], 0.99)) if np.count_nonzero(sel) >= 100 \
+            else float("nan")
+
+    def peak(t0, t1):
+        ps = [q((cm >= t) & (cm < t + bin_ms)) for t in np.arange(t0, t1 - bin_ms / 2, bin_ms)]
+        ps = [p for p in ps if p == p]
+        return max(ps) if ps else float("nan")
+    before = q((cm >= t_change_ms - 50) & (cm < t_change_ms))
+    after = q((cm >= t_change_ms) & (cm < t_change_ms + 50))
+    late = q(cm >= end_ms - (end_ms - t_change_ms) / 4)
+    return before, after, peak(t_change_ms, end_ms), peak(0.0, t_change_ms), late
+
+
 def main():
     ap = parser(__doc__, tasks=None, name="fig7_9", examples="""
         python3 bench/figures/fig7_9.py --quick --rate-mult 1.6 --seed 2
@@ -99,6 +134,7 @@ def main():
     if a.quick:
         a.t_change, a.duration = 200.0, 400.0
     rows, recon, curves = [], [], {}
+    hi_rate = 540e3 * a.rate_mult                # (b)'s rate after the change
     for name, sc in scenarios(a.t_change * 1000, a.rate_mult).items():
         for pol in pols:
             # tasks from the average rate over the run, so arrivals last about `duration`
@@ -119,18 +155,27 @@ def main():
             last = spread[tm > a.duration - (a.duration - a.t_change) / 4]
             st = reconverge_ms(tm, spread, a.t_change, ref=float(last.mean()))
             st12 = reconverge_ms(tm, spread, a.t_change, ref=float(last.mean()), factor=1.2)
+            rate1 = hi_rate if "rate" in name else sc["rate_tps"]
+            cm = created_ms(len(r.latencies_us), sc["rate_tps"], rate1, a.t_change)
+            p99_b, p99_a, p99_pk, p99_pkb, p99_late = p99_around(r.latencies_us, cm,
+                                                                  a.t_change, a.duration)
             recon.append(dict(scenario=name, policy=pol, reconverge_ms=rc, settle_ms=st,
                               settle_1_2x_ms=st12,
                               spread_before_us=float(spread[tm < a.t_change].mean()),
                               spread_after_us=float(spread[tm > a.t_change + 50].mean()),
                               peak_spread_after_us=float(spread[tm > a.t_change].max()),
-                              p99_us=r.p99_us))
+                              p99_us=r.p99_us, p99_before50_us=p99_b,
+                              p99_after50_us=p99_a, peak_p99_10ms_after_us=p99_pk,
+                              peak_p99_10ms_before_us=p99_pkb, p99_last_quarter_us=p99_late))
             curves[(name, pol)] = (tm, per)
             for i in range(len(tm)):
                 rows.append(dict(scenario=name, policy=pol, t_ms=tm[i],
                                  **{f"{k}_load_us": v[i] for k, v in per.items()}))
             print(f"{name:>28} {pol:>8}: re-converged after {rc:.0f} ms, settled at its new "
-                  f"level after {st:.0f} ms ({st12:.0f} ms within 1.2x); p99 {r.p99_us:.0f} µs",
+                  f"level after {st:.0f} ms ({st12:.0f} ms within 1.2x); p99 {r.p99_us:.0f} µs "
+                  f"(50 ms before / after the change {p99_b:.0f} / {p99_a:.0f}, "
+                  f"peak 10 ms before / after {p99_pkb:.0f} / {p99_pk:.0f}, "
+                  f"last quarter {p99_late:.0f})",
                   file=sys.stderr)
     os.makedirs(a.outdir, exist_ok=True)
     for fname, data in (("fig7_9.csv", rows), ("fig7_9_reconverge.csv", recon)):

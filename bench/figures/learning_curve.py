@@ -51,12 +51,16 @@ def main():
                     help="load, a fraction of the rack's capacity (default 0.85)")
     ap.add_argument("--bin", dest="bin_ms", type=g.duration("ms", positive=True), default=10.0,
                     metavar="DURATION", help="width of a bin (bare number: ms; default 10ms)")
+    ap.add_argument("--malcolm", default="", metavar="KEY=VAL,...",
+                    help="extra parameters for both Malcolm series, e.g. actor_lr=0.01")
     g.hidden_alias(ap, "--rack", "servers", type=g.servers)
     g.hidden_alias(ap, "--bin-ms", "bin_ms", type=g.duration("ms", positive=True))
     a = parse(ap)
     a.rack = a.servers
     tasks = min(a.tasks, 300_000) if a.quick else a.tasks
-    series = [("Malcolm (learning)", "malcolm"), ("Malcolm frozen at init", "malcolm:learn=0"),
+    extra = a.malcolm.strip().strip(",")
+    series = [("Malcolm (learning)", "malcolm" + (f":{extra}" if extra else "")),
+              ("Malcolm frozen at init", "malcolm:learn=0" + (f",{extra}" if extra else "")),
               ("JSQ", "jsq")]
     rows, curves, settle = [], {}, []
     for label, pol in series:

@@ -29,8 +29,8 @@ One experiment is a rack shape (workers per server), a workload, policies and lo
   slowness (the ratio of measured to requested service time in the runs so far) and the
   report says by how much.
 * **Flags**: a run whose generator was late for more than 1% of its sends, whose effective
-  load is more than 0.03 off, that lost or timed out tasks, is listed with the reason and
-  left out of the median; a point with no clean run is marked ``valid: false``.
+  load is more than 0.03 off, that lost or timed out tasks, is listed with the reason, left
+  out of the median and run again (``retries``); a point with no clean run is ``valid: false``.
 """
 
 from __future__ import annotations
@@ -321,6 +321,12 @@ class Experiment:
         work itself (``rocksdb:path=...,dilate=K``: pads to K x the warm GET cost by
         default). Its padded calls that overran their target are counted per run
         (``overruns`` of ``padded``) and flag a run beyond ``method.OVERRUN_MAX``.
+    retries : int
+        A flagged run is run again at once (same rack, same arrivals), up to ``retries``
+        more times and a quarter more runs than planned in all, so that a transient
+        disturbance does not leave a point short of clean repeats. Every attempt is kept in
+        ``runs`` and listed in its row (``flagged``, ``attempts``,
+        ``late_fraction_attempts``); only clean ones enter the median.
     app : malcolm.loadgen.apps.AppSpec or None
         Real requests (GET(n), values checked) instead of requested service times. The
         nominal service times are then ``workload``'s (e.g. ``rocksdb1-measured``, this
@@ -332,7 +338,8 @@ class Experiment:
                  loads=(0.5, 0.7, 0.85), repeat=1, duration_s=2.0, warmup_s=0.5,
                  window_us=100.0, dilate="auto", compare_sim=False, handler="bench",
                  echo=print, logdir=None, stop=None, sim_tasks=100_000,
-                 calib_duration_s=1.0, rack_class=None, hop_delay_us=None, app=None):
+                 calib_duration_s=1.0, rack_class=None, hop_delay_us=None, app=None,
+                 retries=1):
         from malcolm.workloads import parse_workload
         self.workers = list(workers)
         self.total_workers = sum(max(1, w) for w in self.workers)
@@ -348,6 +355,12 @@ class Experiment:
         if repeat < 1:
             raise ExperimentError("--repeat must be >= 1")
         self.repeat = repeat
+        if retries < 0:
+            raise ExperimentError("--retries must be >= 0")
+        self.retries = retries
+        # at most a quarter more runs than planned: a machine too busy to keep time gets
+        # flagged rows, not a run that never ends
+        self.retries_left = max(1, len(self.policies) * len(self.loads) * repeat // 4)
         self.duration_s, self.warmup_s = duration_s, warmup_s
         self.window_us = window_us
         if hop_delay_us is not None and not (math.isfinite(hop_delay_us)
@@ -573,7 +586,6 @@ class Experiment:
                 "elapsed_s": time.monotonic() - t_start, "rows": rows, "runs": self.runs}
 
     def _repeat(self, r, tmp):
-        from malcolm.loadgen.run import run_load
         racks = {p: PolicyRack(self, p, tmp, f"r{r}-{p.replace(':', '-').replace('=', '')}")
                  for p in self.policies}
         try:
@@ -604,31 +616,8 @@ class Experiment:
                 if load not in rates:
                     rates[load] = method.corrected_rate(load, self.capacity(),
                                                    self.service_factor(load))
-                rate = rates[load]
-                rk.resume()
-                try:
-                    # the same arrival stream for every policy at this load and repeat
-                    # (common random numbers: the policies differ, not their luck)
-                    spec = self._spec(rk, self.dilate, self.layout.client_threads,
-                                      self.layout.client_cpus, self.duration_s, self.warmup_s,
-                                      seed=7 + 1000 * r + self.loads.index(load))
-                    try:
-                        rep = self._app_report(run_load(spec, rate, self.stop), self.dilate)
-                    except RuntimeError as e:       # a stuck run: say so, keep going
-                        rep = None
-                        self._record_failed(r, load, p, rate, str(e))
-                    delta = rk.measure_delta()
-                finally:
-                    rk.pause()
-                if rep is None:
-                    continue
-                dead = rk.dead()
-                if dead:
-                    raise ExperimentError(f"{p}: server(s) {dead} died; output in "
-                                          f"{rk.logdir}")
-                if rep.get("interrupted"):
+                if not self._point(r, load, p, rk, rates[load]):
                     return
-                self._record(r, load, p, rate, rep, delta)
         finally:
             for rk in racks.values():
                 codes = rk.down()
@@ -637,9 +626,52 @@ class Experiment:
                     self.echo(f"  note: {rk.policy} rack servers exited with {bad} "
                               f"(logs in {rk.logdir})")
 
-    def _record_failed(self, r, load, p, rate, why):
+    def _point(self, r, load, p, rk, rate):
+        """Run ``p`` at ``load`` (repeat ``r``), again at once while flagged, at most
+        ``retries`` more times (same rack, same arrivals); False if interrupted."""
+        for attempt in range(1 + self.retries):
+            run = self._attempt(r, load, p, rk, rate, attempt)
+            if run is None:
+                return False
+            if (not run["flags"] or self.stop.is_set() or attempt == self.retries
+                    or self.retries_left <= 0):
+                return True
+            self.retries_left -= 1
+            self.echo(f"  run {r + 1} {p:<16} load {load:4.2f}: again "
+                      f"(attempt {attempt + 2} of {1 + self.retries})")
+        return True
+
+    def _attempt(self, r, load, p, rk, rate, attempt):
+        """One run of policy ``p`` at ``load`` (repeat ``r``); the recorded run, or None if
+        the experiment was interrupted."""
+        from malcolm.loadgen.run import run_load
+        rk.resume()
+        try:
+            # the same arrival stream for every policy at this load and repeat (common
+            # random numbers: the policies differ, not their luck), and for a retry
+            spec = self._spec(rk, self.dilate, self.layout.client_threads,
+                              self.layout.client_cpus, self.duration_s, self.warmup_s,
+                              seed=7 + 1000 * r + self.loads.index(load))
+            try:
+                rep = self._app_report(run_load(spec, rate, self.stop), self.dilate)
+            except RuntimeError as e:       # a stuck run: say so, keep going
+                rep = None
+                why = str(e)
+            delta = rk.measure_delta()
+        finally:
+            rk.pause()
+        if rep is None:
+            return self._record_failed(r, load, p, rate, why, attempt)
+        dead = rk.dead()
+        if dead:
+            raise ExperimentError(f"{p}: server(s) {dead} died; output in {rk.logdir}")
+        if rep.get("interrupted"):
+            return None
+        return self._record(r, load, p, rate, rep, delta, attempt)
+
+    def _record_failed(self, r, load, p, rate, why, attempt=0):
         nan = float("nan")
-        run = {"repeat": r, "policy": p, "load": load, "rate_per_s": rate,
+        run = {"repeat": r, "attempt": attempt, "policy": p, "load": load, "rate_per_s": rate,
                "rate_correction": rate / (load * self.capacity()), "p50_us": nan,
                "p99_us": nan, "p999_us": nan, "late_fraction": 1.0, "effective_load": nan,
                "service_mean_us": nan, "completed": 0, "rejected": 0, "timed_out": 0,
@@ -647,8 +679,9 @@ class Experiment:
                "server_util": [None] * len(self.workers), "flags": [why], "_delta": []}
         self.runs.append(run)
         self.echo(f"  run {r + 1} {p:<16} load {load:4.2f}: FLAGGED: {why}")
+        return run
 
-    def _record(self, r, load, p, rate, rep, delta):
+    def _record(self, r, load, p, rate, rep, delta, attempt=0):
         k = self.dilate
         s = rep["service_us"]
         # dilated rate x dilated service time: the same fraction as at rack scale
@@ -664,7 +697,7 @@ class Experiment:
         span = self.warmup_s + rep["duration_s"]
         util = [None if d is None else d["service_sum_ns"] / 1e9 / span / max(1, w)
                 for d, w in zip(delta, self.workers, strict=True)]
-        run = {"repeat": r, "policy": p, "load": load, "rate_per_s": rate,
+        run = {"repeat": r, "attempt": attempt, "policy": p, "load": load, "rate_per_s": rate,
                "rate_correction": rate / (load * self.capacity()),
                "p50_us": rep["latency_us"]["p50"] / k, "p99_us": rep["latency_us"]["p99"] / k,
                "p999_us": rep["latency_us"]["p99.9"] / k, "late_fraction": late,
@@ -690,38 +723,12 @@ class Experiment:
         self.runs.append(run)
         self._note_service(rep, load)
         self.echo(format_run(run))
+        return run
 
     # ------------------------------------------------------------ results
     def rows(self):
-        """One row per (policy, load): median p99 over the clean repeats, with its CI."""
-        out = []
-        for p in self.policies:
-            for load in self.loads:
-                rs = [x for x in self.runs if x["policy"] == p and x["load"] == load]
-                if not rs:
-                    continue
-                clean = [x for x in rs if not x["flags"]]
-                use = clean or rs
-                med, lo, hi, cov = method.median_ci([x["p99_us"] for x in use])
-                eff = method.median_ci([x["effective_load"] for x in use])[0]
-                util = [method.median_ci([x["server_util"][j] for x in use
-                                     if x["server_util"][j] is not None])[0]
-                        for j in range(len(self.workers))]
-                out.append({
-                    "policy": p, "load": load, "p99_us": med, "p99_ci_us": [lo, hi],
-                    "ci_coverage": cov, "p50_us": method.median_ci([x["p50_us"] for x in use])[0],
-                    "late_fraction": max(x["late_fraction"] for x in rs),
-                    "effective_load": eff, "repeats": len(rs), "used": len(use),
-                    "valid": bool(clean),
-                    "flagged": [{"repeat": x["repeat"], "why": x["flags"]} for x in rs
-                                if x["flags"]],
-                    "migrations_per_task": method.median_ci(
-                        [x["migrations_per_task"] for x in use])[0],
-                    "steals_per_task": method.median_ci([x["steals_per_task"] for x in use])[0],
-                    "overruns": sum(x.get("overruns", 0) for x in rs),
-                    "padded": sum(x.get("padded", 0) for x in rs),
-                    "server_util": util})
-        return out
+        """One row per (policy, load): :func:`malcolm.loadgen.method.summarize`."""
+        return method.summarize(self.runs, self.policies, self.loads, len(self.workers))
 
     def costs_for(self, runs):
         """The runtime's measured costs, at rack scale, pooled over ``runs``."""
@@ -741,7 +748,7 @@ class Experiment:
                 seen += d["hb_observed"]
                 for lo, hi, c in d["service_buckets"]:
                     buckets[(lo, hi)] = buckets.get((lo, hi), 0) + c
-        samples = _samples(buckets, 20_000, k)
+        samples = method.bucket_samples(buckets, 20_000, k)
         # The twin's network: the injected per-hop delay, exactly (the loopback's own share
         # of the measured one-way delay is mostly gateway and wake-up time, which the twin
         # charges as gateway_ns); without injection, the measured one-way delay.
@@ -784,14 +791,3 @@ class Experiment:
             row["sim"] = {k: tw[k] for k in ("p50_us", "p99_us", "migrations_per_task",
                                               "steals_per_task", "mean_load_us", "costs")}
 
-
-def _samples(buckets, n, k):
-    """Up to ``n`` service times (µs, rack scale) drawn from histogram buckets (midpoints)."""
-    total = sum(buckets.values())
-    if not total:
-        return []
-    out = []
-    for (lo, hi), c in sorted(buckets.items()):
-        m = max(0, round(c * n / total))
-        out += [(lo + hi) / 2 / 1e3 / k] * m
-    return out

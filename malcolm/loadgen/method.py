@@ -248,3 +248,56 @@ def layout(workers, cpus, rate_per_s, per_thread_rate=40_000.0):
                   f"{len(cpus)} CPUs >= {need}: busy polling, every gateway, worker and "
                   f"client thread on a core of its own ({threads} client thread(s) of the "
                   f"{want} wanted)")
+
+
+def summarize(runs, policies, loads, n_servers):
+    """One row per (policy, load) of an experiment's ``runs``: the median p99 over the clean
+    runs, with its confidence interval.
+
+    Flagged runs never enter the median (a row whose every run is flagged shows the median
+    of the flagged ones and ``valid: False``). ``repeats`` counts the repeats, ``attempts``
+    every run including retries of flagged ones (``Experiment(retries=)``), ``used`` the
+    runs in the median. ``late_fraction`` is the worst late-send fraction of the runs in the
+    median, ``late_fraction_attempts`` the worst of all attempts; ``flagged`` lists every
+    flagged attempt with its reasons.
+    """
+    out = []
+    for p in policies:
+        for load in loads:
+            rs = [x for x in runs if x["policy"] == p and x["load"] == load]
+            if not rs:
+                continue
+            clean = [x for x in rs if not x["flags"]]
+            use = clean or rs
+            med, lo, hi, cov = median_ci([x["p99_us"] for x in use])
+            util = [median_ci([x["server_util"][j] for x in use
+                               if x["server_util"][j] is not None])[0]
+                    for j in range(n_servers)]
+            out.append({
+                "policy": p, "load": load, "p99_us": med, "p99_ci_us": [lo, hi],
+                "ci_coverage": cov, "p50_us": median_ci([x["p50_us"] for x in use])[0],
+                "late_fraction": max(x["late_fraction"] for x in use),
+                "late_fraction_attempts": max(x["late_fraction"] for x in rs),
+                "effective_load": median_ci([x["effective_load"] for x in use])[0],
+                "repeats": len({x["repeat"] for x in rs}), "attempts": len(rs),
+                "used": len(use), "valid": bool(clean),
+                "flagged": [{"repeat": x["repeat"], "attempt": x.get("attempt", 0),
+                             "why": x["flags"]} for x in rs if x["flags"]],
+                "migrations_per_task": median_ci([x["migrations_per_task"] for x in use])[0],
+                "steals_per_task": median_ci([x["steals_per_task"] for x in use])[0],
+                "overruns": sum(x.get("overruns", 0) for x in rs),
+                "padded": sum(x.get("padded", 0) for x in rs),
+                "server_util": util})
+    return out
+
+
+def bucket_samples(buckets, n, k):
+    """Up to ``n`` service times (µs, rack scale) drawn from histogram buckets (midpoints)."""
+    total = sum(buckets.values())
+    if not total:
+        return []
+    out = []
+    for (lo, hi), c in sorted(buckets.items()):
+        m = max(0, round(c * n / total))
+        out += [(lo + hi) / 2 / 1e3 / k] * m
+    return out
