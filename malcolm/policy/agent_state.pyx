@@ -596,7 +596,7 @@ cdef class AgentState(Policy):
 
     cdef void observe_peer(self, int64_t now, const Heartbeat* hb) noexcept nogil:
         cdef int src = hb.src
-        cdef int d = self.n_theta
+        cdef int d = self.n_theta, i
         cdef double rate = hb.rate, load = hb.load, dly, v
         cdef uint64_t dm, ds
         cdef PeerRec* pr
@@ -647,7 +647,8 @@ cdef class AgentState(Policy):
             if d == 5:
                 memcpy(pt, hb.theta, sizeof(double) * 5)
             else:
-                memcpy(pt, hb.theta, sizeof(double) * d)
+                for i in range(d):      # no call: the method saves no registers
+                    pt[i] = hb.theta[i]
             self.peer_theta_ok[src] = 1
         if not self.sparse:
             self._set_load(src, load)
