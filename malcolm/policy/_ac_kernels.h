@@ -49,4 +49,33 @@ static MC_AC_CLONES void mc_ac_rank1(double *restrict gw, const double *restrict
         for (int i = 0; i < n; i++) col[i] += uj * coef[i];
     }
 }
+/* The actors' per-window gradient loops (MalcolmPolicy._learn_window), in C so that the
+   element-wise ones vectorize (restrict; the Cython loops could not be). Not cloned for
+   AVX2: FMA contraction would change the bits of what the Cython loops computed; the sums
+   stay sequential, in their order. */
+/* coef_i = -p_i (a_i - p . a): the difference advantage's descent gradient */
+static inline void mc_ac_adv_coef(const double *restrict p, const double *restrict a,
+                                  double *restrict coef, int n) {
+    double abar = 0.0;
+    for (int i = 0; i < n; i++) abar += p[i] * a[i];
+    for (int i = 0; i < n; i++) coef[i] = -p[i] * (a[i] - abar);
+}
+/* coef_i += ent p_i (g_i - p . g): entropy * KL(pi || pi_safe) */
+static inline void mc_ac_kl_coef(const double *restrict p, const double *restrict g,
+                                 double *restrict coef, int n, double ent) {
+    double h = 0.0;
+    for (int i = 0; i < n; i++) h += p[i] * g[i];
+    for (int i = 0; i < n; i++) coef[i] += ent * p[i] * (g[i] - h);
+}
+/* The sparse actor's gradients: B_i += coef_i, W_ii += coef_i z_i (gd), W_i,me += coef_i
+   z_me for i != me (gw, column me) */
+static inline void mc_ac_sparse_grad(const double *restrict coef, const double *restrict z,
+                                     double *restrict gb, double *restrict gd,
+                                     double *restrict gw, int n, int me) {
+    double zme = z[me], keep = gw[me];
+    for (int i = 0; i < n; i++) gb[i] += coef[i];
+    for (int i = 0; i < n; i++) gd[i] += coef[i] * z[i];
+    for (int i = 0; i < n; i++) gw[i] += coef[i] * zme;
+    gw[me] = keep;          /* W_me,me is the diagonal's (gd) */
+}
 #endif

@@ -46,6 +46,11 @@ cdef extern from "policy/_ac_kernels.h" nogil:
                              long stride, double lr, double decay, double b1, double b2,
                              double c1, double c2, double eps, double inv_b) noexcept nogil
     void mc_ac_rank1(double* gw, const double* u, const double* coef, int n) noexcept nogil
+    void mc_ac_adv_coef(const double* p, const double* a, double* coef, int n) noexcept nogil
+    void mc_ac_kl_coef(const double* p, const double* g, double* coef, int n,
+                       double ent) noexcept nogil
+    void mc_ac_sparse_grad(const double* coef, const double* z, double* gb, double* gd,
+                           double* gw, int n, int me) noexcept nogil
 
 cdef extern from "policy/_select.h" nogil:
     double mc_median(double* a, int k) noexcept nogil
@@ -293,20 +298,16 @@ cdef class MalcolmPolicy(AgentState):
         """One TD(0) actor-critic step for the window that just ended; gradients are cached."""
         cdef int n = self.n, d = self.n_theta, i
         cdef double vprev = 0.0, vcur = 0.0, delta, payoff, cost, tot, ts, h
-        cdef double own_mig, own_stl, c, abar
-        cdef const double* a
+        cdef double own_mig, own_stl, c
         cdef uint64_t now_mig, now_stl
         cdef double* G = self.G
         cdef double* th = self.P
         cdef double* gw
         cdef double* gb
-        cdef double* gd
         cdef double* p
         cdef uint64_t* cnt
         cdef uint64_t* seen
         cdef double* coef = self.coef
-        cdef const double* z
-        cdef const double* gl
         cdef int actor
         cdef bint sampled
 
@@ -374,12 +375,7 @@ cdef class MalcolmPolicy(AgentState):
                     continue
                 if self.marginal:
                     # coef_i = -pi_i (A_i - pi . A): descent gradient of -sum_i pi_i A_i
-                    a = self.adv + (0 if actor == 0 else n)
-                    abar = 0.0
-                    for i in range(n):
-                        abar += p[i] * a[i]
-                    for i in range(n):
-                        coef[i] = -p[i] * (a[i] - abar)
+                    mc_ac_adv_coef(p, self.adv + (0 if actor == 0 else n), coef, n)
                 else:
                     c = delta / tot
                     # coef_i = -delta * (k_i / tot - p_i): the logits' descent gradient
@@ -391,12 +387,7 @@ cdef class MalcolmPolicy(AgentState):
                     # mask): d/dg_i = entropy * pi_i (g_i - pi . g), g the learned logit part
                     # (what the actor adds to the safe start). With a uniform prior and no
                     # mask this is exactly the entropy bonus below.
-                    gl = self.g_pub + (0 if actor == 0 else n)
-                    h = 0.0
-                    for i in range(n):
-                        h += p[i] * gl[i]
-                    for i in range(n):
-                        coef[i] += self.entropy * p[i] * (gl[i] - h)
+                    mc_ac_kl_coef(p, self.g_pub + (0 if actor == 0 else n), coef, n, self.entropy)
                 elif self.entropy > 0.0:
                     # - entropy * H(pi): d/df_i = entropy * pi_i (log pi_i + H)
                     h = 0.0
@@ -406,8 +397,9 @@ cdef class MalcolmPolicy(AgentState):
                     for i in range(n):
                         if p[i] > 1e-300:
                             coef[i] += self.entropy * p[i] * (log(p[i]) + h)
-                for i in range(n):
-                    gb[i] += coef[i]
+                if not self.sparse:
+                    for i in range(n):
+                        gb[i] += coef[i]
                 if actor == 0 and self.use_tilt:
                     # chain rule: d logit_i / d tilt = tl_i (at the publish the decisions
                     # were drawn from), one scalar summing every outcome's gradient
@@ -415,14 +407,8 @@ cdef class MalcolmPolicy(AgentState):
                         self.tilt_g += coef[i] * self.tl[i]
                 if self.sparse:
                     # logit_i = B_i + W_ii z_i + W_i,me z_me (the W_ii in gdiag, see .pxd)
-                    z = self.u_pub
-                    gd = self.gdiag + (0 if actor == 0 else n)
-                    for i in range(n):
-                        gd[i] += coef[i] * z[i]
-                    gw += <Py_ssize_t>self.me * n
-                    for i in range(n):
-                        if i != self.me:
-                            gw[i] += coef[i] * z[self.me]
+                    mc_ac_sparse_grad(coef, self.u_pub, gb, self.gdiag + (0 if actor == 0 else n),
+                                      gw + <Py_ssize_t>self.me * n, n, self.me)
                 else:
                     mc_ac_rank1(gw, self.u_pub, coef, n)
             self.win_in_batch += 1
