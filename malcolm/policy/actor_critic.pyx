@@ -534,13 +534,14 @@ cdef class MalcolmPolicy(AgentState):
         """A runaway own queue: far above the peers' mean and not falling for
         ``runaway_windows`` windows. Whatever the actors learnt, reset them to the safe start.
         """
-        cdef int n = self.n, j, k = 0
+        cdef int n = self.n, j, k = -1, me = self.me    # -1: me is known
         cdef double vm = 0.0, vme, sme
         cdef double r = self.adv[2 * n + self.me]
+        cdef const double* x = self.x
         for j in range(n):
-            if j != self.me and self.known[j]:
-                vm += self.x[j]
-                k += 1
+            # the known peers' loads: x_j >= 0, and 0 while j is unknown (adds +0.0)
+            vm += x[j] if j != me else 0.0
+            k += self.known[j]
         if k == 0:
             return
         vm /= k * self.load_scale
