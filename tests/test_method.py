@@ -186,6 +186,27 @@ def test_a_flagged_run_is_run_again_and_both_attempts_are_listed():
     assert p["attempts"] == 3 and p["used"] == 1 and len(p["flagged"]) == 2
 
 
+def test_a_retry_draws_fresh_arrivals_shared_by_the_policies(monkeypatch):
+    import malcolm.loadgen.run as run_mod
+    exp = Experiment([1], policies=["jsq", "po2"], loads=[0.5, 0.8], repeat=4,
+                     echo=lambda s: None)
+    exp.layout = method.layout([1], [0, 1], 1000)
+    seeds = []
+    monkeypatch.setattr(exp, "_spec", lambda *a, seed: seeds.append(seed))
+
+    def stuck(spec, rate, stop):
+        raise RuntimeError("stuck")             # flagged: every attempt is retried
+    monkeypatch.setattr(run_mod, "run_load", stuck)
+
+    class Rack:
+        resume = pause = measure_delta = lambda self: None
+    for p in ("jsq", "po2"):
+        exp._point(1, 0.8, p, Rack(), 1.0)
+    assert seeds[0] == seeds[2] and seeds[1] == seeds[3]   # the same for both policies
+    assert seeds[0] != seeds[1]                             # a retry draws anew
+    assert [x["attempt"] for x in exp.runs] == [0, 1, 0, 1]
+
+
 def test_retries_are_bounded_in_all():
     # 1 policy x 1 load x 4 repeats: at most one retry in the whole experiment
     exp = Experiment([1], policies=["jsq"], loads=[0.8], repeat=4, retries=3,

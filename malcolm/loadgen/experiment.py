@@ -322,7 +322,7 @@ class Experiment:
         default). Its padded calls that overran their target are counted per run
         (``overruns`` of ``padded``) and flag a run beyond ``method.OVERRUN_MAX``.
     retries : int
-        A flagged run is run again at once (same rack, same arrivals), up to ``retries``
+        A flagged run is run again at once (same rack, fresh arrivals), up to ``retries``
         more times and a quarter more runs than planned in all, so that a transient
         disturbance does not leave a point short of clean repeats. Every attempt is kept in
         ``runs`` and listed in its row (``flagged``, ``attempts``,
@@ -628,7 +628,7 @@ class Experiment:
 
     def _point(self, r, load, p, rk, rate):
         """Run ``p`` at ``load`` (repeat ``r``), again at once while flagged, at most
-        ``retries`` more times (same rack, same arrivals); False if interrupted."""
+        ``retries`` more times (same rack, fresh arrivals); False if interrupted."""
         for attempt in range(1 + self.retries):
             run = self._attempt(r, load, p, rk, rate, attempt)
             if run is None:
@@ -647,11 +647,13 @@ class Experiment:
         from malcolm.loadgen.run import run_load
         rk.resume()
         try:
-            # the same arrival stream for every policy at this load and repeat (common
-            # random numbers: the policies differ, not their luck), and for a retry
+            # the same arrival stream for every policy at this load, repeat and attempt
+            # (common random numbers: the policies differ, not their luck). A retry draws
+            # anew: a short run's own draws can be off its load (a 3 s run at K = 100 has
+            # 2 400 tasks at 0.5, and one seed offered 0.534 to every policy, every time)
             spec = self._spec(rk, self.dilate, self.layout.client_threads,
                               self.layout.client_cpus, self.duration_s, self.warmup_s,
-                              seed=7 + 1000 * r + self.loads.index(load))
+                              seed=7 + 1000 * r + self.loads.index(load) + 100_003 * attempt)
             try:
                 rep = self._app_report(run_load(spec, rate, self.stop), self.dilate)
             except RuntimeError as e:       # a stuck run: say so, keep going
