@@ -45,7 +45,8 @@ cdef extern from "policy/_pub_kernels.h" nogil:
 cdef double LOAD_MAX_NS = 1e12
 cdef double QUEUE_MAX = 1e9
 cdef double RATE_MAX = 1.0
-cdef uint64_t COUNT_JUMP_MAX = 1000000
+cdef enum:
+    COUNT_JUMP_MAX = 1000000    # a constant (not a global): an immediate in observe_peer
 cdef uint64_t LOW32 = (<uint64_t>1 << 32) - 1      # the hop gate's budget field
 
 
@@ -596,12 +597,13 @@ cdef class AgentState(Policy):
 
     cdef void observe_peer(self, int64_t now, const Heartbeat* hb) noexcept nogil:
         cdef int src = hb.src
-        cdef int d = self.n_theta, i
-        cdef double rate = hb.rate, load = hb.load, dly, v
+        cdef int d, i
+        cdef double rate, load, dly, v
         cdef uint64_t dm, ds
+        cdef int64_t dl
         cdef PeerRec* pr
         cdef double* pt
-        if src < 0 or src >= self.n or src == self.me:
+        if <unsigned int>src >= <unsigned int>self.n or src == self.me:
             return
         pr = &self.peers[src]
         if pr.seen:
@@ -624,6 +626,8 @@ cdef class AgentState(Policy):
         pr.stl = hb.steals
         # Every heartbeat-derived input within sane bounds: a NaN or absurd rate or load from
         # one peer must not reach the logits, the advantages or the capacity prior.
+        rate = hb.rate
+        load = hb.load
         if not (rate > 0.0) or rate > RATE_MAX:
             if rate != 0.0:
                 self.hb_clamped += 1
@@ -633,11 +637,14 @@ cdef class AgentState(Policy):
             load = LOAD_MAX_NS if load > LOAD_MAX_NS else 0.0
         self.adv[2 * self.n + src] = rate
         # One-way delay: what a hop costs. Same clock on one host and in the simulator; a
-        # value outside [0, 10 windows] is a clock offset, not a delay, and is ignored.
-        dly = <double>(now - hb.sent_ns)
-        if self.auto_hop and dly >= 0.0 and dly <= 10.0 * <double>self.window_ns:
+        # value outside [0, 10 windows] is a clock offset, not a delay, and is ignored (in
+        # integers: the same test as in doubles while 10 windows < 2^53 ns).
+        dl = now - hb.sent_ns
+        if self.auto_hop and dl >= 0 and dl <= 10 * self.window_ns:
+            dly = <double>dl
             self.hop_est = dly if not self.hop_seen else self.hop_est + 0.05 * (dly - self.hop_est)
             self.hop_seen = True
+        d = self.n_theta
         if hb.n_theta == d:
             # Only copied here; checked by _peer_critics_checked at the consensus round that
             # reads it (one in consensus_every windows): checking every heartbeat was a third
