@@ -638,9 +638,10 @@ cdef class AgentState(Policy):
         self.adv[2 * self.n + src] = rate
         # One-way delay: what a hop costs. Same clock on one host and in the simulator; a
         # value outside [0, 10 windows] is a clock offset, not a delay, and is ignored (in
-        # integers: the same test as in doubles while 10 windows < 2^53 ns).
+        # integers, both bounds in one unsigned test: the same as in doubles while 10 windows
+        # < 2^53 ns).
         dl = now - hb.sent_ns
-        if self.auto_hop and dl >= 0 and dl <= 10 * self.window_ns:
+        if self.auto_hop and <uint64_t>dl <= <uint64_t>(10 * self.window_ns):
             dly = <double>dl
             self.hop_est = dly if not self.hop_seen else self.hop_est + 0.05 * (dly - self.hop_est)
             self.hop_seen = True
