@@ -196,7 +196,6 @@ cdef class AgentState(Policy):
     cdef void _marginal_advantages(self, bint do_mig, bint do_stl) noexcept nogil
     cdef void _features(self, double* out) noexcept nogil
     cdef void _sort_loads(self) noexcept nogil
-    cdef double _absdev(self, double a, int start) noexcept nogil
     cdef void _fold_gdiag(self, double* g, bint clear) noexcept nogil
     cdef void _peer_critics_checked(self) noexcept nogil
     cdef void _push_params(self) noexcept nogil

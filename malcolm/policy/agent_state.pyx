@@ -30,6 +30,7 @@ cdef extern from "policy/_sort_kernels.h" nogil:
     void mc_sort_pairs(double* key, int* idx, int k) noexcept nogil
     int mc_count_below(const double* v, int k, double a) noexcept nogil
     double mc_absdev(const double* v, const double* pre, int k, double a) noexcept nogil
+    double mc_absdev_at(const double* pre, int k, double a, int lo) noexcept nogil
 cdef extern from "policy/_pub_kernels.h" nogil:
     int mc_pub_migrate_weights(const double* x, const double* rate, const uint8_t* known,
                                double* w, int n, int me, double ls, int capacity_prior,
@@ -48,6 +49,19 @@ cdef double RATE_MAX = 1.0
 cdef enum:
     COUNT_JUMP_MAX = 1000000    # a constant (not a global): an immediate in observe_peer
 cdef uint64_t LOW32 = (<uint64_t>1 << 32) - 1      # the hop gate's budget field
+
+
+cdef inline double _store_load(AgentState s, int j, double load) noexcept nogil:
+    """Server j's load (ns, >= 0) and its scaled, clipped input; returns the input. A plain
+    C function, so that observe_peer's sparse path (n - 1 times a window) inlines it."""
+    cdef double v = load / s.load_scale
+    if v > s.load_clip:
+        v = s.load_clip
+    s.x[j] = load
+    s.u[j] = v
+    s.known[j] = 1
+    s.sorted_ok = False
+    return v
 
 
 cdef inline double* _dalloc(Py_ssize_t n) noexcept nogil:
@@ -307,15 +321,6 @@ cdef class AgentState(Policy):
         self.nsrt = k
         self.sorted_ok = True
 
-    cdef double _absdev(self, double a, int start) noexcept nogil:
-        """sum_k |a - v_k| over the known loads (needs _sort_loads).
-
-        ``start`` (a guess of the number of v_k < a) is not used: a branch-free binary
-        search (O(log n), ``mc_count_below``) beat walking from it, whose steps
-        mispredicted on a rack of many equal loads.
-        """
-        return mc_absdev(self.srt, self.pre, self.nsrt, a)     # _sort_kernels.h
-
     cdef void _marginal_advantages(self, bint do_mig, bint do_stl) noexcept nogil:
         """Per-outcome one-decision changes of the potential at the current state (adv).
 
@@ -337,7 +342,6 @@ cdef class AgentState(Policy):
         cdef const double* srt = self.srt
         cdef const double* pre = self.pre
         cdef int p, lo, k
-        cdef double a
         self._sort_loads()
         k = self.nsrt
         norm = 2.0 / (self.nsrt - 1) if self.nsrt > 1 else 0.0
@@ -345,12 +349,11 @@ cdef class AgentState(Policy):
         # outcome (the migrate and the steal loop each needed it): v_i = srt[pos[i]] (the
         # same product x_i * inv), and the loads below it are those before its run of
         # equal loads in srt, which is what mc_count_below would return, so every F(v_i)
-        # has the bits _absdev(v_i) gives
+        # has the bits mc_absdev(v_i) gives
         lo = 0
         for p in range(k):
             lo = p if p == 0 or srt[p - 1] < srt[p] else lo
-            a = srt[p]
-            fv[p] = (a * lo - pre[lo]) + (pre[k] - pre[lo] - a * (k - lo))   # as _absdev
+            fv[p] = mc_absdev_at(pre, k, srt[p], lo)
         sme = 1.0 / (rate[me] * self.load_scale) if rate[me] > 0.0 else 1.0
         vme = self.x[me] * inv
         fme = fv[self.pos[me]]
@@ -480,13 +483,7 @@ cdef class AgentState(Policy):
         cdef int k
         if not (load >= 0.0):       # NaN or negative: an estimator glitch, not a load
             load = 0.0
-        v = load / self.load_scale
-        if v > self.load_clip:
-            v = self.load_clip
-        self.x[j] = load
-        self.u[j] = v
-        self.known[j] = 1
-        self.sorted_ok = False
+        v = _store_load(self, j, load)
         if self.sparse:
             return              # logits are computed at publish, O(n)
         if not self.rel_input:
@@ -598,7 +595,7 @@ cdef class AgentState(Policy):
     cdef void observe_peer(self, int64_t now, const Heartbeat* hb) noexcept nogil:
         cdef int src = hb.src
         cdef int d, i
-        cdef double rate, load, dly, v
+        cdef double rate, load, dly
         cdef uint64_t dm, ds
         cdef int64_t dl
         cdef PeerRec* pr
@@ -661,14 +658,8 @@ cdef class AgentState(Policy):
         if not self.sparse:
             self._set_load(src, load)
             return
-        # _set_load's sparse path in place (no vtable call; load is in [0, LOAD_MAX_NS])
-        v = load / self.load_scale
-        if v > self.load_clip:
-            v = self.load_clip
-        self.x[src] = load
-        self.u[src] = v
-        self.known[src] = 1
-        self.sorted_ok = False
+        # _set_load's sparse path without its vtable call (load is in [0, LOAD_MAX_NS])
+        _store_load(self, src, load)
 
     cdef void _peer_critics_checked(self) noexcept nogil:
         """Bounded consensus: the peers' critics received since the last check are used
