@@ -71,8 +71,8 @@ static MC_PUB_CLONES int mc_pub_softmax_w(const double *restrict g, const double
    they are); returns how many peers the overload mask zeroed. The same values as the
    Cython loops this replaced (each sum in its order; a build with FMA, MALCOLM_NATIVE=1,
    may fuse rsum + km1 * r here as it did there), with the sums without selects and the
-   per-server divisions in loops that vectorize. Not cloned for AVX2: the clone's dispatch made the cache-hot
-   16-server window 10% slower and inlining is lost. */
+   per-server divisions in loops that vectorize. Not cloned for AVX2: the clone's dispatch
+   made the cache-hot 16-server window 10% slower and inlining is lost. */
 static inline int mc_pub_migrate_weights(const double *restrict x, const double *restrict rate,
                                          const unsigned char *restrict known,
                                          double *restrict w, int n, int me, double ls,

@@ -86,14 +86,14 @@ static inline int mc_count_below(const double *v, int k, double a) {
     }
     return (int)(base - v) + (base[0] < a);
 }
-/* sum_k |a - v_k| over the sorted v[0..k-1] with prefix sums pre[0..k]: AgentState._absdev's
-   formula, here so that _marginal_advantages computes it in place (2n + 1 per sampled
-   window, each a call through the vtable before). */
+/* sum_k |a - v_k| over the sorted v[0..k-1] with prefix sums pre[0..k], given lo = the
+   number of v_k below a: the one expression of this sum, so that _marginal_advantages'
+   O(n) pass (which knows lo) and mc_absdev (which searches for it) give the same bits. */
 static inline double mc_absdev_at(const double *pre, int k, double a, int lo) {
-    /* the same sum, given lo = the number of v_k below a */
     return (a * lo - pre[lo]) + (pre[k] - pre[lo] - a * (k - lo));
 }
 
+/* the same sum for any a (AgentState._marginal_advantages, 2n + 1 per sampled window) */
 static inline double mc_absdev(const double *v, const double *pre, int k, double a) {
     return mc_absdev_at(pre, k, a, mc_count_below(v, k, a));
 }
