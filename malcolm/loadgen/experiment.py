@@ -629,7 +629,8 @@ class Experiment:
     def _point(self, r, load, p, rk, rate):
         """Run ``p`` at ``load`` (repeat ``r``), again at once while flagged, at most
         ``retries`` more times (same rack, fresh arrivals); False if interrupted."""
-        for attempt in range(1 + self.retries):
+        attempt = 0
+        while True:
             run = self._attempt(r, load, p, rk, rate, attempt)
             if run is None:
                 return False
@@ -637,9 +638,9 @@ class Experiment:
                     or self.retries_left <= 0):
                 return True
             self.retries_left -= 1
+            attempt += 1
             self.echo(f"  run {r + 1} {p:<16} load {load:4.2f}: again "
-                      f"(attempt {attempt + 2} of {1 + self.retries})")
-        return True
+                      f"(attempt {attempt + 1} of {1 + self.retries})")
 
     def _attempt(self, r, load, p, rk, rate, attempt):
         """One run of policy ``p`` at ``load`` (repeat ``r``); the recorded run, or None if
