@@ -134,7 +134,6 @@ def main():
     if a.quick:
         a.t_change, a.duration = 200.0, 400.0
     rows, recon, curves = [], [], {}
-    hi_rate = 540e3 * a.rate_mult                # (b)'s rate after the change
     for name, sc in scenarios(a.t_change * 1000, a.rate_mult).items():
         for pol in pols:
             # tasks from the average rate over the run, so arrivals last about `duration`
@@ -155,7 +154,8 @@ def main():
             last = spread[tm > a.duration - (a.duration - a.t_change) / 4]
             st = reconverge_ms(tm, spread, a.t_change, ref=float(last.mean()))
             st12 = reconverge_ms(tm, spread, a.t_change, ref=float(last.mean()), factor=1.2)
-            rate1 = hi_rate if "rate" in name else sc["rate_tps"]
+            # the arrival rate after the change: the scenario's own, where it sets one
+            rate1 = next((c.rate_tps for c in sc["changes"] if c.rate_tps), sc["rate_tps"])
             cm = created_ms(len(r.latencies_us), sc["rate_tps"], rate1, a.t_change)
             p99_b, p99_a, p99_pk, p99_pkb, p99_late = p99_around(r.latencies_us, cm,
                                                                   a.t_change, a.duration)
