@@ -115,6 +115,10 @@ cdef class MalcolmPolicy(AgentState):
         Sparse actors: AdamW learning rate of the load weights (W_jj, W_j,me for j != me),
         the only state-dependent part of the actors. < 0 (default): ``actor_lr`` (the full
         actors always use ``actor_lr``).
+    steal_lr : float
+        Sparse actors: AdamW learning rate of the steal actor's peers' biases and load
+        weights (its own outcome's: ``accept_lr``); 0 keeps the steal actor at its safe start.
+        < 0 (default): as the migrate actor's (``actor_lr``, ``weight_lr``).
     tilt_lr, tilt_max : float
         > 0: learn the capacity tilt t (|t| <= ``tilt_max`` with the trust region), the peers'
         migrate logits += t (log r_j - their mean log rate), at this AdamW rate; 0: off.
@@ -216,6 +220,8 @@ cdef class MalcolmPolicy(AgentState):
         self.tilt_max = cfg["tilt_max"]
         self.weight_lr_auto = cfg["weight_lr"] < 0.0
         self.weight_lr = cfg["actor_lr"] if self.weight_lr_auto else cfg["weight_lr"]
+        self.steal_lr_auto = cfg["steal_lr"] < 0.0
+        self.steal_lr = cfg["actor_lr"] if self.steal_lr_auto else cfg["steal_lr"]
         self.weight_decay = cfg["weight_decay"]
         self.beta1 = cfg["beta1"]
         self.beta2 = cfg["beta2"]
@@ -457,6 +463,9 @@ cdef class MalcolmPolicy(AgentState):
             me = self.me
             for a in range(2):
                 w = self.off_wm if a == 0 else self.off_ws
+                if a == 1 and not self.steal_lr_auto:
+                    lr = wl = self.steal_lr
+                    decay = dw = 1.0 - lr * self.weight_decay
                 for t in range(2):
                     # t = 0: W[j, me] (our own load's weight, at weight_lr); t = 1: B[j]
                     k = w + me * n if t == 0 else w + n * n
@@ -779,6 +788,8 @@ cdef class MalcolmPolicy(AgentState):
             out["hop_ns"] = -1.0        # measured: see ``hop_estimate_ns``
         if self.weight_lr_auto:
             out["weight_lr"] = -1.0     # follows actor_lr
+        if self.steal_lr_auto:
+            out["steal_lr"] = -1.0      # as the migrate actor
         return out
 
     @property
