@@ -118,8 +118,8 @@ cdef class MalcolmPolicy(AgentState):
         actors always use ``actor_lr``).
     lr_boost : float
         The actors' AdamW step times 1 + (lr_boost - 1) min(1, d^2)^2, d Adam's per-parameter
-        direction m^ / sqrt(v^): up to lr_boost times where recent gradients agree, about 1x
-        on noise (``_ac_kernels.h``). 1 (default): off.
+        direction m^ / sqrt(v^): up to lr_boost times where recent gradients agree, 1 +
+        (lr_boost - 1) / 45 on steady noise (``_ac_kernels.h``). 1 (default): off.
     tilt_lr, tilt_max : float
         > 0: learn the capacity tilt t (|t| <= ``tilt_max`` with the trust region), the peers'
         migrate logits += t (log r_j - their mean log rate), at this AdamW rate; 0: off.
