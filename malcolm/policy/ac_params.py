@@ -18,6 +18,7 @@ DEFAULTS = dict(
     critic_lr=0.05,
     actor_lr=0.003,
     lr_boost=1.0,               # actors' step x up to this where the gradients agree; 1: off
+    weight_boost=-1.0,          # the same for the sparse actors' load weights; < 1: lr_boost
     accept_lr=0.0,              # sparse actors: the own outcome's bias and weight (0: kept at
                                 # the safe start; the live gate decides what a hop saves)
     tilt_max=0.5,               # |tilt| <= this (with trust > 0)
@@ -122,6 +123,7 @@ def check_params(params):
     num("critic_lr", 0.0)
     num("actor_lr", 0.0)
     num("lr_boost", 1.0)
+    num("weight_boost", -1.0)
     num("accept_lr", 0.0)
     num("tilt_lr", 0.0)
     num("tilt_max", 0.0)

@@ -120,6 +120,7 @@ cdef class MalcolmPolicy(AgentState):
         The actors' AdamW step times 1 + (lr_boost - 1) min(1, d^2)^2, d Adam's per-parameter
         direction m^ / sqrt(v^): up to lr_boost times where recent gradients agree, 1 +
         (lr_boost - 1) / 45 on steady noise (``_ac_kernels.h``). 1 (default): off.
+        ``weight_boost`` (sparse actors' load weights): the same, < 1 (default): lr_boost.
     tilt_lr, tilt_max : float
         > 0: learn the capacity tilt t (|t| <= ``tilt_max`` with the trust region), the peers'
         migrate logits += t (log r_j - their mean log rate), at this AdamW rate; 0: off.
@@ -216,6 +217,7 @@ cdef class MalcolmPolicy(AgentState):
         self.critic_lr = cfg["critic_lr"]
         self.actor_lr = cfg["actor_lr"]
         self.lr_boost = cfg["lr_boost"]
+        self.weight_boost = cfg["weight_boost"]
         self.accept_lr = cfg["accept_lr"]
         self.tilt_lr = cfg["tilt_lr"]
         self.use_tilt = self.tilt_lr > 0.0
@@ -436,6 +438,7 @@ cdef class MalcolmPolicy(AgentState):
         cdef double b1 = self.beta1, b2 = self.beta2, eps = self.eps, decay, da, wl, dw
         cdef double inv_b = 1.0 / (self.win_in_batch if self.win_in_batch > 0 else 1)
         cdef double c1, c2, lr, kb = self.lr_boost - 1.0     # the actors' consistency boost
+        cdef double kw = (self.weight_boost if self.weight_boost >= 1.0 else self.lr_boost) - 1.0
         self.adam_steps += 1
         self.b1t *= b1
         self.b2t *= b2
@@ -468,21 +471,21 @@ cdef class MalcolmPolicy(AgentState):
                     k = w + me * n if t == 0 else w + n * n
                     mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, me,
                                 wl if t == 0 else lr, dw if t == 0 else decay, b1, b2, c1,
-                                c2, eps, inv_b, kb)
+                                c2, eps, inv_b, kw if t == 0 else kb)
                     k += me
                     mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, 1,
                                 self.accept_lr, da, b1, b2, c1, c2, eps, inv_b, kb)
                     k += 1
                     mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, n - me - 1,
                                 wl if t == 0 else lr, dw if t == 0 else decay, b1, b2, c1,
-                                c2, eps, inv_b, kb)
+                                c2, eps, inv_b, kw if t == 0 else kb)
                 # W[j, j], j != me: the target's load (W[me, me] is in column me already)
                 k = w
                 mc_ac_adamw_strided(self.P + k, self.G + k, self.M + k, self.V + k, me,
-                                    n + 1, wl, dw, b1, b2, c1, c2, eps, inv_b, kb)
+                                    n + 1, wl, dw, b1, b2, c1, c2, eps, inv_b, kw)
                 k = w + (me + 1) * (n + 1)
                 mc_ac_adamw_strided(self.P + k, self.G + k, self.M + k, self.V + k,
-                                    n - me - 1, n + 1, wl, dw, b1, b2, c1, c2, eps, inv_b, kb)
+                                    n - me - 1, n + 1, wl, dw, b1, b2, c1, c2, eps, inv_b, kw)
         if self.use_tilt:
             mc_ac_adamw(&self.tilt, &self.tilt_g, &self.tilt_m, &self.tilt_v, 1, self.tilt_lr,
                         1.0 - self.tilt_lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b, 0.0)
