@@ -92,3 +92,27 @@ def test_lr_boost_one_is_plain_adamw_and_config_round_trips():
     assert q.lr_boost == 12.0 and q.config()["lr_boost"] == 12.0
     with pytest.raises(ValueError, match="lr_boost"):
         MalcolmPolicy(4, 1, lr_boost=0.5)
+
+
+def test_weight_boost_separates_the_sparse_load_weights():
+    """weight_boost=1 keeps the load weights on plain AdamW while the biases are boosted;
+    weight_boost alone (lr_boost=1) boosts only the weights."""
+    n, me = 5, 1
+    kw = dict(seed=4, batch_windows=10_000, consensus_every=0, trust=0.0)
+    plain = MalcolmPolicy(n, me, **kw)
+    both = MalcolmPolicy(n, me, lr_boost=30.0, **kw)
+    biases = MalcolmPolicy(n, me, lr_boost=30.0, weight_boost=1.0, **kw)
+    weights = MalcolmPolicy(n, me, weight_boost=30.0, **kw)
+    g = 0.5 + np.random.default_rng(5).random(plain.n_params)     # consistent: boosted
+    for _ in range(6):
+        for p in (plain, both, biases, weights):
+            hooks.apply_adamw(p, g)
+    B = [np.array(p.B_migrate) for p in (plain, both, biases, weights)]
+    W = [np.diag(np.array(p.W_migrate)) for p in (plain, both, biases, weights)]
+    peers = [j for j in range(n) if j != me]
+    np.testing.assert_array_equal(B[2], B[1])
+    np.testing.assert_array_equal(W[2], W[0])
+    np.testing.assert_array_equal(B[3], B[0])
+    np.testing.assert_array_equal(W[3], W[1])
+    assert np.all(np.abs(B[1] - B[0])[peers] > 1e-3)
+    assert np.all(np.abs(W[1] - W[0])[peers] > 1e-3)
