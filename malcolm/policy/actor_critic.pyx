@@ -116,11 +116,11 @@ cdef class MalcolmPolicy(AgentState):
         Sparse actors: AdamW learning rate of the load weights (W_jj, W_j,me for j != me),
         the only state-dependent part of the actors. < 0 (default): ``actor_lr`` (the full
         actors always use ``actor_lr``).
-    lr_boost : float
+    lr_boost, weight_boost : float
         The actors' AdamW step times 1 + (lr_boost - 1) min(1, d^2)^2, d Adam's per-parameter
         direction m^ / sqrt(v^): up to lr_boost times where recent gradients agree, 1 +
         (lr_boost - 1) / 45 on steady noise (``_ac_kernels.h``). 1 (default): off.
-        ``weight_boost`` (sparse actors' load weights): the same, < 1 (default): lr_boost.
+        ``weight_boost``: the same for the sparse actors' load weights; < 1 (default): lr_boost.
     tilt_lr, tilt_max : float
         > 0: learn the capacity tilt t (|t| <= ``tilt_max`` with the trust region), the peers'
         migrate logits += t (log r_j - their mean log rate), at this AdamW rate; 0: off.
