@@ -154,27 +154,47 @@ static inline void mc_pub_steal_weights(const double *restrict x,
 }
 /* The sparse actors' inputs (AgentState._actor_inputs): z_j = u_j - the mean of the known
    u, clipped to +-zclip, 0 for unknown servers. The same operations in the same order as
-   the Cython loops they replace (the sum stays sequential); with restrict the second loop
-   vectorizes. Not cloned for AVX2: FMA contraction there would change the bits. */
+   the Cython loops they replace (the sum stays sequential). Not cloned for AVX2: FMA
+   contraction there would change the bits.
+   The clip min(max(t, -zclip), zclip) gives, for every t (NaN and signed zeros included),
+   what t > zclip ? zclip : (t < -zclip ? -zclip : t) gives: max(-zclip, t) is
+   -zclip > t ? -zclip : t (t when t is NaN), and above zclip it is t itself. GCC keeps such
+   selects as compares and blends (it may not assume IEEE max semantics): on x86 they are
+   MAXPD and MINPD, whose operand order gives exactly these selects. With every server
+   known (a rack after its first window, counted in a loop that vectorizes) the sum needs
+   no test per server: it adds the same terms in the same order. */
+static inline void mc_pub_clip_dev(const double *restrict u, double ub, double *restrict z,
+                                   int n, double zclip) {
+    int j = 0;
+#if defined(__SSE2__)
+    const __m128d hi = _mm_set1_pd(zclip), lo = _mm_set1_pd(-zclip), m = _mm_set1_pd(ub);
+    for (; j + 2 <= n; j += 2) {
+        __m128d t = _mm_sub_pd(_mm_loadu_pd(u + j), m);
+        _mm_storeu_pd(z + j, _mm_min_pd(hi, _mm_max_pd(lo, t)));
+    }
+#endif
+    for (; j < n; j++) {
+        double t = u[j] - ub;
+        z[j] = t > zclip ? zclip : (t < -zclip ? -zclip : t);
+    }
+}
+
 static inline void mc_pub_actor_inputs(const double *restrict u,
                                        const unsigned char *restrict known,
                                        double *restrict z, int n, double zclip) {
     double ub = 0.0;
     int j, k = 0;
-    for (j = 0; j < n; j++) {
-        if (known[j]) {
-            ub += u[j];
-            k += 1;
-        }
-    }
-    ub /= (double)(k > 0 ? k : 1);
-    if (k == n) {       /* every server known (a rack after its first window): no mask */
-        for (j = 0; j < n; j++) {
-            double t = u[j] - ub;
-            z[j] = t > zclip ? zclip : (t < -zclip ? -zclip : t);
-        }
+    for (j = 0; j < n; j++) k += known[j] != 0;
+    if (k == n) {       /* every server known: no mask */
+        for (j = 0; j < n; j++) ub += u[j];
+        ub /= (double)(k > 0 ? k : 1);
+        mc_pub_clip_dev(u, ub, z, n, zclip);
         return;
     }
+    for (j = 0; j < n; j++) {
+        if (known[j]) ub += u[j];
+    }
+    ub /= (double)(k > 0 ? k : 1);
     for (j = 0; j < n; j++) {
         double t = known[j] ? u[j] - ub : 0.0;
         z[j] = t > zclip ? zclip : (t < -zclip ? -zclip : t);
