@@ -14,6 +14,33 @@
 typedef double mc_pub_v4d __attribute__((vector_size(32)));
 typedef long long mc_pub_v4l __attribute__((vector_size(32)));
 
+/* mc_exp_nonpos (_native.h) of four lanes x <= 0, the same operations on each lane (the
+   same Cody-Waite reduction and Estrin polynomial, so that a build contracts them into the
+   same fused multiply-adds), without its clamp of x to -708: the caller zeroes the lanes
+   below -708 (where the clamped value only kept the arithmetic finite, and whatever the
+   unclamped lanes compute there is masked out bit by bit). In place, and always inlined:
+   a 4-lane vector passed by value has another ABI in the AVX2 clone than in this
+   (baseline) function. */
+typedef unsigned long long mc_pub_v4u __attribute__((vector_size(32)));
+static inline __attribute__((always_inline)) void mc_pub_exp4_unclamped(mc_pub_v4d *v) {
+    mc_pub_v4d x = *v;
+    const double log2e = 1.4426950408889634, ln2_hi = 0.6931471803691238,
+                 ln2_lo = 1.9082149292705877e-10, shifter = 6755399441055744.0;
+    mc_pub_v4d t = x * log2e + shifter;
+    mc_pub_v4d k = t - shifter;
+    mc_pub_v4d r = (x - k * ln2_hi) - k * ln2_lo;
+    mc_pub_v4d r2 = r * r, r4 = r2 * r2, r8 = r4 * r4;
+    mc_pub_v4d a01 = 1.0 + r, a23 = 0.5 + r * (1.0 / 6.0), a45 = 1.0 / 24.0 + r * (1.0 / 120.0);
+    mc_pub_v4d a67 = 1.0 / 720.0 + r * (1.0 / 5040.0), a89 = 1.0 / 40320.0 + r * (1.0 / 362880.0);
+    mc_pub_v4d a1011 = 1.0 / 3628800.0 + r * (1.0 / 39916800.0);
+    const double a12 = 1.0 / 479001600.0;
+    mc_pub_v4d b03 = a01 + r2 * a23, b47 = a45 + r2 * a67, b811 = a89 + r2 * a1011;
+    mc_pub_v4d c07 = b03 + r4 * b47, c812 = b811 + r4 * a12;
+    mc_pub_v4d p = c07 + r8 * c812;
+    mc_pub_v4u e = ((mc_pub_v4u)t - 0x4338000000000000ull + 1023ull) << 52;
+    *v = p * (mc_pub_v4d)e;
+}
+
 /* p = w * exp(g) / sum(w * exp(g)): the softmax of g + log(w), without the n logs.
    w_i = 0 masks outcome i (p_i = 0 exactly). The shift is the largest g over the
    unmasked outcomes, so every exponent is <= 0 for them; the masked ones are computed
@@ -21,12 +48,16 @@ typedef long long mc_pub_v4l __attribute__((vector_size(32)));
    (a sequential sum of 64 terms is a chain of 64 dependent adds), written as 4-lane
    vectors: lane l sums p[l], p[l + 4], ... in order as the scalar lanes did, and the max
    of the unmasked non-NaN g is the same whatever the lanes (up to the sign of a zero
-   shift, which leaves every g - m unchanged). Returns 0, or -1
-   (p untouched) when no outcome is left or the sum is not a positive finite number: the
-   caller decides. */
+   shift, which leaves every g - m unchanged). The exponentials of each 4-block, w exp(min(g
+   - m, 0)) with mc_exp_nonpos's bits (0 below -708), are summed as they are computed, as
+   4-lane vectors with masks for the selects (the scalar form compiled to compares and
+   blends for the special cases 0 and -708 that cost more than the polynomial). Returns
+   0, or -1 (p untouched) when no outcome is left or the sum is not a positive finite
+   number: the caller decides. */
 static MC_PUB_CLONES int mc_pub_softmax_w(const double *restrict g, const double *restrict w,
                                           double *restrict p, int n) {
     const mc_pub_v4d lowv = {-1e300, -1e300, -1e300, -1e300}, zerov = {0.0, 0.0, 0.0, 0.0};
+    const mc_pub_v4d lim = {-708.0, -708.0, -708.0, -708.0};
     mc_pub_v4d mv = lowv, zv = zerov;
     double m0, m1, m2, m3, m, z, z0;
     int i = 0;
@@ -49,17 +80,25 @@ static MC_PUB_CLONES int mc_pub_softmax_w(const double *restrict g, const double
     m2 = m3 > m2 ? m3 : m2;
     m = m2 > m0 ? m2 : m0;
     if (!(m > -1e300)) return -1;
-    for (i = 0; i < n; i++) {
-        double d = g[i] - m;
-        p[i] = w[i] * mc_exp_nonpos(d < 0.0 ? d : 0.0);
-    }
     for (i = 0; i + 4 <= n; i += 4) {
-        mc_pub_v4d pv;
-        __builtin_memcpy(&pv, p + i, sizeof pv);
-        zv += pv;
+        mc_pub_v4d gv, wv, d, e;
+        __builtin_memcpy(&gv, g + i, sizeof gv);
+        __builtin_memcpy(&wv, w + i, sizeof wv);
+        d = gv - m;
+        d = (mc_pub_v4d)((mc_pub_v4l)d & (mc_pub_v4l)(d < zerov));   /* d < 0 ? d : +0.0 */
+        e = d;
+        mc_pub_exp4_unclamped(&e);
+        e = (mc_pub_v4d)((mc_pub_v4l)e & ~(mc_pub_v4l)(d < lim));     /* 0 below -708 */
+        e = wv * e;
+        __builtin_memcpy(p + i, &e, sizeof e);
+        zv += e;
     }
     z0 = zv[0];
-    for (; i < n; i++) z0 += p[i];
+    for (; i < n; i++) {
+        double d = g[i] - m;
+        p[i] = w[i] * mc_exp_nonpos(d < 0.0 ? d : 0.0);
+        z0 += p[i];
+    }
     z = (z0 + zv[1]) + (zv[2] + zv[3]);
     if (!(z > 0.0) || !(z < 1e308)) return -1;
     z = 1.0 / z;
