@@ -9,6 +9,15 @@
 #else
 #define MC_PUB_CLONES __attribute__((unused))
 #endif
+/* An AVX clone (not x86-64-v3): AVX has no FMA, so nothing can be contracted and the clone
+   gives the baseline's bits, with 4-lane vectors where the baseline has 2 (the kernels'
+   loops in half the instructions). The dispatch is an indirect call per kernel and window:
+   nothing at the window's scale (bench_window N = 16 unchanged, 4 within its noise). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(MALCOLM_DEBUG)
+#define MC_PUB_AVX __attribute__((target_clones("avx", "default"), unused))
+#else
+#define MC_PUB_AVX __attribute__((unused))
+#endif
 #define MC_PUB_MAX 64       /* servers (MAX_SERVERS in policy/base.pxd) */
 
 typedef double mc_pub_v4d __attribute__((vector_size(32)));
@@ -132,12 +141,14 @@ static inline int mc_pub_count_pos(const double *restrict a, int n) {
    they are); returns how many peers the overload mask zeroed. The same values as the
    Cython loops this replaced (each sum in its order; a build with FMA, MALCOLM_NATIVE=1,
    may fuse rsum + km1 * r here as it did there), with the sums without selects and the
-   per-server divisions in loops that vectorize. Not cloned for AVX2: the clone's dispatch
-   made the cache-hot 16-server window 10% slower and inlining is lost. */
-static inline int mc_pub_migrate_weights(const double *restrict x, const double *restrict rate,
-                                         const unsigned char *restrict known,
-                                         double *restrict w, int n, int me, double ls,
-                                         int capacity_prior, double mask_factor) {
+   per-server divisions in loops that vectorize. Cloned for AVX, not x86-64-v3: an AVX2
+   clone made the cache-hot 16-server window 10% slower (fourth session) and its FMA would
+   change the bits. */
+static MC_PUB_AVX int mc_pub_migrate_weights(const double *restrict x,
+                                             const double *restrict rate,
+                                             const unsigned char *restrict known,
+                                             double *restrict w, int n, int me, double ls,
+                                             int capacity_prior, double mask_factor) {
     double rbar, vbar = 0.0, vme, lim, rsum = 0.0, spare = 0.0, c, km1;
     int j, k = 0, kr = 0, flow, prior;
     long long nm = 0;
@@ -199,9 +210,9 @@ static inline int mc_pub_migrate_weights(const double *restrict x, const double 
    busier than us when the mask is on, 1 elsewhere. With every server known (a rack after
    its first window) the loop needs neither the byte mask nor the index test, and
    vectorizes. */
-static inline void mc_pub_steal_weights(const double *restrict x,
-                                        const unsigned char *restrict known,
-                                        double *restrict w, int n, int me, int mask) {
+static MC_PUB_AVX void mc_pub_steal_weights(const double *restrict x,
+                                            const unsigned char *restrict known,
+                                            double *restrict w, int n, int me, int mask) {
     double xme = x[me];
     int j, k = 0;
     for (j = 0; j < n; j++) k += known[j] != 0;
@@ -215,8 +226,8 @@ static inline void mc_pub_steal_weights(const double *restrict x,
 }
 /* The sparse actors' inputs (AgentState._actor_inputs): z_j = u_j - the mean of the known
    u, clipped to +-zclip, 0 for unknown servers. The same operations in the same order as
-   the Cython loops they replace (the sum stays sequential). Not cloned for AVX2: FMA
-   contraction there would change the bits.
+   the Cython loops they replace (the sum stays sequential). Not cloned: the sum is a chain
+   of dependent adds whatever the lanes, and the clip below is SSE2's MAXPD and MINPD.
    The clip min(max(t, -zclip), zclip) gives, for every t (NaN and signed zeros included),
    what t > zclip ? zclip : (t < -zclip ? -zclip : t) gives: max(-zclip, t) is
    -zclip > t ? -zclip : t (t when t is NaN), and above zclip it is t itself. GCC keeps such
@@ -265,8 +276,9 @@ static inline void mc_pub_actor_inputs(const double *restrict u,
 /* The sparse actors' learned logit parts (AgentState._learned_logits) from the gathered
    block A = [B | W_jj | W_j,me] (migrate, then steal): g_j = B_j + W_jj z_j + W_j,me z_me,
    evaluated as (B_j + W_jj z_j) + W_j,me z_me like the Cython loop it replaces. */
-static inline void mc_pub_learned_logits(const double *restrict A, const double *restrict z,
-                                         double *restrict g, int n, int me) {
+static MC_PUB_AVX void mc_pub_learned_logits(const double *restrict A,
+                                              const double *restrict z, double *restrict g,
+                                              int n, int me) {
     const double *restrict bm = A, *restrict dm = A + n, *restrict cm = A + 2 * n;
     const double *restrict bs = A + 3 * n, *restrict ds = A + 4 * n, *restrict cs = A + 5 * n;
     double *restrict gm = g, *restrict gs = g + n;
