@@ -79,15 +79,18 @@ def test_consistent_gradient_moves_boost_times_faster_noise_does_not():
     np.testing.assert_array_equal(pb.theta, p1.theta)
 
 
-def test_lr_boost_one_is_plain_adamw_and_config_round_trips():
-    p1 = MalcolmPolicy(4, 1, seed=2, batch_windows=10_000, consensus_every=0)
-    pb = MalcolmPolicy(4, 1, seed=2, batch_windows=10_000, consensus_every=0, lr_boost=1.0)
+def test_lr_boost_is_on_by_default_and_config_round_trips():
+    # lr_boost=1 against the plain numpy AdamW: test_actor_critic's reference test
+    p1 = MalcolmPolicy(4, 1, seed=2, batch_windows=10_000, consensus_every=0, lr_boost=1.0)
+    pd = MalcolmPolicy(4, 1, seed=2, batch_windows=10_000, consensus_every=0)
     g = np.random.default_rng(3).normal(size=p1.n_params)
     for _ in range(5):
         hooks.apply_adamw(p1, g)
-        hooks.apply_adamw(pb, g)
-    np.testing.assert_array_equal(p1.params, pb.params)
-    assert p1.lr_boost == 1.0
+        hooks.apply_adamw(pd, g)
+    assert pd.lr_boost == 30.0 and p1.lr_boost == 1.0
+    d = p1.n_theta
+    np.testing.assert_array_equal(pd.params[:d], p1.params[:d])     # the critic: plain
+    assert np.any(pd.params[d:] != p1.params[d:])                    # the actors: boosted
     q = MalcolmPolicy(4, 1, lr_boost=12)
     assert q.lr_boost == 12.0 and q.config()["lr_boost"] == 12.0
     with pytest.raises(ValueError, match="lr_boost"):
@@ -99,10 +102,10 @@ def test_weight_boost_separates_the_sparse_load_weights():
     weight_boost alone (lr_boost=1) boosts only the weights."""
     n, me = 5, 1
     kw = dict(seed=4, batch_windows=10_000, consensus_every=0, trust=0.0)
-    plain = MalcolmPolicy(n, me, **kw)
+    plain = MalcolmPolicy(n, me, lr_boost=1.0, **kw)
     both = MalcolmPolicy(n, me, lr_boost=30.0, **kw)
     biases = MalcolmPolicy(n, me, lr_boost=30.0, weight_boost=1.0, **kw)
-    weights = MalcolmPolicy(n, me, weight_boost=30.0, **kw)
+    weights = MalcolmPolicy(n, me, lr_boost=1.0, weight_boost=30.0, **kw)
     g = 0.5 + np.random.default_rng(5).random(plain.n_params)     # consistent: boosted
     for _ in range(6):
         for p in (plain, both, biases, weights):

@@ -17,7 +17,8 @@ DEFAULTS = dict(
     gamma=0.9,
     critic_lr=0.05,
     actor_lr=0.003,
-    lr_boost=1.0,               # actors' step x up to this where the gradients agree; 1: off
+    lr_boost=30.0,              # actors' step x up to this where the gradients agree; 1: off
+                                # (seventh session: re-converges within 50 ms, docs/policy.md)
     weight_boost=-1.0,          # the same for the sparse actors' load weights; < 1: lr_boost
     accept_lr=0.0,              # sparse actors: the own outcome's bias and weight (0: kept at
                                 # the safe start; the live gate decides what a hop saves)
@@ -26,7 +27,7 @@ DEFAULTS = dict(
     weight_lr=-1.0,             # sparse actors' load weights (their state-dependent part);
                                 # < 0: actor_lr
     weight_decay=1e-4,
-    beta1=0.9,
+    beta1=0.95,                 # 0.9 before the seventh session (with lr_boost: fewer noisy boosts)
     beta2=0.999,
     eps=1e-8,
     migration_cost=0.01,
