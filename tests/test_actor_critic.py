@@ -144,8 +144,9 @@ def test_window_gradients_match_numpy_reference_and_finite_differences(kind):
 
 def test_gradients_are_cached_and_averaged_over_the_batch():
     n, me = 3, 0
+    # plain AdamW (lr_boost=1): the boosted step has its own test (test_lr_boost.py)
     p = make(n, me, batch_windows=3, init="zero", critic_lr=0.1, actor_lr=0.1,
-             weight_decay=0.0)
+             weight_decay=0.0, lr_boost=1.0)
     rng = np.random.default_rng(0)
     hooks.step(p, 0, 1.0 * S, [None, 2.0 * S, 3.0 * S])
     for w in range(1, 3):
@@ -204,7 +205,7 @@ def adamw_ref(p, g, m, v, t, lr, b1, b2, eps, wd):
 
 def test_adamw_matches_reference_over_several_steps():
     kw = dict(critic_lr=0.03, actor_lr=0.007, weight_decay=0.05, beta1=0.8, beta2=0.99,
-              eps=1e-6)
+              eps=1e-6, lr_boost=1.0)
     p = make(5, 2, **kw)
     d = p.n_theta
     P = p.params

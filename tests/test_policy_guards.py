@@ -404,7 +404,7 @@ def test_weight_lr_steps_only_the_load_weights():
     the load weights by weight_lr, the peers' biases by actor_lr, the own outcome's bias
     and weight by accept_lr; the unused entries of W stay 0."""
     n, me = 4, 1
-    kw = dict(seed=1, weight_decay=0.0, actor_lr=0.003, accept_lr=0.03)
+    kw = dict(seed=1, weight_decay=0.0, actor_lr=0.003, accept_lr=0.03, lr_boost=1.0)
     assert MalcolmPolicy(n, me, **kw).weight_lr == 0.003          # default: actor_lr
     assert MalcolmPolicy(n, me, **kw).config()["weight_lr"] == -1.0
     p = MalcolmPolicy(n, me, weight_lr=0.05, **kw)
@@ -429,9 +429,10 @@ def test_steal_lr_steps_only_the_steal_actor(steal_lr):
     start) and nothing else: the migrate actor steps as with the default, and the own
     outcome (do not steal) at accept_lr. The default follows the migrate actor's rates."""
     n, me = 4, 1
-    kw = dict(seed=1, weight_decay=0.0, actor_lr=0.003, accept_lr=0.03, weight_lr=0.05)
+    kw = dict(seed=1, weight_decay=0.0, actor_lr=0.003, accept_lr=0.03, weight_lr=0.05,
+              lr_boost=1.0)
     q = MalcolmPolicy(n, me, **kw)
-    assert q.steal_lr == 0.003 and q.config()["steal_lr"] == -1.0
+    assert q.steal_lr == -1.0 and q.config()["steal_lr"] == -1.0
     p = MalcolmPolicy(n, me, steal_lr=steal_lr, **kw)
     assert p.config()["steal_lr"] == steal_lr
     before = [p.W_migrate, p.B_migrate, p.W_steal, p.B_steal]

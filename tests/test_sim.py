@@ -180,6 +180,20 @@ def test_heartbeat_loss_counted():
     assert 0.4 < r.heartbeats_lost / (r.per_server["windows"][0] * 4 * 3) < 0.6
 
 
+def test_heartbeat_fast_path_same_as_per_copy_path():
+    # Without loss and gateways a heartbeat reaches every peer in one loop (_network.pxd);
+    # the smallest positive loss takes the per-copy path (a draw per copy, from a stream
+    # nothing else reads without jitter) and loses nothing: the runs must be the same.
+    kw = dict(rack="12x1,4x2", policy="malcolm", workload="exp:50", load=0.9,
+              tasks=20_000, seed=3)
+    fast = simulate(**kw)
+    slow = simulate(loss=5e-324, **kw)
+    assert slow.heartbeats_lost == fast.heartbeats_lost == 0
+    assert np.array_equal(fast.latencies_us, slow.latencies_us)
+    assert (fast.events, fast.migrations, fast.steals) == (slow.events, slow.migrations,
+                                                            slow.steals)
+
+
 def test_changes_over_time_and_recorded_loads():
     # traffic moves entirely to server 0 at 20 ms: its queue must build up under `random`
     # accepting (no balancing), and recover when the speed of server 0 is raised.

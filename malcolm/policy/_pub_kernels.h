@@ -9,10 +9,46 @@
 #else
 #define MC_PUB_CLONES __attribute__((unused))
 #endif
+/* An AVX clone (not x86-64-v3): AVX has no FMA, so nothing can be contracted and the clone
+   gives the baseline's bits, with 4-lane vectors where the baseline has 2 (the kernels'
+   loops in half the instructions). The dispatch is an indirect call per kernel and window:
+   nothing at the window's scale (bench_window N = 16 unchanged, 4 within its noise). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(MALCOLM_DEBUG)
+#define MC_PUB_AVX __attribute__((target_clones("avx", "default"), unused))
+#else
+#define MC_PUB_AVX __attribute__((unused))
+#endif
 #define MC_PUB_MAX 64       /* servers (MAX_SERVERS in policy/base.pxd) */
 
 typedef double mc_pub_v4d __attribute__((vector_size(32)));
 typedef long long mc_pub_v4l __attribute__((vector_size(32)));
+
+/* mc_exp_nonpos (_native.h) of four lanes x <= 0, the same operations on each lane (the
+   same Cody-Waite reduction and Estrin polynomial, so that a build contracts them into the
+   same fused multiply-adds), without its clamp of x to -708: the caller zeroes the lanes
+   below -708 (where the clamped value only kept the arithmetic finite, and whatever the
+   unclamped lanes compute there is masked out bit by bit). In place, and always inlined:
+   a 4-lane vector passed by value has another ABI in the AVX2 clone than in this
+   (baseline) function. */
+typedef unsigned long long mc_pub_v4u __attribute__((vector_size(32)));
+static inline __attribute__((always_inline)) void mc_pub_exp4_unclamped(mc_pub_v4d *v) {
+    mc_pub_v4d x = *v;
+    const double log2e = 1.4426950408889634, ln2_hi = 0.6931471803691238,
+                 ln2_lo = 1.9082149292705877e-10, shifter = 6755399441055744.0;
+    mc_pub_v4d t = x * log2e + shifter;
+    mc_pub_v4d k = t - shifter;
+    mc_pub_v4d r = (x - k * ln2_hi) - k * ln2_lo;
+    mc_pub_v4d r2 = r * r, r4 = r2 * r2, r8 = r4 * r4;
+    mc_pub_v4d a01 = 1.0 + r, a23 = 0.5 + r * (1.0 / 6.0), a45 = 1.0 / 24.0 + r * (1.0 / 120.0);
+    mc_pub_v4d a67 = 1.0 / 720.0 + r * (1.0 / 5040.0), a89 = 1.0 / 40320.0 + r * (1.0 / 362880.0);
+    mc_pub_v4d a1011 = 1.0 / 3628800.0 + r * (1.0 / 39916800.0);
+    const double a12 = 1.0 / 479001600.0;
+    mc_pub_v4d b03 = a01 + r2 * a23, b47 = a45 + r2 * a67, b811 = a89 + r2 * a1011;
+    mc_pub_v4d c07 = b03 + r4 * b47, c812 = b811 + r4 * a12;
+    mc_pub_v4d p = c07 + r8 * c812;
+    mc_pub_v4u e = ((mc_pub_v4u)t - 0x4338000000000000ull + 1023ull) << 52;
+    *v = p * (mc_pub_v4d)e;
+}
 
 /* p = w * exp(g) / sum(w * exp(g)): the softmax of g + log(w), without the n logs.
    w_i = 0 masks outcome i (p_i = 0 exactly). The shift is the largest g over the
@@ -21,12 +57,16 @@ typedef long long mc_pub_v4l __attribute__((vector_size(32)));
    (a sequential sum of 64 terms is a chain of 64 dependent adds), written as 4-lane
    vectors: lane l sums p[l], p[l + 4], ... in order as the scalar lanes did, and the max
    of the unmasked non-NaN g is the same whatever the lanes (up to the sign of a zero
-   shift, which leaves every g - m unchanged). Returns 0, or -1
-   (p untouched) when no outcome is left or the sum is not a positive finite number: the
-   caller decides. */
+   shift, which leaves every g - m unchanged). The exponentials of each 4-block, w exp(min(g
+   - m, 0)) with mc_exp_nonpos's bits (0 below -708), are summed as they are computed, as
+   4-lane vectors with masks for the selects (the scalar form compiled to compares and
+   blends for the special cases 0 and -708 that cost more than the polynomial). Returns
+   0, or -1 (p untouched) when no outcome is left or the sum is not a positive finite
+   number: the caller decides. */
 static MC_PUB_CLONES int mc_pub_softmax_w(const double *restrict g, const double *restrict w,
                                           double *restrict p, int n) {
     const mc_pub_v4d lowv = {-1e300, -1e300, -1e300, -1e300}, zerov = {0.0, 0.0, 0.0, 0.0};
+    const mc_pub_v4d lim = {-708.0, -708.0, -708.0, -708.0};
     mc_pub_v4d mv = lowv, zv = zerov;
     double m0, m1, m2, m3, m, z, z0;
     int i = 0;
@@ -49,17 +89,25 @@ static MC_PUB_CLONES int mc_pub_softmax_w(const double *restrict g, const double
     m2 = m3 > m2 ? m3 : m2;
     m = m2 > m0 ? m2 : m0;
     if (!(m > -1e300)) return -1;
-    for (i = 0; i < n; i++) {
-        double d = g[i] - m;
-        p[i] = w[i] * mc_exp_nonpos(d < 0.0 ? d : 0.0);
-    }
     for (i = 0; i + 4 <= n; i += 4) {
-        mc_pub_v4d pv;
-        __builtin_memcpy(&pv, p + i, sizeof pv);
-        zv += pv;
+        mc_pub_v4d gv, wv, d, e;
+        __builtin_memcpy(&gv, g + i, sizeof gv);
+        __builtin_memcpy(&wv, w + i, sizeof wv);
+        d = gv - m;
+        d = (mc_pub_v4d)((mc_pub_v4l)d & (mc_pub_v4l)(d < zerov));   /* d < 0 ? d : +0.0 */
+        e = d;
+        mc_pub_exp4_unclamped(&e);
+        e = (mc_pub_v4d)((mc_pub_v4l)e & ~(mc_pub_v4l)(d < lim));     /* 0 below -708 */
+        e = wv * e;
+        __builtin_memcpy(p + i, &e, sizeof e);
+        zv += e;
     }
     z0 = zv[0];
-    for (; i < n; i++) z0 += p[i];
+    for (; i < n; i++) {
+        double d = g[i] - m;
+        p[i] = w[i] * mc_exp_nonpos(d < 0.0 ? d : 0.0);
+        z0 += p[i];
+    }
     z = (z0 + zv[1]) + (zv[2] + zv[3]);
     if (!(z > 0.0) || !(z < 1e308)) return -1;
     z = 1.0 / z;
@@ -67,16 +115,40 @@ static MC_PUB_CLONES int mc_pub_softmax_w(const double *restrict g, const double
     return 0;
 }
 
+/* How many of a[0..n) are > 0 (the known rates: AgentState._rescale and the migrate
+   weights, every window). As 2-lane compares whose masks (-1 or 0) are subtracted, two
+   per pass: GCC leaves the scalar loop (a compare, a flag, an add per server)
+   unvectorized, and lowers 4-lane vectors without AVX to worse code than this. */
+typedef double mc_pub_v2d __attribute__((vector_size(16)));
+typedef long long mc_pub_v2l __attribute__((vector_size(16)));
+static inline int mc_pub_count_pos(const double *restrict a, int n) {
+    const mc_pub_v2d zero = {0.0, 0.0};
+    mc_pub_v2l acc = {0, 0};
+    const double *p = a, *end = a + (n & ~3);
+    int j, k;
+    for (; p != end; p += 4) {
+        mc_pub_v2d v, w;
+        __builtin_memcpy(&v, p, sizeof v);
+        __builtin_memcpy(&w, p + 2, sizeof w);
+        acc -= (mc_pub_v2l)(v > zero) + (mc_pub_v2l)(w > zero);
+    }
+    k = (int)(acc[0] + acc[1]);
+    for (j = n & ~3; j < n; j++) k += a[j] > 0.0;
+    return k;
+}
+
 /* The migrate outcomes' weights (AgentState._migrate_weights, whose docstring says what
    they are); returns how many peers the overload mask zeroed. The same values as the
    Cython loops this replaced (each sum in its order; a build with FMA, MALCOLM_NATIVE=1,
    may fuse rsum + km1 * r here as it did there), with the sums without selects and the
-   per-server divisions in loops that vectorize. Not cloned for AVX2: the clone's dispatch
-   made the cache-hot 16-server window 10% slower and inlining is lost. */
-static inline int mc_pub_migrate_weights(const double *restrict x, const double *restrict rate,
-                                         const unsigned char *restrict known,
-                                         double *restrict w, int n, int me, double ls,
-                                         int capacity_prior, double mask_factor) {
+   per-server divisions in loops that vectorize. Cloned for AVX, not x86-64-v3: an AVX2
+   clone made the cache-hot 16-server window 10% slower (fourth session) and its FMA would
+   change the bits. */
+static MC_PUB_AVX int mc_pub_migrate_weights(const double *restrict x,
+                                             const double *restrict rate,
+                                             const unsigned char *restrict known,
+                                             double *restrict w, int n, int me, double ls,
+                                             int capacity_prior, double mask_factor) {
     double rbar, vbar = 0.0, vme, lim, rsum = 0.0, spare = 0.0, c, km1;
     int j, k = 0, kr = 0, flow, prior;
     long long nm = 0;
@@ -84,7 +156,7 @@ static inline int mc_pub_migrate_weights(const double *restrict x, const double 
        (0 or a clamped positive rate), so the sums add x and rate of every server: the
        terms the selects made +0.0 add nothing to a sum that starts at +0.0 */
     for (j = 0; j < n; j++) k += known[j] != 0;
-    for (j = 0; j < n; j++) kr += rate[j] > 0.0;
+    kr = mc_pub_count_pos(rate, n);
     for (j = 0; j < n; j++) {       /* the two sums in one pass, each in its own order */
         vbar += x[j];
         rsum += rate[j];
@@ -138,9 +210,9 @@ static inline int mc_pub_migrate_weights(const double *restrict x, const double 
    busier than us when the mask is on, 1 elsewhere. With every server known (a rack after
    its first window) the loop needs neither the byte mask nor the index test, and
    vectorizes. */
-static inline void mc_pub_steal_weights(const double *restrict x,
-                                        const unsigned char *restrict known,
-                                        double *restrict w, int n, int me, int mask) {
+static MC_PUB_AVX void mc_pub_steal_weights(const double *restrict x,
+                                            const unsigned char *restrict known,
+                                            double *restrict w, int n, int me, int mask) {
     double xme = x[me];
     int j, k = 0;
     for (j = 0; j < n; j++) k += known[j] != 0;
@@ -154,27 +226,53 @@ static inline void mc_pub_steal_weights(const double *restrict x,
 }
 /* The sparse actors' inputs (AgentState._actor_inputs): z_j = u_j - the mean of the known
    u, clipped to +-zclip, 0 for unknown servers. The same operations in the same order as
-   the Cython loops they replace (the sum stays sequential); with restrict the second loop
-   vectorizes. Not cloned for AVX2: FMA contraction there would change the bits. */
+   the Cython loops they replace (the sum stays sequential). Not cloned: the sum is a chain
+   of dependent adds whatever the lanes, and the clip below is SSE2's MAXPD and MINPD.
+   The clip min(max(t, -zclip), zclip) gives, for every t (NaN and signed zeros included),
+   what t > zclip ? zclip : (t < -zclip ? -zclip : t) gives: max(-zclip, t) is
+   -zclip > t ? -zclip : t (t when t is NaN), and above zclip it is t itself. GCC keeps such
+   selects as compares and blends (it may not assume IEEE max semantics): on x86 they are
+   MAXPD and MINPD, whose operand order gives exactly these selects. With every server
+   known (a rack after its first window, counted in a loop that vectorizes) the sum needs
+   no test per server: it adds the same terms in the same order. */
+static inline void mc_pub_clip_dev(const double *restrict u, double ub, double *restrict z,
+                                   int n, double zclip) {
+    int j = 0;
+#if defined(__SSE2__)
+    const __m128d hi = _mm_set1_pd(zclip), lo = _mm_set1_pd(-zclip), m = _mm_set1_pd(ub);
+    for (; j + 4 <= n; j += 4) {       /* two per pass: half the loop's own instructions */
+        __m128d t0 = _mm_sub_pd(_mm_loadu_pd(u + j), m);
+        __m128d t1 = _mm_sub_pd(_mm_loadu_pd(u + j + 2), m);
+        _mm_storeu_pd(z + j, _mm_min_pd(hi, _mm_max_pd(lo, t0)));
+        _mm_storeu_pd(z + j + 2, _mm_min_pd(hi, _mm_max_pd(lo, t1)));
+    }
+    for (; j + 2 <= n; j += 2) {
+        __m128d t = _mm_sub_pd(_mm_loadu_pd(u + j), m);
+        _mm_storeu_pd(z + j, _mm_min_pd(hi, _mm_max_pd(lo, t)));
+    }
+#endif
+    for (; j < n; j++) {
+        double t = u[j] - ub;
+        z[j] = t > zclip ? zclip : (t < -zclip ? -zclip : t);
+    }
+}
+
 static inline void mc_pub_actor_inputs(const double *restrict u,
                                        const unsigned char *restrict known,
                                        double *restrict z, int n, double zclip) {
     double ub = 0.0;
     int j, k = 0;
-    for (j = 0; j < n; j++) {
-        if (known[j]) {
-            ub += u[j];
-            k += 1;
-        }
-    }
-    ub /= (double)(k > 0 ? k : 1);
-    if (k == n) {       /* every server known (a rack after its first window): no mask */
-        for (j = 0; j < n; j++) {
-            double t = u[j] - ub;
-            z[j] = t > zclip ? zclip : (t < -zclip ? -zclip : t);
-        }
+    for (j = 0; j < n; j++) k += known[j] != 0;
+    if (k == n) {       /* every server known: no mask */
+        for (j = 0; j < n; j++) ub += u[j];
+        ub /= (double)(k > 0 ? k : 1);
+        mc_pub_clip_dev(u, ub, z, n, zclip);
         return;
     }
+    for (j = 0; j < n; j++) {
+        if (known[j]) ub += u[j];
+    }
+    ub /= (double)(k > 0 ? k : 1);
     for (j = 0; j < n; j++) {
         double t = known[j] ? u[j] - ub : 0.0;
         z[j] = t > zclip ? zclip : (t < -zclip ? -zclip : t);
@@ -184,8 +282,9 @@ static inline void mc_pub_actor_inputs(const double *restrict u,
 /* The sparse actors' learned logit parts (AgentState._learned_logits) from the gathered
    block A = [B | W_jj | W_j,me] (migrate, then steal): g_j = B_j + W_jj z_j + W_j,me z_me,
    evaluated as (B_j + W_jj z_j) + W_j,me z_me like the Cython loop it replaces. */
-static inline void mc_pub_learned_logits(const double *restrict A, const double *restrict z,
-                                         double *restrict g, int n, int me) {
+static MC_PUB_AVX void mc_pub_learned_logits(const double *restrict A,
+                                              const double *restrict z, double *restrict g,
+                                              int n, int me) {
     const double *restrict bm = A, *restrict dm = A + n, *restrict cm = A + 2 * n;
     const double *restrict bs = A + 3 * n, *restrict ds = A + 4 * n, *restrict cs = A + 5 * n;
     double *restrict gm = g, *restrict gs = g + n;

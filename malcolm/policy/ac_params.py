@@ -17,6 +17,9 @@ DEFAULTS = dict(
     gamma=0.9,
     critic_lr=0.05,
     actor_lr=0.003,
+    lr_boost=30.0,              # actors' step x up to this where the gradients agree; 1: off
+                                # (seventh session: re-converges within 50 ms, docs/policy.md)
+    weight_boost=-1.0,          # the same for the sparse actors' load weights; < 1: lr_boost
     accept_lr=0.0,              # sparse actors: the own outcome's bias and weight (0: kept at
                                 # the safe start; the live gate decides what a hop saves)
     tilt_max=0.5,               # |tilt| <= this (with trust > 0)
@@ -26,7 +29,7 @@ DEFAULTS = dict(
     steal_lr=-1.0,              # sparse actors: the steal actor's peers' biases and load
                                 # weights; < 0: as the migrate actor's (actor_lr, weight_lr)
     weight_decay=1e-4,
-    beta1=0.9,
+    beta1=0.95,                 # 0.9 before the seventh session (with lr_boost: fewer noisy boosts)
     beta2=0.999,
     eps=1e-8,
     migration_cost=0.01,
@@ -122,6 +125,8 @@ def check_params(params):
     num("gamma", 0.0, 1.0, hi_open=True)
     num("critic_lr", 0.0)
     num("actor_lr", 0.0)
+    num("lr_boost", 1.0)
+    num("weight_boost", -1.0)
     num("accept_lr", 0.0)
     num("tilt_lr", 0.0)
     num("tilt_max", 0.0)

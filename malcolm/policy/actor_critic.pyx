@@ -41,10 +41,11 @@ from malcolm.policy.base cimport MAX_THETA, Policy
 cdef extern from "policy/_ac_kernels.h" nogil:
     void mc_ac_adamw(double* p, double* g, double* m, double* v, int n, double lr,
                      double decay, double b1, double b2, double c1, double c2, double eps,
-                     double inv_b) noexcept nogil
+                     double inv_b, double kb) noexcept nogil
     void mc_ac_adamw_strided(double* p, double* g, double* m, double* v, int n,
                              long stride, double lr, double decay, double b1, double b2,
-                             double c1, double c2, double eps, double inv_b) noexcept nogil
+                             double c1, double c2, double eps, double inv_b,
+                             double kb) noexcept nogil
     void mc_ac_rank1(double* gw, const double* u, const double* coef, int n) noexcept nogil
     void mc_ac_adv_coef(const double* p, const double* a, double* coef, int n) noexcept nogil
     void mc_ac_kl_coef(const double* p, const double* g, double* coef, int n,
@@ -111,14 +112,16 @@ cdef class MalcolmPolicy(AgentState):
     critic_lr, actor_lr, accept_lr : float
         AdamW learning rates of the critic, the actors, and (sparse actors) the own
         outcome's bias and weight (accept / do not steal; 0 by default, see ``gate_live``).
-    weight_lr : float
+    weight_lr, steal_lr : float
         Sparse actors: AdamW learning rate of the load weights (W_jj, W_j,me for j != me),
         the only state-dependent part of the actors. < 0 (default): ``actor_lr`` (the full
-        actors always use ``actor_lr``).
-    steal_lr : float
-        Sparse actors: AdamW learning rate of the steal actor's peers' biases and load
-        weights (its own outcome's: ``accept_lr``); 0 keeps the steal actor at its safe start.
-        < 0 (default): as the migrate actor's (``actor_lr``, ``weight_lr``).
+        actors always use ``actor_lr``). ``steal_lr`` >= 0: the steal actor's, but for its
+        own outcome (0: kept at its safe start); < 0 (default): as the migrate actor's.
+    lr_boost, weight_boost : float
+        The actors' AdamW step times 1 + (lr_boost - 1) min(1, d^2)^2, d Adam's per-parameter
+        direction m^ / sqrt(v^): up to lr_boost times where recent gradients agree, 1 +
+        (lr_boost - 1) / 45 on steady noise (``_ac_kernels.h``). 1 (default): off.
+        ``weight_boost``: the same for the sparse actors' load weights; < 1 (default): lr_boost.
     tilt_lr, tilt_max : float
         > 0: learn the capacity tilt t (|t| <= ``tilt_max`` with the trust region), the peers'
         migrate logits += t (log r_j - their mean log rate), at this AdamW rate; 0: off.
@@ -214,14 +217,14 @@ cdef class MalcolmPolicy(AgentState):
         self.gamma = cfg["gamma"]
         self.critic_lr = cfg["critic_lr"]
         self.actor_lr = cfg["actor_lr"]
+        self.lr_boost = cfg["lr_boost"]
+        self.weight_boost = cfg["weight_boost"]
         self.accept_lr = cfg["accept_lr"]
         self.tilt_lr = cfg["tilt_lr"]
         self.use_tilt = self.tilt_lr > 0.0
         self.tilt_max = cfg["tilt_max"]
         self.weight_lr_auto = cfg["weight_lr"] < 0.0
         self.weight_lr = cfg["actor_lr"] if self.weight_lr_auto else cfg["weight_lr"]
-        self.steal_lr_auto = cfg["steal_lr"] < 0.0
-        self.steal_lr = cfg["actor_lr"] if self.steal_lr_auto else cfg["steal_lr"]
         self.weight_decay = cfg["weight_decay"]
         self.beta1 = cfg["beta1"]
         self.beta2 = cfg["beta2"]
@@ -435,7 +438,8 @@ cdef class MalcolmPolicy(AgentState):
         cdef int npar = self.n_params, d = self.n_theta, n = self.n, a, k, w, t, me
         cdef double b1 = self.beta1, b2 = self.beta2, eps = self.eps, decay, da, wl, dw
         cdef double inv_b = 1.0 / (self.win_in_batch if self.win_in_batch > 0 else 1)
-        cdef double c1, c2, lr
+        cdef double c1, c2, lr, kb = self.lr_boost - 1.0     # the actors' consistency boost
+        cdef double kw = (self.weight_boost if self.weight_boost >= 1.0 else self.lr_boost) - 1.0
         self.adam_steps += 1
         self.b1t *= b1
         self.b2t *= b2
@@ -444,11 +448,11 @@ cdef class MalcolmPolicy(AgentState):
         self._fold_gdiag(self.G, True)     # the batch's sparse diagonal gradients into G
         lr = self.critic_lr
         mc_ac_adamw(self.P, self.G, self.M, self.V, d, lr, 1.0 - lr * self.weight_decay,
-                    b1, b2, c1, c2, eps, inv_b)
+                    b1, b2, c1, c2, eps, inv_b, 0.0)
         lr = self.actor_lr
         if not self.sparse:
             mc_ac_adamw(self.P + d, self.G + d, self.M + d, self.V + d, npar - d, lr,
-                        1.0 - lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b)
+                        1.0 - lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b, kb)
         else:
             # only the weights the sparse actors use: each W's diagonal and column me, and
             # the biases (the other entries stay 0). O(n) instead of O(n^2). The own
@@ -463,7 +467,7 @@ cdef class MalcolmPolicy(AgentState):
             me = self.me
             for a in range(2):
                 w = self.off_wm if a == 0 else self.off_ws
-                if a == 1 and not self.steal_lr_auto:
+                if a == 1 and self.steal_lr >= 0.0:
                     lr = wl = self.steal_lr
                     decay = dw = 1.0 - lr * self.weight_decay
                 for t in range(2):
@@ -471,24 +475,24 @@ cdef class MalcolmPolicy(AgentState):
                     k = w + me * n if t == 0 else w + n * n
                     mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, me,
                                 wl if t == 0 else lr, dw if t == 0 else decay, b1, b2, c1,
-                                c2, eps, inv_b)
+                                c2, eps, inv_b, kw if t == 0 else kb)
                     k += me
                     mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, 1,
-                                self.accept_lr, da, b1, b2, c1, c2, eps, inv_b)
+                                self.accept_lr, da, b1, b2, c1, c2, eps, inv_b, kb)
                     k += 1
                     mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, n - me - 1,
                                 wl if t == 0 else lr, dw if t == 0 else decay, b1, b2, c1,
-                                c2, eps, inv_b)
+                                c2, eps, inv_b, kw if t == 0 else kb)
                 # W[j, j], j != me: the target's load (W[me, me] is in column me already)
                 k = w
                 mc_ac_adamw_strided(self.P + k, self.G + k, self.M + k, self.V + k, me,
-                                    n + 1, wl, dw, b1, b2, c1, c2, eps, inv_b)
+                                    n + 1, wl, dw, b1, b2, c1, c2, eps, inv_b, kw)
                 k = w + (me + 1) * (n + 1)
                 mc_ac_adamw_strided(self.P + k, self.G + k, self.M + k, self.V + k,
-                                    n - me - 1, n + 1, wl, dw, b1, b2, c1, c2, eps, inv_b)
+                                    n - me - 1, n + 1, wl, dw, b1, b2, c1, c2, eps, inv_b, kw)
         if self.use_tilt:
             mc_ac_adamw(&self.tilt, &self.tilt_g, &self.tilt_m, &self.tilt_v, 1, self.tilt_lr,
-                        1.0 - self.tilt_lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b)
+                        1.0 - self.tilt_lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b, 0.0)
         self.win_in_batch = 0
         self.batches += 1
 
@@ -788,8 +792,6 @@ cdef class MalcolmPolicy(AgentState):
             out["hop_ns"] = -1.0        # measured: see ``hop_estimate_ns``
         if self.weight_lr_auto:
             out["weight_lr"] = -1.0     # follows actor_lr
-        if self.steal_lr_auto:
-            out["steal_lr"] = -1.0      # as the migrate actor
         return out
 
     @property

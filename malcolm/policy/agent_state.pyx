@@ -41,6 +41,7 @@ cdef extern from "policy/_pub_kernels.h" nogil:
                              double zclip) noexcept nogil
     void mc_pub_learned_logits(const double* A, const double* z, double* g, int n,
                                int me) noexcept nogil
+    int mc_pub_count_pos(const double* a, int n) noexcept nogil
 
 
 cdef double LOAD_MAX_NS = 1e12
@@ -473,6 +474,7 @@ cdef class AgentState(Policy):
     cdef int _unshared_config(self, dict cfg) except -1:
         """The parameters of the decisions from state the agents do not share (``__init__``)."""
         self.gate_live = cfg["gate_live"]
+        self.steal_lr = cfg["steal_lr"]      # learning, but set here: actor_critic.pyx is full
         # only the gate's publish (hop_gate, set before) renews the budget the live gateway
         # counts from
         self.live = self.gate_live and self.hop_gate
@@ -773,7 +775,7 @@ cdef class AgentState(Policy):
         for j in range(n):
             # rate_j >= 0, and 0 while j is unknown: the terms left out added +0.0
             sr += rate[j]
-            k += rate[j] > 0.0
+        k = mc_pub_count_pos(rate, n)       # the count apart: it vectorizes
         if k == 0 or not (sr > 0.0):
             return
         ls = k / sr

@@ -173,8 +173,6 @@ cdef class Engine:
     cdef int32_t alloc_task(self) noexcept nogil
     cdef inline int64_t gw_take(self, int s, int64_t n_msgs) noexcept nogil
     cdef inline void pop(self, Event* out) noexcept nogil
-    cdef inline bint via_gateway(self, const Event* e, int handled_kind) noexcept nogil
-    cdef inline bint hb_lost_on_way(self) noexcept nogil
     cdef inline void track_area(self) noexcept nogil
     cdef void schedule_next_arrival(self) noexcept nogil
     cdef void do_arrival(self) noexcept nogil
@@ -182,7 +180,6 @@ cdef class Engine:
     cdef void accept(self, int s, int32_t slot) noexcept nogil
     cdef inline void start(self, int s, int lw, int32_t slot) noexcept nogil
     cdef void on_done(self, int s, int gw) noexcept nogil
-    cdef void ask_steal(self, int s) noexcept nogil
     cdef void drop(self, int s, int32_t slot) noexcept nogil
     cdef void finish(self, int s, int32_t slot, bint served) noexcept nogil
     cdef void on_response(self, int32_t slot, int s, double load) noexcept nogil
@@ -194,10 +191,6 @@ cdef class Engine:
     cdef void central_idle(self, int gw) noexcept nogil
     cdef inline void central_start(self, int gw, int32_t slot) noexcept nogil
     cdef void on_window(self, int s) noexcept nogil
-    cdef void on_hb_all(self, int src, int idx, double seq) noexcept nogil
-    cdef void on_hb_gw(self, int dst, int idx, double seq) noexcept nogil
-    cdef void on_steal_req(self, int victim, int thief, double seq) noexcept nogil
-    cdef void on_steal_rep(self, int thief, int32_t slot, double seq) noexcept nogil
     cdef void on_change(self, int i) noexcept nogil
     cdef void loop(self) noexcept nogil
 

@@ -15,7 +15,8 @@ Policies are called exactly as the real gateway calls them (``malcolm/policy/bas
 ``decide_arrival`` for each task from a client, ``decide_steal`` after each completion, and
 per window the window protocol of ``malcolm/policy/driver.pxd`` (the same code the runtime's
 policy thread runs), with the heartbeat delivered to each peer after a network delay
-(``observe_peer``). Steal requests in flight go through the driver's ``StealGate``.
+(``observe_peer``). Steal requests in flight go through the driver's ``StealGate``. The
+messages between servers (heartbeats, steals) are ``_network.pxd``'s, compiled into the loop.
 
 The runtime's mechanics that shape results are parameters (all off by default except one
 steal in flight): ``gateway_ns`` makes each server's gateway a FIFO single server of
@@ -37,11 +38,12 @@ from malcolm._core cimport (
 )
 from malcolm._workload cimport NativeWorkload, wl_sample
 from malcolm.policy.base cimport ClientPolicy, Heartbeat, MAX_SERVERS, Policy
-from malcolm.policy.driver cimport (
-    drv_end_window, drv_migrated, drv_observe_peer, drv_start, drv_stole,
-    steal_gate_init, steal_gate_open, steal_gate_reply,
-)
+from malcolm.policy.driver cimport drv_end_window, drv_migrated, drv_start, steal_gate_init
 from malcolm.sim._central cimport cfcfs_arrival, cfcfs_idle, cfcfs_start, pod_pick
+from malcolm.sim._network cimport (
+    hb_deliver, hb_deliver_all, hb_deliver_gw, hb_send, steal_ask, steal_reply, steal_request,
+    via_gateway,
+)
 from malcolm.sim._queues cimport (
     Event, evq_init, evq_pop, evq_push, event_kind, ring_pop, ring_push,
 )
@@ -309,22 +311,6 @@ cdef class Engine:
     cdef inline void pop(self, Event* out) noexcept nogil:
         evq_pop(&self.heap, out)
 
-    cdef inline bint via_gateway(self, const Event* e, int handled_kind) noexcept nogil:
-        """With a gateway cost, a message that reaches server e.a first waits for its gateway
-        and comes back as ``handled_kind``: True if it was deferred so."""
-        if self.gw_ns > 0:
-            self.push(self.gw_take(e.a, 1), handled_kind, e.a, e.b, e.x)
-            return True
-        return False
-
-    cdef inline bint hb_lost_on_way(self) noexcept nogil:
-        """One heartbeat copy goes to a peer: True if the network loses it (both counted)."""
-        self.hb_sent += 1
-        if self.loss > 0.0 and rng_uniform(&self.r_net) < self.loss:
-            self.hb_lost += 1
-            return True
-        return False
-
     cdef inline void track_area(self) noexcept nogil:
         # integral over time of the tasks that clients have sent and not yet seen finish
         self.area += <double>(self.generated - self.completed) * <double>(self.now - self.area_t)
@@ -465,25 +451,7 @@ cdef class Engine:
             v.idle[v.nidle] = lw
             v.nidle += 1
         if self.has_policies:
-            self.ask_steal(s)
-
-    cdef void ask_steal(self, int s) noexcept nogil:
-        """After a completion at server s: the policy may send a steal request."""
-        cdef int victim = (<Policy>self.pol[s]).decide_steal(self.now)
-        cdef uint32_t seq = 0
-        cdef int64_t t = self.now
-        if victim >= 0:
-            if victim < self.n and victim != s:
-                if self.max_steals > 0:
-                    seq = steal_gate_open(&self.servers[s].steal, self.now)
-                    if seq == 0:
-                        return
-                if self.servers[s].gw_free > t:
-                    t = self.servers[s].gw_free      # after the response the gateway is sending
-                self.servers[s].steal_requests += 1
-                self.push(t + self.net(), EV_STEAL_REQ, victim, s, <double>seq)
-            else:
-                self.servers[s].bad_decisions += 1
+            steal_ask(self, s)
 
     cdef void drop(self, int s, int32_t slot) noexcept nogil:
         """Server s is at capacity: the task is answered "dropped" at once, as the runtime's
@@ -581,7 +549,7 @@ cdef class Engine:
         self.finish(s, slot, True)
         self.ps_reschedule(s)
         if self.has_policies:
-            self.ask_steal(s)
+            steal_ask(self, s)
 
     # ------------------------------------------------------------------ centralized FCFS
     # Methods around _central.pxd, so that the code of the references stays out of the loop.
@@ -594,14 +562,14 @@ cdef class Engine:
     cdef inline void central_start(self, int gw, int32_t slot) noexcept nogil:
         cfcfs_start(self, gw, slot)
 
-    # ------------------------------------------------------------------ windows, heartbeats
+    # ------------------------------------------------------------------ windows
     cdef void on_window(self, int s) noexcept nogil:
         cdef Server* v = &self.servers[s]
         cdef double q = <double>v.ntasks
         cdef double load
         cdef Heartbeat* hb = NULL
-        cdef int j, idx = 0
-        cdef int64_t row, t
+        cdef int idx = 0
+        cdef int64_t row
         if self.has_policies:
             # The window protocol, as the runtime's policy thread runs it. The ring slot of
             # this heartbeat outlives its delivery (K slots per server).
@@ -625,64 +593,8 @@ cdef class Engine:
                 self.rec.rows = row + 1
         v.windows += 1
         if self.has_policies and self.n > 1:
-            t = self.now
-            if self.gw_ns > 0:
-                t = self.gw_take(s, self.n - 1)     # one copy per peer, sent together
-            if self.jitter == 0:
-                self.push(t + self.delay, EV_HBALL, s, idx, <double>hb.seq)
-            else:
-                for j in range(self.n):
-                    if j != s and not self.hb_lost_on_way():
-                        self.push(t + self.net(), EV_HB, j, idx, <double>hb.seq)
+            hb_send(self, s, idx, hb.seq)
         self.push(self.now + self.window, EV_WINDOW, s, 0, 0.0)
-
-    cdef void on_hb_all(self, int src, int idx, double seq) noexcept nogil:
-        cdef int j
-        cdef const Heartbeat* hb = &self.hbuf[idx]
-        for j in range(self.n):
-            if j == src or self.hb_lost_on_way():
-                continue
-            if self.gw_ns > 0:      # each peer's gateway takes it in its own time
-                self.push(self.gw_take(j, 1), EV_HB_GW, j, idx, seq)
-                continue
-            self.events += 1        # each reception counts as one simulated event
-            drv_observe_peer(&self.servers[j].win, <Policy>self.pol[j], self.now, hb)
-        if self.gw_ns == 0:
-            self.events -= 1        # the loop counted this event already
-
-    cdef void on_hb_gw(self, int dst, int idx, double seq) noexcept nogil:
-        """A heartbeat that waited for dst's gateway; its ring slot may have been reused."""
-        if self.hbuf[idx].seq != <uint32_t>seq:
-            self.hb_overrun += 1
-            return
-        drv_observe_peer(&self.servers[dst].win, <Policy>self.pol[dst], self.now, &self.hbuf[idx])
-
-    # ------------------------------------------------------------------ steals
-    cdef void on_steal_req(self, int victim, int thief, double seq) noexcept nogil:
-        cdef Server* v = &self.servers[victim]
-        cdef int32_t slot = -1
-        if self.sched != SCHED_PS:      # under ideal PS no task is waiting
-            slot = ring_pop(&v.queue)
-        if slot >= 0:
-            v.ntasks -= 1
-            self.tasks[slot].moved = 1
-        else:
-            self.servers[thief].steal_empty += 1
-        self.push(self.now + self.net(), EV_STEAL_REP, thief, slot, seq)
-
-    cdef void on_steal_rep(self, int thief, int32_t slot, double seq) noexcept nogil:
-        cdef Server* v = &self.servers[thief]
-        if self.max_steals > 0:
-            steal_gate_reply(&v.steal, <uint32_t>seq, self.now)
-        if slot < 0:
-            return
-        # A task always counts, even if its request was given up (as in the runtime).
-        if self.cap > 0 and v.ntasks >= self.cap:
-            self.drop(thief, slot)
-            return
-        v.steals += 1
-        drv_stole(<Policy>self.pol[thief])
-        self.accept(thief, slot)
 
     # ------------------------------------------------------------------ changes
     cdef void on_change(self, int i) noexcept nogil:
@@ -730,18 +642,17 @@ cdef class Engine:
             if kind == EV_DONE:
                 self.on_done(e.a, e.b)
             elif kind == EV_TASK:
-                if not self.via_gateway(&e, EV_TASK_GW):
+                if not via_gateway(self, &e, EV_TASK_GW):
                     self.on_task(e.a, e.b)
             elif kind == EV_TASK_GW:
                 self.on_task(e.a, e.b)
             elif kind == EV_HB:
-                if not self.via_gateway(&e, EV_HB_GW):
-                    drv_observe_peer(&self.servers[e.a].win, <Policy>self.pol[e.a], self.now,
-                                     &self.hbuf[e.b])
+                if not via_gateway(self, &e, EV_HB_GW):
+                    hb_deliver(self, e.a, &self.hbuf[e.b])
             elif kind == EV_HBALL:
-                self.on_hb_all(e.a, e.b, e.x)
+                hb_deliver_all(self, e.a, e.b, e.x)
             elif kind == EV_HB_GW:
-                self.on_hb_gw(e.a, e.b, e.x)
+                hb_deliver_gw(self, e.a, e.b, e.x)
             elif kind == EV_WINDOW:
                 self.on_window(e.a)
             elif kind == EV_PSDONE:
@@ -749,15 +660,15 @@ cdef class Engine:
             elif kind == EV_RESP:
                 self.on_response(e.a, e.b, e.x)
             elif kind == EV_STEAL_REQ:
-                if not self.via_gateway(&e, EV_STEAL_REQ_GW):
-                    self.on_steal_req(e.a, e.b, e.x)
+                if not via_gateway(self, &e, EV_STEAL_REQ_GW):
+                    steal_request(self, e.a, e.b, e.x)
             elif kind == EV_STEAL_REQ_GW:
-                self.on_steal_req(e.a, e.b, e.x)
+                steal_request(self, e.a, e.b, e.x)
             elif kind == EV_STEAL_REP:
-                if not self.via_gateway(&e, EV_STEAL_REP_GW):
-                    self.on_steal_rep(e.a, e.b, e.x)
+                if not via_gateway(self, &e, EV_STEAL_REP_GW):
+                    steal_reply(self, e.a, e.b, e.x)
             elif kind == EV_STEAL_REP_GW:
-                self.on_steal_rep(e.a, e.b, e.x)
+                steal_reply(self, e.a, e.b, e.x)
             elif kind == EV_CDISPATCH:
                 self.central_start(e.a, e.b)
             elif kind == EV_CNOTIFY:
