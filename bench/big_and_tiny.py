@@ -10,7 +10,7 @@ frozen start by default), per rack and summed up. Under a minute for 40 racks, 5
 three variants with two processes on an idle 2-core machine::
 
     python3 bench/big_and_tiny.py --draw 31337 --count 40 --seeds 1,2,3,4,5
-    python3 bench/big_and_tiny.py --variants "malcolm:learn=0;malcolm;malcolm:steal_lr=0"
+    python3 bench/big_and_tiny.py --variants "malcolm:learn=0;malcolm;malcolm:entropy=1"
 """
 import os
 import sys
@@ -62,6 +62,13 @@ def main(argv=None):
     pols = [p.strip() for p in a.variants.split(";") if p.strip()]
     if a.count < 1 or a.procs < 1 or len(pols) < 2:
         ap.error("--count and --procs must be >= 1, and --variants must name two policies")
+    from malcolm.sim import simulate
+
+    for p in pols:      # a bad spec: one line here, not a traceback from a worker
+        try:
+            simulate(rack="1x1,1x1", policy=p, tasks=10, seed=1)
+        except (TypeError, ValueError) as e:
+            ap.error(f"--variants {p!r}: {e}")
     scen = draw(a.count, a.draw)
     jobs = [(i, sc, p, s) for i, sc in enumerate(scen) for p in pols for s in a.seeds]
     with Pool(a.procs) as pool:

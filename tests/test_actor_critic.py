@@ -389,7 +389,6 @@ def test_frozen_policy_does_not_change():
     (dict(actor_lr=-1.0), ValueError, "actor_lr"),
     (dict(tilt_lr=-0.1), ValueError, "tilt_lr"),
     (dict(tilt_max=-1.0), ValueError, "tilt_max"),
-    (dict(steal_lr=-1.5), ValueError, "steal_lr"),
     (dict(critic_lr=float("nan")), ValueError, "critic_lr"),
     (dict(eps=0.0), ValueError, "eps"),
     (dict(beta2=1.0), ValueError, "beta2"),

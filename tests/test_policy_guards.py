@@ -423,32 +423,6 @@ def test_weight_lr_steps_only_the_load_weights():
         np.testing.assert_allclose(dB, np.where(own, -0.03, -0.003), rtol=1e-6)
 
 
-@pytest.mark.parametrize("steal_lr", [0.01, 0.0])
-def test_steal_lr_steps_only_the_steal_actor(steal_lr):
-    """steal_lr moves the steal actor's peers' biases and load weights (0: kept at the safe
-    start) and nothing else: the migrate actor steps as with the default, and the own
-    outcome (do not steal) at accept_lr. The default follows the migrate actor's rates."""
-    n, me = 4, 1
-    kw = dict(seed=1, weight_decay=0.0, actor_lr=0.003, accept_lr=0.03, weight_lr=0.05,
-              lr_boost=1.0)
-    q = MalcolmPolicy(n, me, **kw)
-    assert q.steal_lr == -1.0 and q.config()["steal_lr"] == -1.0
-    p = MalcolmPolicy(n, me, steal_lr=steal_lr, **kw)
-    assert p.config()["steal_lr"] == steal_lr
-    before = [p.W_migrate, p.B_migrate, p.W_steal, p.B_steal]
-    hooks.apply_adamw(p, np.ones(p.n_params))
-    after = [p.W_migrate, p.B_migrate, p.W_steal, p.B_steal]
-    own = np.arange(n) == me
-    for k, (w, b) in ((0, (0.05, 0.003)), (2, (steal_lr, steal_lr))):
-        ref = np.zeros((n, n))
-        ref[:, me] = -w
-        ref[np.arange(n), np.arange(n)] = -w
-        ref[me, me] = -0.03
-        np.testing.assert_allclose(after[k] - before[k], ref, rtol=1e-6, atol=1e-15)
-        np.testing.assert_allclose(after[k + 1] - before[k + 1], np.where(own, -0.03, -b),
-                                   rtol=1e-6, atol=1e-15)
-
-
 def softmax(f):
     e = np.exp(f - f.max())
     return e / e.sum()

@@ -26,8 +26,6 @@ DEFAULTS = dict(
     tilt_lr=0.0,                # > 0: learn the capacity tilt, peer logit_j += t log r_j (centred)
     weight_lr=-1.0,             # sparse actors' load weights (their state-dependent part);
                                 # < 0: actor_lr
-    steal_lr=-1.0,              # sparse actors: the steal actor's peers' biases and load
-                                # weights; < 0: as the migrate actor's (actor_lr, weight_lr)
     weight_decay=1e-4,
     beta1=0.95,                 # 0.9 before the seventh session (with lr_boost: fewer noisy boosts)
     beta2=0.999,
@@ -131,7 +129,6 @@ def check_params(params):
     num("tilt_lr", 0.0)
     num("tilt_max", 0.0)
     num("weight_lr", -1.0)
-    num("steal_lr", -1.0)
     num("weight_decay", 0.0)
     num("beta1", 0.0, 1.0, hi_open=True)
     num("beta2", 0.0, 1.0, hi_open=True)

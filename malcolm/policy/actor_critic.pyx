@@ -112,11 +112,10 @@ cdef class MalcolmPolicy(AgentState):
     critic_lr, actor_lr, accept_lr : float
         AdamW learning rates of the critic, the actors, and (sparse actors) the own
         outcome's bias and weight (accept / do not steal; 0 by default, see ``gate_live``).
-    weight_lr, steal_lr : float
+    weight_lr : float
         Sparse actors: AdamW learning rate of the load weights (W_jj, W_j,me for j != me),
         the only state-dependent part of the actors. < 0 (default): ``actor_lr`` (the full
-        actors always use ``actor_lr``). ``steal_lr`` >= 0: the steal actor's, but for its
-        own outcome (0: kept at its safe start); < 0 (default): as the migrate actor's.
+        actors always use ``actor_lr``).
     lr_boost, weight_boost : float
         The actors' AdamW step times 1 + (lr_boost - 1) min(1, d^2)^2, d Adam's per-parameter
         direction m^ / sqrt(v^): up to lr_boost times where recent gradients agree, 1 +
@@ -467,9 +466,6 @@ cdef class MalcolmPolicy(AgentState):
             me = self.me
             for a in range(2):
                 w = self.off_wm if a == 0 else self.off_ws
-                if a == 1 and self.steal_lr >= 0.0:
-                    lr = wl = self.steal_lr
-                    decay = dw = 1.0 - lr * self.weight_decay
                 for t in range(2):
                     # t = 0: W[j, me] (our own load's weight, at weight_lr); t = 1: B[j]
                     k = w + me * n if t == 0 else w + n * n

@@ -61,7 +61,6 @@ cdef class AgentState(Policy):
     cdef readonly double accept_lr
     cdef readonly double weight_lr
     cdef bint weight_lr_auto     # weight_lr < 0 given: it follows actor_lr
-    cdef readonly double steal_lr      # the steal actor's own rate; < 0: as the migrate one
     cdef readonly double hop_weight
     cdef readonly double weight_decay
     cdef readonly double beta1

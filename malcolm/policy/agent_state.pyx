@@ -474,7 +474,6 @@ cdef class AgentState(Policy):
     cdef int _unshared_config(self, dict cfg) except -1:
         """The parameters of the decisions from state the agents do not share (``__init__``)."""
         self.gate_live = cfg["gate_live"]
-        self.steal_lr = cfg["steal_lr"]      # learning, but set here: actor_critic.pyx is full
         # only the gate's publish (hop_gate, set before) renews the budget the live gateway
         # counts from
         self.live = self.gate_live and self.hop_gate
