@@ -63,7 +63,8 @@ DEFAULTS = dict(
 # docs/policy.md ("The default policy").
 THESIS = dict(advantage="td", actor="full", entropy=0.1, init="random", load_scale=50_000.0,
               load_clip=8.0, actor_lr=0.001, capacity_prior=False, mask_factor=0.0, trust=0.0,
-              runaway_windows=0, hop_ns=0.0, consensus="mean", hop_gate=False)
+              runaway_windows=0, hop_ns=0.0, consensus="mean", hop_gate=False,
+              lr_boost=1.0, beta1=0.9)
 
 
 def _as_bool(name, v):
