@@ -31,7 +31,7 @@ static inline __attribute__((always_inline)) void mc_ac_adamw_at(double *restric
     double mi = b1 * m[i] + (1.0 - b1) * gi;
     double vi = b2 * v[i] + (1.0 - b2) * gi * gi;
     double den = sqrt(vi) * c2 + eps;
-    double st = lr * (mi * c1) / den;
+    double st = lr * (mi * c1) / den;     /* not lr * d: kb = 0 keeps plain AdamW's bits */
     m[i] = mi;
     v[i] = vi;
     if (kb > 0.0) {

@@ -137,6 +137,14 @@ static inline int mc_pub_count_pos(const double *restrict a, int n) {
     return k;
 }
 
+/* How many servers are known (known[j] != 0): the migrate and steal weights and the actors'
+   inputs each take the mask-free path once all n are. */
+static inline int mc_pub_count_known(const unsigned char *restrict known, int n) {
+    int k = 0;
+    for (int j = 0; j < n; j++) k += known[j] != 0;
+    return k;
+}
+
 /* The migrate outcomes' weights (AgentState._migrate_weights, whose docstring says what
    they are); returns how many peers the overload mask zeroed. The same values as the
    Cython loops this replaced (each sum in its order; a build with FMA, MALCOLM_NATIVE=1,
@@ -150,12 +158,12 @@ static MC_PUB_AVX int mc_pub_migrate_weights(const double *restrict x,
                                              double *restrict w, int n, int me, double ls,
                                              int capacity_prior, double mask_factor) {
     double rbar, vbar = 0.0, vme, lim, rsum = 0.0, spare = 0.0, c, km1;
-    int j, k = 0, kr = 0, flow, prior;
+    int j, k, kr, flow, prior;
     long long nm = 0;
     /* x_j >= 0 (0 while j is unknown: x is never written before known_j) and rate_j >= 0
        (0 or a clamped positive rate), so the sums add x and rate of every server: the
        terms the selects made +0.0 add nothing to a sum that starts at +0.0 */
-    for (j = 0; j < n; j++) k += known[j] != 0;
+    k = mc_pub_count_known(known, n);
     kr = mc_pub_count_pos(rate, n);
     for (j = 0; j < n; j++) {       /* the two sums in one pass, each in its own order */
         vbar += x[j];
@@ -214,8 +222,7 @@ static MC_PUB_AVX void mc_pub_steal_weights(const double *restrict x,
                                             const unsigned char *restrict known,
                                             double *restrict w, int n, int me, int mask) {
     double xme = x[me];
-    int j, k = 0;
-    for (j = 0; j < n; j++) k += known[j] != 0;
+    int j, k = mc_pub_count_known(known, n);
     if (mask && k == n) {
         for (j = 0; j < n; j++) w[j] = x[j] <= xme ? 0.0 : 1.0;
         w[me] = 1.0;
@@ -261,8 +268,7 @@ static inline void mc_pub_actor_inputs(const double *restrict u,
                                        const unsigned char *restrict known,
                                        double *restrict z, int n, double zclip) {
     double ub = 0.0;
-    int j, k = 0;
-    for (j = 0; j < n; j++) k += known[j] != 0;
+    int j, k = mc_pub_count_known(known, n);
     if (k == n) {       /* every server known: no mask */
         for (j = 0; j < n; j++) ub += u[j];
         ub /= (double)(k > 0 ? k : 1);

@@ -119,7 +119,7 @@ cdef class MalcolmPolicy(AgentState):
     lr_boost, weight_boost : float
         The actors' AdamW step times 1 + (lr_boost - 1) min(1, d^2)^2, d Adam's per-parameter
         direction m^ / sqrt(v^): up to lr_boost times where recent gradients agree, 1 +
-        (lr_boost - 1) / 45 on steady noise (``_ac_kernels.h``). 1 (default): off.
+        (lr_boost - 1) / 45 on steady noise (``_ac_kernels.h``). Default 30; 1: off.
         ``weight_boost``: the same for the sparse actors' load weights; < 1 (default): lr_boost.
     tilt_lr, tilt_max : float
         > 0: learn the capacity tilt t (|t| <= ``tilt_max`` with the trust region), the peers'
@@ -543,7 +543,8 @@ cdef class MalcolmPolicy(AgentState):
         """A runaway own queue: far above the peers' mean and not falling for
         ``runaway_windows`` windows. Whatever the actors learnt, reset them to the safe start.
         """
-        cdef int n = self.n, j, k = -1, me = self.me    # -1: me is known
+        cdef int n = self.n, j, me = self.me
+        cdef int k = -<int>self.known[me]       # the loop counts the known servers, me too
         cdef double vm = 0.0, vme, sme
         cdef double r = self.adv[2 * n + self.me]
         cdef const double* x = self.x
