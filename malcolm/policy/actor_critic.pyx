@@ -58,6 +58,7 @@ cdef extern from "policy/_select.h" nogil:
 
 cdef extern from "policy/_pub_kernels.h" nogil:
     int mc_pub_softmax_w(const double* g, const double* w, double* p, int n) noexcept nogil
+    int mc_pub_count_known(const unsigned char* known, int n) noexcept nogil
 
 
 from malcolm.policy.ac_params import DEFAULTS, THESIS, check_params
@@ -544,14 +545,16 @@ cdef class MalcolmPolicy(AgentState):
         ``runaway_windows`` windows. Whatever the actors learnt, reset them to the safe start.
         """
         cdef int n = self.n, j, me = self.me
-        cdef int k = -<int>self.known[me]       # the loop counts the known servers, me too
+        cdef int k = mc_pub_count_known(self.known, n) - <int>self.known[me]   # known peers
         cdef double vm = 0.0, vme, sme
         cdef double r = self.adv[2 * n + self.me]
         cdef const double* x = self.x
-        for j in range(n):
-            # the known peers' loads: x_j >= 0, and 0 while j is unknown (adds +0.0)
-            vm += x[j] if j != me else 0.0
-            k += self.known[j]
+        # the known peers' loads: x_j >= 0, and 0 while j is unknown (adds +0.0); in two
+        # loops around me, and the count apart, which then vectorizes
+        for j in range(me):
+            vm += x[j]
+        for j in range(me + 1, n):
+            vm += x[j]
         if k == 0:
             return
         vm /= k * self.load_scale

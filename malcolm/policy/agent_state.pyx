@@ -42,6 +42,7 @@ cdef extern from "policy/_pub_kernels.h" nogil:
     void mc_pub_learned_logits(const double* A, const double* z, double* g, int n,
                                int me) noexcept nogil
     int mc_pub_count_pos(const double* a, int n) noexcept nogil
+    int mc_pub_count_known(const uint8_t* known, int n) noexcept nogil
 
 
 cdef double LOAD_MAX_NS = 1e12
@@ -292,6 +293,7 @@ cdef class AgentState(Policy):
         O(n) (a 64-server rack was dominated by the O(n^2) loops).
         """
         cdef int j, k = 0, a, t, n = self.n
+        cdef bint all_known
         cdef double inv = 1.0 / self.load_scale
         cdef int* o = self.ord
         cdef double* key = self.srt
@@ -299,17 +301,18 @@ cdef class AgentState(Policy):
             return
         # The known servers are first compacted into o[:k] with their loads in srt[:k]
         # (in last sort's order, so that unknown servers keep their places after them),
-        # then sorted in one vectorized rank sort (_sort_kernels.h).
+        # then sorted in one vectorized rank sort (_sort_kernels.h). All known: no tests.
+        all_known = mc_pub_count_known(self.known, n) == n
         for j in range(n):
             t = o[j]
-            if self.known[t]:
+            if all_known or self.known[t]:
                 o[k] = t
                 key[k] = self.x[t]
                 k += 1
         mc_sort_pairs(key, o, k)
         # unknown servers keep their places after the known ones
         a = k
-        for j in range(n):
+        for j in range(0 if k < n else n, n):
             if not self.known[j]:
                 o[a] = j
                 a += 1
@@ -716,17 +719,21 @@ cdef class AgentState(Policy):
         sum over pairs |u_j - u_k| = sum_k u_(k) (2k - K + 1).
         """
         cdef int n = self.n, j, cnt
-        cdef double mean = 0.0, hi = 0.0, lo = 0.0, s = 0.0, uk, clip = self.load_clip
+        cdef double mean = 0.0, hi = 0.0, lo = 0.0, s = 0.0, uk, clip = self.load_clip, wk
         self._sort_loads()
         cnt = self.nsrt
+        wk = <double>(1 - cnt)          # 2j - cnt + 1, exact in a double: + 2 per step
         for j in range(cnt):
             uk = self.srt[j]
             uk = 0.0 if uk < 0.0 else (clip if uk > clip else uk)
             mean += uk
-            s += uk * (2 * j - cnt + 1)
-            if j == 0:
-                lo = uk
-            hi = uk
+            s += uk * wk
+            wk += 2.0
+        if cnt > 0:                     # the clamp is monotone: the ends of the sorted loads
+            lo = self.srt[0]
+            lo = 0.0 if lo < 0.0 else (clip if lo > clip else lo)
+            hi = self.srt[cnt - 1]
+            hi = 0.0 if hi < 0.0 else (clip if hi > clip else hi)
         mean /= cnt if cnt > 0 else 1
         out[0] = 1.0
         out[1] = 2.0 * s / (cnt - 1) if cnt > 1 else 0.0
