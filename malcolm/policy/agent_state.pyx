@@ -12,7 +12,7 @@ Threads: ``decide_*`` run on the gateway thread and touch only the published tab
 gateway's ``Rng`` and the gateway-owned per-outcome decision counters; all other methods run
 on the policy thread.
 """
-from libc.math cimport fabs, floor, log, sqrt
+from libc.math cimport INFINITY, fabs, floor, log, sqrt
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free
 from libc.string cimport memcpy, memset
@@ -28,8 +28,7 @@ from malcolm.policy.base cimport MAX_THETA, Heartbeat, Policy
 # server, 1e9 tasks per second of service rate, 1e6 tasks moved between two heartbeats.
 cdef extern from "policy/_sort_kernels.h" nogil:
     void mc_sort_pairs(double* key, int* idx, int k) noexcept nogil
-    int mc_count_below(const double* v, int k, double a) noexcept nogil
-    double mc_absdev(const double* v, const double* pre, int k, double a) noexcept nogil
+    double mc_absdev64(const double* v, const double* pre, int k, double a) noexcept nogil
     double mc_absdev_at(const double* pre, int k, double a, int lo) noexcept nogil
 cdef extern from "policy/_pub_kernels.h" nogil:
     int mc_pub_migrate_weights(const double* x, const double* rate, const uint8_t* known,
@@ -104,7 +103,7 @@ cdef class AgentState(Policy):
         self.g_pub = _dalloc(2 * n)
         self.act = _dalloc(6 * n)
         self.tl = _dalloc(n)
-        self.srt = _dalloc(n)
+        self.srt = _dalloc(64)              # MC_SORT_MAX >= n: padded (_sort_loads)
         self.pre = _dalloc(n + 1)
         self.fv = _dalloc(n)
         self.gdiag = _dalloc(2 * n)
@@ -319,6 +318,8 @@ cdef class AgentState(Policy):
         for j in range(k):
             key[j] = key[j] * inv
             self.pos[o[j]] = j
+        for j in range(k, 64):
+            key[j] = INFINITY       # for mc_absdev64's fixed search (never below a load)
         self.pre[0] = 0.0
         for j in range(k):
             self.pre[j + 1] = self.pre[j] + self.srt[j]
@@ -361,7 +362,7 @@ cdef class AgentState(Policy):
         sme = 1.0 / (rate[me] * self.load_scale) if rate[me] > 0.0 else 1.0
         vme = self.x[me] * inv
         fme = fv[self.pos[me]]
-        fme_up = mc_absdev(srt, pre, k, vme + sme)
+        fme_up = mc_absdev64(srt, pre, k, vme + sme)
         # migrate: the task goes to i (i = me: accepted here).
         # sum_{k != i} |vi + si - vk| - |vi - vk| = F(vi + si) - si - F(vi)
         for i in range(n):
@@ -373,7 +374,7 @@ cdef class AgentState(Policy):
             if i == me:
                 di = fme_up - si - fme
             else:
-                di = mc_absdev(srt, pre, k, vi + si) - si - fv[self.pos[i]]
+                di = mc_absdev64(srt, pre, k, vi + si) - si - fv[self.pos[i]]
             am[i] = -norm * di - (cmig if i != me else 0.0)
         for i in range(n):
             if not self.known[i]:
@@ -392,7 +393,7 @@ cdef class AgentState(Policy):
                 continue
             si = 1.0 / (rate[i] * self.load_scale) if rate[i] > 0.0 else 1.0
             vi = self.x[i] * inv
-            di = ((mc_absdev(srt, pre, k, vi - si) - si - fabs(vi - si - vme))
+            di = ((mc_absdev64(srt, pre, k, vi - si) - si - fabs(vi - si - vme))
                   - (fv[self.pos[i]] - fabs(vi - vme)))
             di += ((fme_up - fabs(vme + sme - vi) - sme)
                    - (fme - fabs(vme - vi)))
