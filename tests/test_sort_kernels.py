@@ -1,5 +1,8 @@
 """The sort kernels' equivalence claims (``malcolm/policy/_sort_kernels.h``), checked in C.
 
+``mc_sort_ranks`` must give every key its place in a stable sort (checked against a
+pairwise count on key sets of 1..64 keys with many ties, zeros of both signs and
+infinities: the eighth session's eight-keys-per-pass loop must not change a rank).
 ``mc_count_below64`` (the advantages' search over the sorted loads padded with +inf to 64
 slots, seven fixed selects) must return what ``mc_count_below`` (the binary search it
 replaces in ``_marginal_advantages``) returns for every sorted key set of 1..64 keys and any
@@ -41,7 +44,22 @@ static int cmp(const void *a, const void *b) {
 
 int main(void) {
     double v[64], pre[65];
-    long bad = 0, checked = 0;
+    int rk[64];
+    long bad = 0, checked = 0, sorted = 0;
+    for (int t = 0; t < 100000; t++) {
+        int k = 1 + rint_(64);
+        for (int i = 0; i < k; i++) {
+            int r = rint_(5);
+            v[i] = r == 0 ? (double)rint_(4) : r == 1 ? -0.0 : r == 2 ? INFINITY : rnd() * 8;
+        }
+        mc_sort_ranks(v, rk, k);
+        for (int i = 0; i < k; i++) {
+            int c = 0;
+            for (int j = 0; j < k; j++) c += v[j] < v[i] || (v[j] == v[i] && j < i);
+            bad += rk[i] != c;
+        }
+        sorted++;
+    }
     for (int t = 0; t < 200000; t++) {
         int k = 1 + rint_(64);
         for (int i = 0; i < k; i++) {
@@ -63,13 +81,13 @@ int main(void) {
             bad += !(d1 == d2 || (d1 != d1 && d2 != d2));
         }
     }
-    printf("%ld %ld\n", checked, bad);
+    printf("%ld %ld %ld\n", sorted, checked, bad);
     return bad != 0;
 }
 """
 
 
-def test_count_below64_equals_the_binary_search(tmp_path):
+def test_rank_sort_and_count_below64(tmp_path):
     src = tmp_path / "t.c"
     src.write_text(PROGRAM)
     exe = tmp_path / "t"
@@ -77,6 +95,6 @@ def test_count_below64_equals_the_binary_search(tmp_path):
                     os.path.join(ROOT, "malcolm"), str(src), "-o", str(exe), "-lm"],
                    check=True, timeout=120)
     out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
-    checked, bad = map(int, out.stdout.split())
-    assert checked == 1_600_000
+    sorted_, checked, bad = map(int, out.stdout.split())
+    assert sorted_ == 100_000 and checked == 1_600_000
     assert bad == 0 and out.returncode == 0

@@ -34,9 +34,42 @@ static MC_SORT_CLONES void mc_sort_ranks(const double *restrict key, int *restri
     int i, j, m = (k + 3) & ~3;
     for (i = 0; i < k; i++) kp[i] = key[i];
     for (; i < m; i++) kp[i] = __builtin_inf();    /* never below a key (keys not NaN) */
-    /* four keys i at a time, each 4-lane load of the keys j compared with all four (the
-       padding keys' counts are computed and never read) */
-    for (i = 0; i < m; i += 4) {
+    /* eight keys i at a time (four while fewer than eight are left), each 4-lane load of
+       the keys j compared with all of them (the padding keys' counts are computed and
+       never read) */
+    for (i = 0; i + 8 <= m; i += 8) {
+        mc_sort_v4d k0 = {kp[i], kp[i], kp[i], kp[i]};
+        mc_sort_v4d k1 = {kp[i + 1], kp[i + 1], kp[i + 1], kp[i + 1]};
+        mc_sort_v4d k2 = {kp[i + 2], kp[i + 2], kp[i + 2], kp[i + 2]};
+        mc_sort_v4d k3 = {kp[i + 3], kp[i + 3], kp[i + 3], kp[i + 3]};
+        mc_sort_v4d k4 = {kp[i + 4], kp[i + 4], kp[i + 4], kp[i + 4]};
+        mc_sort_v4d k5 = {kp[i + 5], kp[i + 5], kp[i + 5], kp[i + 5]};
+        mc_sort_v4d k6 = {kp[i + 6], kp[i + 6], kp[i + 6], kp[i + 6]};
+        mc_sort_v4d k7 = {kp[i + 7], kp[i + 7], kp[i + 7], kp[i + 7]};
+        mc_sort_v4l c0 = {0, 0, 0, 0}, c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0,
+                    c7 = c0;
+        for (j = 0; j < m; j += 4) {
+            mc_sort_v4d a;
+            __builtin_memcpy(&a, kp + j, sizeof a);
+            c0 -= (mc_sort_v4l)(a < k0);      /* a true lane is -1 */
+            c1 -= (mc_sort_v4l)(a < k1);
+            c2 -= (mc_sort_v4l)(a < k2);
+            c3 -= (mc_sort_v4l)(a < k3);
+            c4 -= (mc_sort_v4l)(a < k4);
+            c5 -= (mc_sort_v4l)(a < k5);
+            c6 -= (mc_sort_v4l)(a < k6);
+            c7 -= (mc_sort_v4l)(a < k7);
+        }
+        lt[i] = (int)(c0[0] + c0[1] + c0[2] + c0[3]);
+        lt[i + 1] = (int)(c1[0] + c1[1] + c1[2] + c1[3]);
+        lt[i + 2] = (int)(c2[0] + c2[1] + c2[2] + c2[3]);
+        lt[i + 3] = (int)(c3[0] + c3[1] + c3[2] + c3[3]);
+        lt[i + 4] = (int)(c4[0] + c4[1] + c4[2] + c4[3]);
+        lt[i + 5] = (int)(c5[0] + c5[1] + c5[2] + c5[3]);
+        lt[i + 6] = (int)(c6[0] + c6[1] + c6[2] + c6[3]);
+        lt[i + 7] = (int)(c7[0] + c7[1] + c7[2] + c7[3]);
+    }
+    for (; i < m; i += 4) {
         mc_sort_v4d k0 = {kp[i], kp[i], kp[i], kp[i]};
         mc_sort_v4d k1 = {kp[i + 1], kp[i + 1], kp[i + 1], kp[i + 1]};
         mc_sort_v4d k2 = {kp[i + 2], kp[i + 2], kp[i + 2], kp[i + 2]};
