@@ -376,7 +376,7 @@ cdef class AgentState(Policy):
             else:
                 di = mc_absdev64(srt, pre, k, vi + si) - si - fv[self.pos[i]]
             am[i] = -norm * di - (cmig if i != me else 0.0)
-        for i in range(n):
+        for i in range(n if k < n else 0):     # k < n: some server is unknown
             if not self.known[i]:
                 am[i] = am[me] - cmig      # no information: accepting, plus the cost
         # steal: one task moves from i to me (i = me: nothing moves). Over k != i, me:
