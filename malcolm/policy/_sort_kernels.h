@@ -146,8 +146,10 @@ static inline double mc_absdev_at(const double *pre, int k, double a, int lo) {
 static inline double mc_absdev(const double *v, const double *pre, int k, double a) {
     return mc_absdev_at(pre, k, a, mc_count_below(v, k, a));
 }
-/* the same, v padded with +inf to MC_SORT_MAX slots (mc_count_below64) */
+/* the same, v padded with +inf to MC_SORT_MAX slots: mc_count_below64 above 32 keys, where
+   its seven steps are fewer than the loop's; below, the loop's log2(k) steps (the same
+   count either way; a 4- or 8-server window was 7-9% slower with the fixed search) */
 static inline double mc_absdev64(const double *v, const double *pre, int k, double a) {
-    return mc_absdev_at(pre, k, a, mc_count_below64(v, a));
+    return mc_absdev_at(pre, k, a, k > 32 ? mc_count_below64(v, a) : mc_count_below(v, k, a));
 }
 #endif

@@ -103,7 +103,7 @@ cdef class AgentState(Policy):
         self.g_pub = _dalloc(2 * n)
         self.act = _dalloc(6 * n)
         self.tl = _dalloc(n)
-        self.srt = _dalloc(64)              # MC_SORT_MAX >= n: padded (_sort_loads)
+        self.srt = _dalloc(64)              # MC_SORT_MAX >= n slots
         self.pre = _dalloc(n + 1)
         self.fv = _dalloc(n)
         self.gdiag = _dalloc(2 * n)
@@ -152,6 +152,8 @@ cdef class AgentState(Policy):
         self.b2t = 1.0
         self.adam_steps = 0
         self.known[me] = 1        # our own load is always known (0 until observe_local)
+        for i in range(64):
+            self.srt[i] = INFINITY                # see _sort_loads
         for i in range(n):
             self.ord[i] = i
         return 0
@@ -286,11 +288,8 @@ cdef class AgentState(Policy):
             z[j] = self.u[j] - self.u[self.me] if (j != self.me and self.known[j]) else 0.0
 
     cdef void _sort_loads(self) noexcept nogil:
-        """srt <- the known loads v = x / load_scale (unclipped), sorted; pre <- prefix sums.
-
-        With it the imbalance and every one-decision change of it cost O(log n) instead of
-        O(n) (a 64-server rack was dominated by the O(n^2) loops).
-        """
+        """srt <- the known loads v = x / load_scale (unclipped), sorted, +inf after them in
+        its 64 slots; pre <- prefix sums: each one-decision change costs O(log n), not O(n)."""
         cdef int j, k = 0, a, t, n = self.n
         cdef bint all_known
         cdef double inv = 1.0 / self.load_scale
@@ -318,8 +317,8 @@ cdef class AgentState(Policy):
         for j in range(k):
             key[j] = key[j] * inv
             self.pos[o[j]] = j
-        for j in range(k, 64):
-            key[j] = INFINITY       # for mc_absdev64's fixed search (never below a load)
+        for j in range(k, self.nsrt):   # slots that held loads (_alloc set all 64 to +inf)
+            key[j] = INFINITY           # for mc_absdev64: never below a load
         self.pre[0] = 0.0
         for j in range(k):
             self.pre[j + 1] = self.pre[j] + self.srt[j]
