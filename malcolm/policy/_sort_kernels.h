@@ -22,7 +22,7 @@ typedef long long mc_sort_v4l __attribute__((vector_size(32)));
 /* rk[i] <- the number of keys that sort before key i: smaller ones, and equal ones at a
    lower index (so the ranks are a permutation and the sort is stable). Counted as
    #{j : key[j] < key[i]} over all keys, in one loop over a copy padded with +inf to a
-   multiple of 4 (4-lane compares, no scalar tail per i, four keys i per pass), plus the
+   multiple of 4 (4-lane compares, no scalar tail per i, eight keys i per pass), plus the
    equal keys at lower indices, handed out in a second O(k) pass: equal keys have equal
    counts of smaller keys and different keys different counts, so fill[c] numbers the keys
    equal to one value in index order. The same ranks as comparing each pair with <= below i
