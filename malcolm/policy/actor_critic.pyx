@@ -41,11 +41,11 @@ from malcolm.policy.base cimport MAX_THETA, Policy
 cdef extern from "policy/_ac_kernels.h" nogil:
     void mc_ac_adamw(double* p, double* g, double* m, double* v, int n, double lr,
                      double decay, double b1, double b2, double c1, double c2, double eps,
-                     double inv_b, double kb, double kq) noexcept nogil
+                     double inv_b, double kb) noexcept nogil
     void mc_ac_adamw_strided(double* p, double* g, double* m, double* v, int n,
                              long stride, double lr, double decay, double b1, double b2,
                              double c1, double c2, double eps, double inv_b,
-                             double kb, double kq) noexcept nogil
+                             double kb) noexcept nogil
     void mc_ac_rank1(double* gw, const double* u, const double* coef, int n) noexcept nogil
     void mc_ac_adv_coef(const double* p, const double* a, double* coef, int n) noexcept nogil
     void mc_ac_kl_coef(const double* p, const double* g, double* coef, int n,
@@ -218,8 +218,6 @@ cdef class MalcolmPolicy(AgentState):
         self.actor_lr = cfg["actor_lr"]
         self.lr_boost = cfg["lr_boost"]
         self.weight_boost = cfg["weight_boost"]
-        self.boost_knee = cfg["boost_knee"]
-        self.knee_batches = cfg["knee_batches"]
         self.accept_lr = cfg["accept_lr"]
         self.tilt_lr = cfg["tilt_lr"]
         self.use_tilt = self.tilt_lr > 0.0
@@ -441,9 +439,6 @@ cdef class MalcolmPolicy(AgentState):
         cdef double inv_b = 1.0 / (self.win_in_batch if self.win_in_batch > 0 else 1)
         cdef double c1, c2, lr, kb = self.lr_boost - 1.0     # the actors' consistency boost
         cdef double kw = (self.weight_boost if self.weight_boost >= 1.0 else self.lr_boost) - 1.0
-        cdef double kq = 1.0        # boost_knee: full boost from |d| = knee (first knee_batches)
-        if self.knee_batches == 0 or self.batches < <uint64_t>self.knee_batches:
-            kq = 1.0 / (self.boost_knee * self.boost_knee)
         self.adam_steps += 1
         self.b1t *= b1
         self.b2t *= b2
@@ -452,11 +447,11 @@ cdef class MalcolmPolicy(AgentState):
         self._fold_gdiag(self.G, True)     # the batch's sparse diagonal gradients into G
         lr = self.critic_lr
         mc_ac_adamw(self.P, self.G, self.M, self.V, d, lr, 1.0 - lr * self.weight_decay,
-                    b1, b2, c1, c2, eps, inv_b, 0.0, 1.0)
+                    b1, b2, c1, c2, eps, inv_b, 0.0)
         lr = self.actor_lr
         if not self.sparse:
             mc_ac_adamw(self.P + d, self.G + d, self.M + d, self.V + d, npar - d, lr,
-                        1.0 - lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b, kb, kq)
+                        1.0 - lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b, kb)
         else:
             # only the weights the sparse actors use: each W's diagonal and column me, and
             # the biases (the other entries stay 0). O(n) instead of O(n^2). The own
@@ -476,26 +471,24 @@ cdef class MalcolmPolicy(AgentState):
                     k = w + me * n if t == 0 else w + n * n
                     mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, me,
                                 wl if t == 0 else lr, dw if t == 0 else decay, b1, b2, c1,
-                                c2, eps, inv_b, kw if t == 0 else kb, kq)
+                                c2, eps, inv_b, kw if t == 0 else kb)
                     k += me
                     mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, 1,
-                                self.accept_lr, da, b1, b2, c1, c2, eps, inv_b, kb, kq)
+                                self.accept_lr, da, b1, b2, c1, c2, eps, inv_b, kb)
                     k += 1
                     mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, n - me - 1,
                                 wl if t == 0 else lr, dw if t == 0 else decay, b1, b2, c1,
-                                c2, eps, inv_b, kw if t == 0 else kb, kq)
+                                c2, eps, inv_b, kw if t == 0 else kb)
                 # W[j, j], j != me: the target's load (W[me, me] is in column me already)
                 k = w
                 mc_ac_adamw_strided(self.P + k, self.G + k, self.M + k, self.V + k, me,
-                                    n + 1, wl, dw, b1, b2, c1, c2, eps, inv_b, kw, kq)
+                                    n + 1, wl, dw, b1, b2, c1, c2, eps, inv_b, kw)
                 k = w + (me + 1) * (n + 1)
                 mc_ac_adamw_strided(self.P + k, self.G + k, self.M + k, self.V + k,
-                                    n - me - 1, n + 1, wl, dw, b1, b2, c1, c2, eps, inv_b, kw,
-                                    kq)
+                                    n - me - 1, n + 1, wl, dw, b1, b2, c1, c2, eps, inv_b, kw)
         if self.use_tilt:
             mc_ac_adamw(&self.tilt, &self.tilt_g, &self.tilt_m, &self.tilt_v, 1, self.tilt_lr,
-                        1.0 - self.tilt_lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b, 0.0,
-                        1.0)
+                        1.0 - self.tilt_lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b, 0.0)
         self.win_in_batch = 0
         self.batches += 1
 
