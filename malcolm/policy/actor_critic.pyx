@@ -24,9 +24,8 @@ on the policy thread. The driver (simulator or runtime) owns ``Policy.migrations
 charges for.
 
 This module holds how the agent learns, agrees, guards itself and publishes; its memory and
-what it observes (loads, heartbeats, sorted loads, features, advantages) are ``AgentState``
-in ``agent_state.pyx``; its parameters and their validation are in ``ac_params.py``. The
-design and the reasons for the feature vector are in ``docs/policy.md``.
+what it observes (loads, heartbeats, features, advantages) are ``AgentState`` in
+``agent_state.pyx``, its parameters ``ac_params.py``; the design is ``docs/policy.md``.
 """
 import numpy as np
 
@@ -41,11 +40,11 @@ from malcolm.policy.base cimport MAX_THETA, Policy
 cdef extern from "policy/_ac_kernels.h" nogil:
     void mc_ac_adamw(double* p, double* g, double* m, double* v, int n, double lr,
                      double decay, double b1, double b2, double c1, double c2, double eps,
-                     double inv_b, double kb) noexcept nogil
+                     double inv_b, double kb, double kq) noexcept nogil
     void mc_ac_adamw_strided(double* p, double* g, double* m, double* v, int n,
                              long stride, double lr, double decay, double b1, double b2,
                              double c1, double c2, double eps, double inv_b,
-                             double kb) noexcept nogil
+                             double kb, double kq) noexcept nogil
     void mc_ac_rank1(double* gw, const double* u, const double* coef, int n) noexcept nogil
     void mc_ac_adv_coef(const double* p, const double* a, double* coef, int n) noexcept nogil
     void mc_ac_kl_coef(const double* p, const double* g, double* coef, int n,
@@ -95,10 +94,9 @@ cdef class MalcolmPolicy(AgentState):
         Policy-optimization interval in windows (default 16, i.e. 1.6 ms): cached gradients
         are applied by AdamW once per batch.
     learn_every : int
-        Compute the learning step (advantages, gradients) on one window in ``learn_every``;
-        the batch's mean is then over those windows. Cuts the learning cost per window by
-        that factor at the price of fewer samples. Default 0: ``max(1, n // 16)`` (every
-        window below 32 servers, one in 4 on 64).
+        The learning step (advantages, gradients) on one window in ``learn_every``, the
+        batch's mean over those: that fraction of the cost, fewer samples. Default 0:
+        ``max(1, n // 16)`` (every window below 32 servers, one in 4 on 64).
     consensus_every : int
         Combine the critic with the peers' latest copies every C windows (0 disables).
     consensus : {"median", "mean"}
@@ -116,11 +114,14 @@ cdef class MalcolmPolicy(AgentState):
         Sparse actors: AdamW learning rate of the load weights (W_jj, W_j,me for j != me),
         the only state-dependent part of the actors. < 0 (default): ``actor_lr`` (the full
         actors always use ``actor_lr``).
-    lr_boost, weight_boost : float
+    lr_boost, weight_boost, bias_knee, knee_batches : float, float, float, int
         The actors' AdamW step times 1 + (lr_boost - 1) min(1, d^2)^2, d Adam's per-parameter
         direction m^ / sqrt(v^): up to lr_boost times where recent gradients agree, 1 +
         (lr_boost - 1) / 45 on steady noise (``_ac_kernels.h``). Default 30; 1: off.
         ``weight_boost``: the same for the sparse actors' load weights; < 1 (default): lr_boost.
+        ``bias_knee`` in (0, 1]: the sparse migrate actor's peer biases get the full boost from
+        |d| = bias_knee, min(1, (d / bias_knee)^2)^2; 1 (default): as every other parameter;
+        with ``knee_batches`` > 0 only in the agent's first that many batches (0: always).
     tilt_lr, tilt_max : float
         > 0: learn the capacity tilt t (|t| <= ``tilt_max`` with the trust region), the peers'
         migrate logits += t (log r_j - their mean log rate), at this AdamW rate; 0: off.
@@ -143,11 +144,9 @@ cdef class MalcolmPolicy(AgentState):
     features : {"symmetric", "per_server"}
         Critic features: permutation-symmetric summaries of the loads (default), or one
         load and one deviation feature per server (see docs/policy.md for why the default).
-    init : {"safe", "random", "zero"}
+    init, init_scale : {"safe", "random", "zero"}, float
         ``"safe"`` (default): all parameters 0 but the accept bias, log n (see
         ``capacity_prior``); ``"random"``: uniform in ``[-init_scale, init_scale]``.
-    init_scale : float
-        Half-width of the random initialisation.
     capacity_prior : bool
         Add the capacity prior to the migrate logits (rates from heartbeats): accepting
         log(r_me / mean rate), a peer the log of its share of the spare capacity, so that
@@ -218,6 +217,8 @@ cdef class MalcolmPolicy(AgentState):
         self.actor_lr = cfg["actor_lr"]
         self.lr_boost = cfg["lr_boost"]
         self.weight_boost = cfg["weight_boost"]
+        self.bias_knee = cfg["bias_knee"]
+        self.knee_batches = cfg["knee_batches"]
         self.accept_lr = cfg["accept_lr"]
         self.tilt_lr = cfg["tilt_lr"]
         self.use_tilt = self.tilt_lr > 0.0
@@ -439,6 +440,9 @@ cdef class MalcolmPolicy(AgentState):
         cdef double inv_b = 1.0 / (self.win_in_batch if self.win_in_batch > 0 else 1)
         cdef double c1, c2, lr, kb = self.lr_boost - 1.0     # the actors' consistency boost
         cdef double kw = (self.weight_boost if self.weight_boost >= 1.0 else self.lr_boost) - 1.0
+        cdef double kq = 1.0 / (self.bias_knee * self.bias_knee)   # for a = 0, t = 1 below
+        if self.knee_batches > 0 and self.batches >= <uint64_t>self.knee_batches:
+            kq = 1.0        # the cold start's knee is over: as every other parameter
         self.adam_steps += 1
         self.b1t *= b1
         self.b2t *= b2
@@ -447,18 +451,16 @@ cdef class MalcolmPolicy(AgentState):
         self._fold_gdiag(self.G, True)     # the batch's sparse diagonal gradients into G
         lr = self.critic_lr
         mc_ac_adamw(self.P, self.G, self.M, self.V, d, lr, 1.0 - lr * self.weight_decay,
-                    b1, b2, c1, c2, eps, inv_b, 0.0)
+                    b1, b2, c1, c2, eps, inv_b, 0.0, 1.0)
         lr = self.actor_lr
         if not self.sparse:
             mc_ac_adamw(self.P + d, self.G + d, self.M + d, self.V + d, npar - d, lr,
-                        1.0 - lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b, kb)
+                        1.0 - lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b, kb, 1.0)
         else:
-            # only the weights the sparse actors use: each W's diagonal and column me, and
-            # the biases (the other entries stay 0). O(n) instead of O(n^2). The own
+            # only the weights the sparse actors use: each W's diagonal and column me, and the
+            # biases (the others stay 0), O(n), in a few contiguous or strided calls. The own
             # outcome's bias and weight (accept / do not steal) learn at accept_lr: how much
             # to keep local is the one decision whose payoff (a hop saved) every window shows.
-            # Contiguous runs (column me, the biases) and the strided diagonal in a few
-            # calls instead of 3n one-element ones (same arithmetic, per element).
             da = 1.0 - self.accept_lr * self.weight_decay
             decay = 1.0 - lr * self.weight_decay
             wl = self.weight_lr
@@ -467,28 +469,29 @@ cdef class MalcolmPolicy(AgentState):
             for a in range(2):
                 w = self.off_wm if a == 0 else self.off_ws
                 for t in range(2):
-                    # t = 0: W[j, me] (our own load's weight, at weight_lr); t = 1: B[j]
+                    # t = 0: W[j, me] (own load's weight, at weight_lr); t = 1: B[j] (kq: a = 0)
                     k = w + me * n if t == 0 else w + n * n
                     mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, me,
                                 wl if t == 0 else lr, dw if t == 0 else decay, b1, b2, c1,
-                                c2, eps, inv_b, kw if t == 0 else kb)
+                                c2, eps, inv_b, kw if t == 0 else kb, kq if a < t else 1.0)
                     k += me
                     mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, 1,
-                                self.accept_lr, da, b1, b2, c1, c2, eps, inv_b, kb)
+                                self.accept_lr, da, b1, b2, c1, c2, eps, inv_b, kb, 1.0)
                     k += 1
                     mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, n - me - 1,
                                 wl if t == 0 else lr, dw if t == 0 else decay, b1, b2, c1,
-                                c2, eps, inv_b, kw if t == 0 else kb)
+                                c2, eps, inv_b, kw if t == 0 else kb, kq if a < t else 1.0)
                 # W[j, j], j != me: the target's load (W[me, me] is in column me already)
                 k = w
                 mc_ac_adamw_strided(self.P + k, self.G + k, self.M + k, self.V + k, me,
-                                    n + 1, wl, dw, b1, b2, c1, c2, eps, inv_b, kw)
+                                    n + 1, wl, dw, b1, b2, c1, c2, eps, inv_b, kw, 1.0)
                 k = w + (me + 1) * (n + 1)
                 mc_ac_adamw_strided(self.P + k, self.G + k, self.M + k, self.V + k,
-                                    n - me - 1, n + 1, wl, dw, b1, b2, c1, c2, eps, inv_b, kw)
+                                    n - me - 1, n + 1, wl, dw, b1, b2, c1, c2, eps, inv_b, kw, 1.0)
         if self.use_tilt:
             mc_ac_adamw(&self.tilt, &self.tilt_g, &self.tilt_m, &self.tilt_v, 1, self.tilt_lr,
-                        1.0 - self.tilt_lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b, 0.0)
+                        1.0 - self.tilt_lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b, 0.0,
+                        1.0)
         self.win_in_batch = 0
         self.batches += 1
 
