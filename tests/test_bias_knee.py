@@ -1,8 +1,7 @@
 """``bias_knee``: the sparse migrate actor's peer biases take the consistency boost's full
 factor from |d| = bias_knee instead of 1 (``_ac_kernels.h``, docs/policy.md "Learning curve
-and settle time", eighth session), for the agent's first ``knee_batches`` batches (0: always).
-Every other parameter keeps the ``lr_boost`` rule, and ``bias_knee=1`` computes the same bits
-as before the parameter existed.
+and settle time", eighth session). Every other parameter keeps the ``lr_boost`` rule, and
+``bias_knee=1`` computes the same bits as before the parameter existed.
 """
 import numpy as np
 import pytest
@@ -29,12 +28,10 @@ def _layout(p):
     return [off_bm + j for j in range(n) if j != p.me]
 
 
-@pytest.mark.parametrize("knee_batches", [0, 7])
-def test_migrate_peer_biases_follow_the_reference_and_nothing_else_changes(knee_batches):
-    """knee_batches = 7: the knee for the first 7 AdamW batches, then the lr_boost rule."""
+def test_migrate_peer_biases_follow_the_reference_and_nothing_else_changes():
     n, me, knee = 6, 2, 0.5
     kw = dict(seed=3, batch_windows=10_000, consensus_every=0, trust=0.0)
-    pk = MalcolmPolicy(n, me, bias_knee=knee, knee_batches=knee_batches, **kw)
+    pk = MalcolmPolicy(n, me, bias_knee=knee, **kw)
     p1 = MalcolmPolicy(n, me, **kw)
     idx = _layout(pk)
     P = pk.params[idx]
@@ -47,9 +44,8 @@ def test_migrate_peer_biases_follow_the_reference_and_nothing_else_changes(knee_
         g = mean + rng.normal(size=pk.n_params)
         hooks.apply_adamw(pk, g)
         hooks.apply_adamw(p1, g)
-        kt = knee if knee_batches == 0 or t <= knee_batches else 1.0
         P, m, v = knee_ref(P, g[idx], m, v, t, pk.actor_lr, pk.beta1, pk.beta2, pk.eps,
-                           pk.weight_decay, pk.lr_boost, kt)
+                           pk.weight_decay, pk.lr_boost, knee)
         np.testing.assert_allclose(pk.params[idx], P, rtol=1e-12, atol=1e-14)
     rest = np.ones(pk.n_params, bool)
     rest[idx] = False
@@ -91,6 +87,3 @@ def test_default_is_one_and_config_round_trips():
     for bad in (0.0, -0.5, 1.5):
         with pytest.raises(ValueError, match="bias_knee"):
             MalcolmPolicy(4, 1, bias_knee=bad)
-    assert pd.knee_batches == 0 and MalcolmPolicy(4, 1, knee_batches=40).knee_batches == 40
-    with pytest.raises(ValueError, match="knee_batches"):
-        MalcolmPolicy(4, 1, knee_batches=-1)

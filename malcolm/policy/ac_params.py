@@ -22,7 +22,6 @@ DEFAULTS = dict(
     weight_boost=-1.0,          # the same for the sparse actors' load weights; < 1: lr_boost
     bias_knee=1.0,              # sparse migrate actor's peer biases: full boost from |d| = this
                                 # (1: as every parameter; eighth session, docs/policy.md)
-    knee_batches=0,             # bias_knee for the agent's first this many batches; 0: always
     accept_lr=0.0,              # sparse actors: the own outcome's bias and weight (0: kept at
                                 # the safe start; the live gate decides what a hop saves)
     tilt_max=0.5,               # |tilt| <= this (with trust > 0)
@@ -130,7 +129,6 @@ def check_params(params):
     num("lr_boost", 1.0)
     num("weight_boost", -1.0)
     num("bias_knee", 0.0, 1.0, lo_open=True)
-    integer("knee_batches", 0)
     num("accept_lr", 0.0)
     num("tilt_lr", 0.0)
     num("tilt_max", 0.0)

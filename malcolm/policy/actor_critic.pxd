@@ -11,7 +11,6 @@ cdef class MalcolmPolicy(AgentState):
     cdef readonly double lr_boost    # the actors' step x up to this where gradients agree
     cdef readonly double weight_boost    # the same for the sparse load weights; < 1: lr_boost
     cdef readonly double bias_knee       # migrate peer biases: full boost from |d| = this
-    cdef readonly int knee_batches       # bias_knee for the first this many batches; 0: always
     cdef void _learn_window(self) noexcept nogil
     cdef void _apply_adamw(self) noexcept nogil
     cdef void _consensus(self) noexcept nogil

@@ -94,9 +94,10 @@ cdef class MalcolmPolicy(AgentState):
         Policy-optimization interval in windows (default 16, i.e. 1.6 ms): cached gradients
         are applied by AdamW once per batch.
     learn_every : int
-        The learning step (advantages, gradients) on one window in ``learn_every``, the
-        batch's mean over those: that fraction of the cost, fewer samples. Default 0:
-        ``max(1, n // 16)`` (every window below 32 servers, one in 4 on 64).
+        Compute the learning step (advantages, gradients) on one window in ``learn_every``;
+        the batch's mean is then over those windows. Cuts the learning cost per window by
+        that factor at the price of fewer samples. Default 0: ``max(1, n // 16)`` (every
+        window below 32 servers, one in 4 on 64).
     consensus_every : int
         Combine the critic with the peers' latest copies every C windows (0 disables).
     consensus : {"median", "mean"}
@@ -114,14 +115,13 @@ cdef class MalcolmPolicy(AgentState):
         Sparse actors: AdamW learning rate of the load weights (W_jj, W_j,me for j != me),
         the only state-dependent part of the actors. < 0 (default): ``actor_lr`` (the full
         actors always use ``actor_lr``).
-    lr_boost, weight_boost, bias_knee, knee_batches : float, float, float, int
+    lr_boost, weight_boost, bias_knee : float
         The actors' AdamW step times 1 + (lr_boost - 1) min(1, d^2)^2, d Adam's per-parameter
         direction m^ / sqrt(v^): up to lr_boost times where recent gradients agree, 1 +
         (lr_boost - 1) / 45 on steady noise (``_ac_kernels.h``). Default 30; 1: off.
         ``weight_boost``: the same for the sparse actors' load weights; < 1 (default): lr_boost.
         ``bias_knee`` in (0, 1]: the sparse migrate actor's peer biases get the full boost from
-        |d| = bias_knee, min(1, (d / bias_knee)^2)^2; 1 (default): as every other parameter;
-        with ``knee_batches`` > 0 only in the agent's first that many batches (0: always).
+        |d| = bias_knee, min(1, (d / bias_knee)^2)^2; 1 (default): as every other parameter.
     tilt_lr, tilt_max : float
         > 0: learn the capacity tilt t (|t| <= ``tilt_max`` with the trust region), the peers'
         migrate logits += t (log r_j - their mean log rate), at this AdamW rate; 0: off.
@@ -144,9 +144,11 @@ cdef class MalcolmPolicy(AgentState):
     features : {"symmetric", "per_server"}
         Critic features: permutation-symmetric summaries of the loads (default), or one
         load and one deviation feature per server (see docs/policy.md for why the default).
-    init, init_scale : {"safe", "random", "zero"}, float
+    init : {"safe", "random", "zero"}
         ``"safe"`` (default): all parameters 0 but the accept bias, log n (see
         ``capacity_prior``); ``"random"``: uniform in ``[-init_scale, init_scale]``.
+    init_scale : float
+        Half-width of the random initialisation.
     capacity_prior : bool
         Add the capacity prior to the migrate logits (rates from heartbeats): accepting
         log(r_me / mean rate), a peer the log of its share of the spare capacity, so that
@@ -218,7 +220,6 @@ cdef class MalcolmPolicy(AgentState):
         self.lr_boost = cfg["lr_boost"]
         self.weight_boost = cfg["weight_boost"]
         self.bias_knee = cfg["bias_knee"]
-        self.knee_batches = cfg["knee_batches"]
         self.accept_lr = cfg["accept_lr"]
         self.tilt_lr = cfg["tilt_lr"]
         self.use_tilt = self.tilt_lr > 0.0
@@ -440,9 +441,7 @@ cdef class MalcolmPolicy(AgentState):
         cdef double inv_b = 1.0 / (self.win_in_batch if self.win_in_batch > 0 else 1)
         cdef double c1, c2, lr, kb = self.lr_boost - 1.0     # the actors' consistency boost
         cdef double kw = (self.weight_boost if self.weight_boost >= 1.0 else self.lr_boost) - 1.0
-        cdef double kq = 1.0 / (self.bias_knee * self.bias_knee)   # for a = 0, t = 1 below
-        if self.knee_batches > 0 and self.batches >= <uint64_t>self.knee_batches:
-            kq = 1.0        # the cold start's knee is over: as every other parameter
+        cdef double kq = 1.0 / (self.bias_knee * self.bias_knee)   # bias_knee: see below
         self.adam_steps += 1
         self.b1t *= b1
         self.b2t *= b2
@@ -461,6 +460,7 @@ cdef class MalcolmPolicy(AgentState):
             # biases (the others stay 0), O(n), in a few contiguous or strided calls. The own
             # outcome's bias and weight (accept / do not steal) learn at accept_lr: how much
             # to keep local is the one decision whose payoff (a hop saved) every window shows.
+            # bias_knee (kq) is for the migrate actor's (a = 0) peer biases (t = 1) only.
             da = 1.0 - self.accept_lr * self.weight_decay
             decay = 1.0 - lr * self.weight_decay
             wl = self.weight_lr
@@ -469,7 +469,7 @@ cdef class MalcolmPolicy(AgentState):
             for a in range(2):
                 w = self.off_wm if a == 0 else self.off_ws
                 for t in range(2):
-                    # t = 0: W[j, me] (own load's weight, at weight_lr); t = 1: B[j] (kq: a = 0)
+                    # t = 0: W[j, me] (our own load's weight, at weight_lr); t = 1: B[j]
                     k = w + me * n if t == 0 else w + n * n
                     mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, me,
                                 wl if t == 0 else lr, dw if t == 0 else decay, b1, b2, c1,
