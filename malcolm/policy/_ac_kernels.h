@@ -22,13 +22,11 @@
    something to learn, and on steady noise its mean size by about 1 + 8 kb 0.053^2 = 1 +
    kb / 45 (E|d|^5 / E|d| = 8 s^4 for Gaussian d). Adam's bias correction makes d near 1
    for the first few steps of any parameter, so a cold start takes boosted steps on noise
-   too (tests/test_lr_boost.py). kb = 0 computes the same bits as without the boost.
-   kq > 1 (`bias_knee` < 1, the migrate actor's peer biases only): the full boost from |d| =
-   knee instead of 1 (docs/policy.md, "Learning curve and settle time", eighth session). */
+   too (tests/test_lr_boost.py). kb = 0 computes the same bits as without the boost. */
 static inline __attribute__((always_inline)) void mc_ac_adamw_at(double *restrict p,
         double *restrict g, double *restrict m, double *restrict v, long i, double lr,
         double decay, double b1, double b2, double c1, double c2, double eps, double inv_b,
-        double kb, double kq) {
+        double kb) {
     double gi = g[i] * inv_b;
     double mi = b1 * m[i] + (1.0 - b1) * gi;
     double vi = b2 * v[i] + (1.0 - b2) * gi * gi;
@@ -38,7 +36,7 @@ static inline __attribute__((always_inline)) void mc_ac_adamw_at(double *restric
     v[i] = vi;
     if (kb > 0.0) {
         double d = (mi * c1) / den;
-        double q = fmin(1.0, d * d * kq);     /* kq = 1 / knee^2; 1 (exact): the rule above */
+        double q = fmin(1.0, d * d);
         st *= 1.0 + kb * q * q;
     }
     p[i] = p[i] * decay - st;
@@ -46,18 +44,17 @@ static inline __attribute__((always_inline)) void mc_ac_adamw_at(double *restric
 }
 static MC_AC_CLONES void mc_ac_adamw(double *restrict p, double *restrict g,
         double *restrict m, double *restrict v, int n, double lr, double decay,
-        double b1, double b2, double c1, double c2, double eps, double inv_b, double kb,
-        double kq) {
+        double b1, double b2, double c1, double c2, double eps, double inv_b, double kb) {
     for (int i = 0; i < n; i++)
-        mc_ac_adamw_at(p, g, m, v, i, lr, decay, b1, b2, c1, c2, eps, inv_b, kb, kq);
+        mc_ac_adamw_at(p, g, m, v, i, lr, decay, b1, b2, c1, c2, eps, inv_b, kb);
 }
 /* The same on every `stride`-th parameter (a matrix diagonal): one call, not n. */
 static MC_AC_CLONES void mc_ac_adamw_strided(double *restrict p, double *restrict g,
         double *restrict m, double *restrict v, int n, long stride, double lr,
         double decay, double b1, double b2, double c1, double c2, double eps,
-        double inv_b, double kb, double kq) {
+        double inv_b, double kb) {
     for (int k = 0; k < n; k++)
-        mc_ac_adamw_at(p, g, m, v, k * stride, lr, decay, b1, b2, c1, c2, eps, inv_b, kb, kq);
+        mc_ac_adamw_at(p, g, m, v, k * stride, lr, decay, b1, b2, c1, c2, eps, inv_b, kb);
 }
 /* gw (column-major n x n) += coef u^T */
 static MC_AC_CLONES void mc_ac_rank1(double *restrict gw, const double *restrict u,

@@ -20,8 +20,6 @@ DEFAULTS = dict(
     lr_boost=30.0,              # actors' step x up to this where the gradients agree; 1: off
                                 # (seventh session: re-converges within 50 ms, docs/policy.md)
     weight_boost=-1.0,          # the same for the sparse actors' load weights; < 1: lr_boost
-    bias_knee=1.0,              # sparse migrate actor's peer biases: full boost from |d| = this
-                                # (1: as every parameter; eighth session, docs/policy.md)
     accept_lr=0.0,              # sparse actors: the own outcome's bias and weight (0: kept at
                                 # the safe start; the live gate decides what a hop saves)
     tilt_max=0.5,               # |tilt| <= this (with trust > 0)
@@ -128,7 +126,6 @@ def check_params(params):
     num("actor_lr", 0.0)
     num("lr_boost", 1.0)
     num("weight_boost", -1.0)
-    num("bias_knee", 0.0, 1.0, lo_open=True)
     num("accept_lr", 0.0)
     num("tilt_lr", 0.0)
     num("tilt_max", 0.0)

@@ -24,8 +24,9 @@ on the policy thread. The driver (simulator or runtime) owns ``Policy.migrations
 charges for.
 
 This module holds how the agent learns, agrees, guards itself and publishes; its memory and
-what it observes (loads, heartbeats, features, advantages) are ``AgentState`` in
-``agent_state.pyx``, its parameters ``ac_params.py``; the design is ``docs/policy.md``.
+what it observes (loads, heartbeats, sorted loads, features, advantages) are ``AgentState``
+in ``agent_state.pyx``; its parameters and their validation are in ``ac_params.py``. The
+design and the reasons for the feature vector are in ``docs/policy.md``.
 """
 import numpy as np
 
@@ -40,11 +41,11 @@ from malcolm.policy.base cimport MAX_THETA, Policy
 cdef extern from "policy/_ac_kernels.h" nogil:
     void mc_ac_adamw(double* p, double* g, double* m, double* v, int n, double lr,
                      double decay, double b1, double b2, double c1, double c2, double eps,
-                     double inv_b, double kb, double kq) noexcept nogil
+                     double inv_b, double kb) noexcept nogil
     void mc_ac_adamw_strided(double* p, double* g, double* m, double* v, int n,
                              long stride, double lr, double decay, double b1, double b2,
                              double c1, double c2, double eps, double inv_b,
-                             double kb, double kq) noexcept nogil
+                             double kb) noexcept nogil
     void mc_ac_rank1(double* gw, const double* u, const double* coef, int n) noexcept nogil
     void mc_ac_adv_coef(const double* p, const double* a, double* coef, int n) noexcept nogil
     void mc_ac_kl_coef(const double* p, const double* g, double* coef, int n,
@@ -115,13 +116,11 @@ cdef class MalcolmPolicy(AgentState):
         Sparse actors: AdamW learning rate of the load weights (W_jj, W_j,me for j != me),
         the only state-dependent part of the actors. < 0 (default): ``actor_lr`` (the full
         actors always use ``actor_lr``).
-    lr_boost, weight_boost, bias_knee : float
+    lr_boost, weight_boost : float
         The actors' AdamW step times 1 + (lr_boost - 1) min(1, d^2)^2, d Adam's per-parameter
         direction m^ / sqrt(v^): up to lr_boost times where recent gradients agree, 1 +
         (lr_boost - 1) / 45 on steady noise (``_ac_kernels.h``). Default 30; 1: off.
         ``weight_boost``: the same for the sparse actors' load weights; < 1 (default): lr_boost.
-        ``bias_knee`` in (0, 1]: the sparse migrate actor's peer biases get the full boost from
-        |d| = bias_knee, min(1, (d / bias_knee)^2)^2; 1 (default): as every other parameter.
     tilt_lr, tilt_max : float
         > 0: learn the capacity tilt t (|t| <= ``tilt_max`` with the trust region), the peers'
         migrate logits += t (log r_j - their mean log rate), at this AdamW rate; 0: off.
@@ -219,7 +218,6 @@ cdef class MalcolmPolicy(AgentState):
         self.actor_lr = cfg["actor_lr"]
         self.lr_boost = cfg["lr_boost"]
         self.weight_boost = cfg["weight_boost"]
-        self.bias_knee = cfg["bias_knee"]
         self.accept_lr = cfg["accept_lr"]
         self.tilt_lr = cfg["tilt_lr"]
         self.use_tilt = self.tilt_lr > 0.0
@@ -441,7 +439,6 @@ cdef class MalcolmPolicy(AgentState):
         cdef double inv_b = 1.0 / (self.win_in_batch if self.win_in_batch > 0 else 1)
         cdef double c1, c2, lr, kb = self.lr_boost - 1.0     # the actors' consistency boost
         cdef double kw = (self.weight_boost if self.weight_boost >= 1.0 else self.lr_boost) - 1.0
-        cdef double kq = 1.0 / (self.bias_knee * self.bias_knee)   # bias_knee: see below
         self.adam_steps += 1
         self.b1t *= b1
         self.b2t *= b2
@@ -450,17 +447,18 @@ cdef class MalcolmPolicy(AgentState):
         self._fold_gdiag(self.G, True)     # the batch's sparse diagonal gradients into G
         lr = self.critic_lr
         mc_ac_adamw(self.P, self.G, self.M, self.V, d, lr, 1.0 - lr * self.weight_decay,
-                    b1, b2, c1, c2, eps, inv_b, 0.0, 1.0)
+                    b1, b2, c1, c2, eps, inv_b, 0.0)
         lr = self.actor_lr
         if not self.sparse:
             mc_ac_adamw(self.P + d, self.G + d, self.M + d, self.V + d, npar - d, lr,
-                        1.0 - lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b, kb, 1.0)
+                        1.0 - lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b, kb)
         else:
-            # only the weights the sparse actors use: each W's diagonal and column me, and the
-            # biases (the others stay 0), O(n), in a few contiguous or strided calls. The own
+            # only the weights the sparse actors use: each W's diagonal and column me, and
+            # the biases (the other entries stay 0). O(n) instead of O(n^2). The own
             # outcome's bias and weight (accept / do not steal) learn at accept_lr: how much
             # to keep local is the one decision whose payoff (a hop saved) every window shows.
-            # bias_knee (kq) is for the migrate actor's (a = 0) peer biases (t = 1) only.
+            # Contiguous runs (column me, the biases) and the strided diagonal in a few
+            # calls instead of 3n one-element ones (same arithmetic, per element).
             da = 1.0 - self.accept_lr * self.weight_decay
             decay = 1.0 - lr * self.weight_decay
             wl = self.weight_lr
@@ -473,25 +471,24 @@ cdef class MalcolmPolicy(AgentState):
                     k = w + me * n if t == 0 else w + n * n
                     mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, me,
                                 wl if t == 0 else lr, dw if t == 0 else decay, b1, b2, c1,
-                                c2, eps, inv_b, kw if t == 0 else kb, kq if a < t else 1.0)
+                                c2, eps, inv_b, kw if t == 0 else kb)
                     k += me
                     mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, 1,
-                                self.accept_lr, da, b1, b2, c1, c2, eps, inv_b, kb, 1.0)
+                                self.accept_lr, da, b1, b2, c1, c2, eps, inv_b, kb)
                     k += 1
                     mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, n - me - 1,
                                 wl if t == 0 else lr, dw if t == 0 else decay, b1, b2, c1,
-                                c2, eps, inv_b, kw if t == 0 else kb, kq if a < t else 1.0)
+                                c2, eps, inv_b, kw if t == 0 else kb)
                 # W[j, j], j != me: the target's load (W[me, me] is in column me already)
                 k = w
                 mc_ac_adamw_strided(self.P + k, self.G + k, self.M + k, self.V + k, me,
-                                    n + 1, wl, dw, b1, b2, c1, c2, eps, inv_b, kw, 1.0)
+                                    n + 1, wl, dw, b1, b2, c1, c2, eps, inv_b, kw)
                 k = w + (me + 1) * (n + 1)
                 mc_ac_adamw_strided(self.P + k, self.G + k, self.M + k, self.V + k,
-                                    n - me - 1, n + 1, wl, dw, b1, b2, c1, c2, eps, inv_b, kw, 1.0)
+                                    n - me - 1, n + 1, wl, dw, b1, b2, c1, c2, eps, inv_b, kw)
         if self.use_tilt:
             mc_ac_adamw(&self.tilt, &self.tilt_g, &self.tilt_m, &self.tilt_v, 1, self.tilt_lr,
-                        1.0 - self.tilt_lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b, 0.0,
-                        1.0)
+                        1.0 - self.tilt_lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b, 0.0)
         self.win_in_batch = 0
         self.batches += 1
 
