@@ -58,6 +58,7 @@ cdef extern from "policy/_select.h" nogil:
 
 cdef extern from "policy/_pub_kernels.h" nogil:
     int mc_pub_softmax_w(const double* g, const double* w, double* p, int n) noexcept nogil
+    int mc_pub_count_known(const unsigned char* known, int n) noexcept nogil
 
 
 from malcolm.policy.ac_params import DEFAULTS, THESIS, check_params
@@ -305,7 +306,7 @@ cdef class MalcolmPolicy(AgentState):
     cdef void _learn_window(self) noexcept nogil:
         """One TD(0) actor-critic step for the window that just ended; gradients are cached."""
         cdef int n = self.n, d = self.n_theta, i
-        cdef double vprev = 0.0, vcur = 0.0, delta, payoff, cost, tot, ts, h
+        cdef double vprev = 0.0, vcur = 0.0, delta, payoff, cost, tot, ts = 0.0, tm = 0.0, h
         cdef double own_mig, own_stl, c
         cdef uint64_t now_mig, now_stl
         cdef double* G = self.G
@@ -356,12 +357,10 @@ cdef class MalcolmPolicy(AgentState):
         if sampled:
             if self.adv_next:
                 # at the window's realised outcome, for the actors that took decisions
-                tot = 0.0
-                ts = 0.0
                 for i in range(n):
-                    tot += <double>(mc_load_relaxed(&self.cnt_mig[i]) - self.seen_mig[i])
+                    tm += <double>(mc_load_relaxed(&self.cnt_mig[i]) - self.seen_mig[i])
                     ts += <double>(mc_load_relaxed(&self.cnt_stl[i]) - self.seen_stl[i])
-                self._marginal_advantages(tot > 0.0, ts > 0.0)
+                self._marginal_advantages(tm > 0.0, ts > 0.0)
             delta = payoff + self.gamma * vcur - vprev
             self.last_td_error = delta
             # Critic, semi-gradient of 1/2 (V(x_r) - target)^2: -delta * feat(x_r).
@@ -376,9 +375,11 @@ cdef class MalcolmPolicy(AgentState):
                 else:
                     cnt, seen, p = self.cnt_stl, self.seen_stl, self.ps_pub
                     gw, gb = G + self.off_ws, G + self.off_bs
-                tot = 0.0
-                for i in range(n):
-                    tot += <double>(mc_load_relaxed(&cnt[i]) - seen[i])
+                tot = tm if actor == 0 else ts         # adv_next: counted above
+                if not self.adv_next:
+                    tot = 0.0
+                    for i in range(n):
+                        tot += <double>(mc_load_relaxed(&cnt[i]) - seen[i])
                 if tot <= 0.0:
                     continue
                 if self.marginal:
@@ -544,14 +545,16 @@ cdef class MalcolmPolicy(AgentState):
         ``runaway_windows`` windows. Whatever the actors learnt, reset them to the safe start.
         """
         cdef int n = self.n, j, me = self.me
-        cdef int k = -<int>self.known[me]       # the loop counts the known servers, me too
+        cdef int k = mc_pub_count_known(self.known, n) - <int>self.known[me]   # known peers
         cdef double vm = 0.0, vme, sme
         cdef double r = self.adv[2 * n + self.me]
         cdef const double* x = self.x
-        for j in range(n):
-            # the known peers' loads: x_j >= 0, and 0 while j is unknown (adds +0.0)
-            vm += x[j] if j != me else 0.0
-            k += self.known[j]
+        # the known peers' loads: x_j >= 0, and 0 while j is unknown (adds +0.0); in two
+        # loops around me, and the count apart, which then vectorizes
+        for j in range(me):
+            vm += x[j]
+        for j in range(me + 1, n):
+            vm += x[j]
         if k == 0:
             return
         vm /= k * self.load_scale

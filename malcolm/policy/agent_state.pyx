@@ -12,7 +12,7 @@ Threads: ``decide_*`` run on the gateway thread and touch only the published tab
 gateway's ``Rng`` and the gateway-owned per-outcome decision counters; all other methods run
 on the policy thread.
 """
-from libc.math cimport fabs, floor, log, sqrt
+from libc.math cimport INFINITY, fabs, floor, log, sqrt
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free
 from libc.string cimport memcpy, memset
@@ -28,8 +28,7 @@ from malcolm.policy.base cimport MAX_THETA, Heartbeat, Policy
 # server, 1e9 tasks per second of service rate, 1e6 tasks moved between two heartbeats.
 cdef extern from "policy/_sort_kernels.h" nogil:
     void mc_sort_pairs(double* key, int* idx, int k) noexcept nogil
-    int mc_count_below(const double* v, int k, double a) noexcept nogil
-    double mc_absdev(const double* v, const double* pre, int k, double a) noexcept nogil
+    double mc_absdev64(const double* v, const double* pre, int k, double a) noexcept nogil
     double mc_absdev_at(const double* pre, int k, double a, int lo) noexcept nogil
 cdef extern from "policy/_pub_kernels.h" nogil:
     int mc_pub_migrate_weights(const double* x, const double* rate, const uint8_t* known,
@@ -42,6 +41,7 @@ cdef extern from "policy/_pub_kernels.h" nogil:
     void mc_pub_learned_logits(const double* A, const double* z, double* g, int n,
                                int me) noexcept nogil
     int mc_pub_count_pos(const double* a, int n) noexcept nogil
+    int mc_pub_count_known(const uint8_t* known, int n) noexcept nogil
 
 
 cdef double LOAD_MAX_NS = 1e12
@@ -103,7 +103,7 @@ cdef class AgentState(Policy):
         self.g_pub = _dalloc(2 * n)
         self.act = _dalloc(6 * n)
         self.tl = _dalloc(n)
-        self.srt = _dalloc(n)
+        self.srt = _dalloc(64)              # MC_SORT_MAX >= n slots
         self.pre = _dalloc(n + 1)
         self.fv = _dalloc(n)
         self.gdiag = _dalloc(2 * n)
@@ -152,6 +152,8 @@ cdef class AgentState(Policy):
         self.b2t = 1.0
         self.adam_steps = 0
         self.known[me] = 1        # our own load is always known (0 until observe_local)
+        for i in range(64):
+            self.srt[i] = INFINITY                # see _sort_loads
         for i in range(n):
             self.ord[i] = i
         return 0
@@ -286,12 +288,10 @@ cdef class AgentState(Policy):
             z[j] = self.u[j] - self.u[self.me] if (j != self.me and self.known[j]) else 0.0
 
     cdef void _sort_loads(self) noexcept nogil:
-        """srt <- the known loads v = x / load_scale (unclipped), sorted; pre <- prefix sums.
-
-        With it the imbalance and every one-decision change of it cost O(log n) instead of
-        O(n) (a 64-server rack was dominated by the O(n^2) loops).
-        """
+        """srt <- the known loads v = x / load_scale (unclipped), sorted, +inf after them in
+        its 64 slots; pre <- prefix sums: each one-decision change costs O(log n), not O(n)."""
         cdef int j, k = 0, a, t, n = self.n
+        cdef bint all_known
         cdef double inv = 1.0 / self.load_scale
         cdef int* o = self.ord
         cdef double* key = self.srt
@@ -299,23 +299,26 @@ cdef class AgentState(Policy):
             return
         # The known servers are first compacted into o[:k] with their loads in srt[:k]
         # (in last sort's order, so that unknown servers keep their places after them),
-        # then sorted in one vectorized rank sort (_sort_kernels.h).
+        # then sorted in one vectorized rank sort (_sort_kernels.h). All known: no tests.
+        all_known = mc_pub_count_known(self.known, n) == n
         for j in range(n):
             t = o[j]
-            if self.known[t]:
+            if all_known or self.known[t]:
                 o[k] = t
                 key[k] = self.x[t]
                 k += 1
         mc_sort_pairs(key, o, k)
         # unknown servers keep their places after the known ones
         a = k
-        for j in range(n):
+        for j in range(0 if k < n else n, n):
             if not self.known[j]:
                 o[a] = j
                 a += 1
         for j in range(k):
             key[j] = key[j] * inv
             self.pos[o[j]] = j
+        for j in range(k, self.nsrt):   # slots that held loads (_alloc set all 64 to +inf)
+            key[j] = INFINITY           # for mc_absdev64: never below a load
         self.pre[0] = 0.0
         for j in range(k):
             self.pre[j + 1] = self.pre[j] + self.srt[j]
@@ -358,7 +361,7 @@ cdef class AgentState(Policy):
         sme = 1.0 / (rate[me] * self.load_scale) if rate[me] > 0.0 else 1.0
         vme = self.x[me] * inv
         fme = fv[self.pos[me]]
-        fme_up = mc_absdev(srt, pre, k, vme + sme)
+        fme_up = mc_absdev64(srt, pre, k, vme + sme)
         # migrate: the task goes to i (i = me: accepted here).
         # sum_{k != i} |vi + si - vk| - |vi - vk| = F(vi + si) - si - F(vi)
         for i in range(n):
@@ -370,9 +373,9 @@ cdef class AgentState(Policy):
             if i == me:
                 di = fme_up - si - fme
             else:
-                di = mc_absdev(srt, pre, k, vi + si) - si - fv[self.pos[i]]
+                di = mc_absdev64(srt, pre, k, vi + si) - si - fv[self.pos[i]]
             am[i] = -norm * di - (cmig if i != me else 0.0)
-        for i in range(n):
+        for i in range(n if k < n else 0):     # k < n: some server is unknown
             if not self.known[i]:
                 am[i] = am[me] - cmig      # no information: accepting, plus the cost
         # steal: one task moves from i to me (i = me: nothing moves). Over k != i, me:
@@ -389,7 +392,7 @@ cdef class AgentState(Policy):
                 continue
             si = 1.0 / (rate[i] * self.load_scale) if rate[i] > 0.0 else 1.0
             vi = self.x[i] * inv
-            di = ((mc_absdev(srt, pre, k, vi - si) - si - fabs(vi - si - vme))
+            di = ((mc_absdev64(srt, pre, k, vi - si) - si - fabs(vi - si - vme))
                   - (fv[self.pos[i]] - fabs(vi - vme)))
             di += ((fme_up - fabs(vme + sme - vi) - sme)
                    - (fme - fabs(vme - vi)))
@@ -716,17 +719,21 @@ cdef class AgentState(Policy):
         sum over pairs |u_j - u_k| = sum_k u_(k) (2k - K + 1).
         """
         cdef int n = self.n, j, cnt
-        cdef double mean = 0.0, hi = 0.0, lo = 0.0, s = 0.0, uk, clip = self.load_clip
+        cdef double mean = 0.0, hi = 0.0, lo = 0.0, s = 0.0, uk, clip = self.load_clip, wk
         self._sort_loads()
         cnt = self.nsrt
+        wk = <double>(1 - cnt)          # 2j - cnt + 1, exact in a double: + 2 per step
         for j in range(cnt):
             uk = self.srt[j]
             uk = 0.0 if uk < 0.0 else (clip if uk > clip else uk)
             mean += uk
-            s += uk * (2 * j - cnt + 1)
-            if j == 0:
-                lo = uk
-            hi = uk
+            s += uk * wk
+            wk += 2.0
+        if cnt > 0:                     # the clamp is monotone: the ends of the sorted loads
+            lo = self.srt[0]
+            lo = 0.0 if lo < 0.0 else (clip if lo > clip else lo)
+            hi = self.srt[cnt - 1]
+            hi = 0.0 if hi < 0.0 else (clip if hi > clip else hi)
         mean /= cnt if cnt > 0 else 1
         out[0] = 1.0
         out[1] = 2.0 * s / (cnt - 1) if cnt > 1 else 0.0
