@@ -56,17 +56,6 @@ static MC_AC_CLONES void mc_ac_adamw_strided(double *restrict p, double *restric
     for (int k = 0; k < n; k++)
         mc_ac_adamw_at(p, g, m, v, k * stride, lr, decay, b1, b2, c1, c2, eps, inv_b, kb);
 }
-/* `pull` > 0: each actor parameter moves towards its start p0 by pull (1 - q), q = min(1, d^2)
-   from the moments of the step just taken: a parameter whose recent gradients agree (|d| near
-   1) keeps what it learnt, one that follows zero-mean noise decays back to the safe start. */
-static MC_AC_CLONES void mc_ac_pull(double *restrict p, const double *restrict p0,
-        const double *restrict m, const double *restrict v, int n, double c1, double c2,
-        double eps, double pull) {
-    for (int i = 0; i < n; i++) {
-        double d = (m[i] * c1) / (sqrt(v[i]) * c2 + eps);
-        p[i] -= pull * (1.0 - fmin(1.0, d * d)) * (p[i] - p0[i]);
-    }
-}
 /* gw (column-major n x n) += coef u^T */
 static MC_AC_CLONES void mc_ac_rank1(double *restrict gw, const double *restrict u,
         const double *restrict coef, int n) {

@@ -47,8 +47,6 @@ cdef extern from "policy/_ac_kernels.h" nogil:
                              double c1, double c2, double eps, double inv_b,
                              double kb) noexcept nogil
     void mc_ac_rank1(double* gw, const double* u, const double* coef, int n) noexcept nogil
-    void mc_ac_pull(double* p, const double* p0, const double* m, const double* v, int n,
-                    double c1, double c2, double eps, double pull) noexcept nogil
     void mc_ac_adv_coef(const double* p, const double* a, double* coef, int n) noexcept nogil
     void mc_ac_kl_coef(const double* p, const double* g, double* coef, int n,
                        double ent) noexcept nogil
@@ -220,7 +218,6 @@ cdef class MalcolmPolicy(AgentState):
         self.actor_lr = cfg["actor_lr"]
         self.lr_boost = cfg["lr_boost"]
         self.weight_boost = cfg["weight_boost"]
-        self.pull = cfg["pull"]
         self.accept_lr = cfg["accept_lr"]
         self.tilt_lr = cfg["tilt_lr"]
         self.use_tilt = self.tilt_lr > 0.0
@@ -492,9 +489,6 @@ cdef class MalcolmPolicy(AgentState):
         if self.use_tilt:
             mc_ac_adamw(&self.tilt, &self.tilt_g, &self.tilt_m, &self.tilt_v, 1, self.tilt_lr,
                         1.0 - self.tilt_lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b, 0.0)
-        if self.pull > 0.0:     # back towards the start where the gradients are noise
-            mc_ac_pull(self.P + d, self.P0 + d, self.M + d, self.V + d, npar - d, c1, c2, eps,
-                       self.pull)
         self.win_in_batch = 0
         self.batches += 1
 
