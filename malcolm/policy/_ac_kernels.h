@@ -56,6 +56,17 @@ static MC_AC_CLONES void mc_ac_adamw_strided(double *restrict p, double *restric
     for (int k = 0; k < n; k++)
         mc_ac_adamw_at(p, g, m, v, k * stride, lr, decay, b1, b2, c1, c2, eps, inv_b, kb);
 }
+/* `steal_pull` > 0: after the step each parameter moves towards its start p0 by pull (1 - q),
+   q = min(1, d^2) from the moments just updated: one whose recent gradients agree (|d| near
+   1) keeps what it learnt, one that follows zero-mean noise decays back to the safe start. */
+static MC_AC_CLONES void mc_ac_pull(double *restrict p, const double *restrict p0,
+        const double *restrict m, const double *restrict v, int n, double c1, double c2,
+        double eps, double pull) {
+    for (int i = 0; i < n; i++) {
+        double d = (m[i] * c1) / (sqrt(v[i]) * c2 + eps);
+        p[i] -= pull * (1.0 - fmin(1.0, d * d)) * (p[i] - p0[i]);
+    }
+}
 /* gw (column-major n x n) += coef u^T */
 static MC_AC_CLONES void mc_ac_rank1(double *restrict gw, const double *restrict u,
         const double *restrict coef, int n) {
@@ -75,6 +86,15 @@ static inline void mc_ac_adv_coef(const double *restrict p, const double *restri
     double abar = 0.0;
     for (int i = 0; i < n; i++) abar += p[i] * a[i];
     for (int i = 0; i < n; i++) coef[i] = -p[i] * (a[i] - abar);
+}
+/* coef_i += ent p_i (log p_i + H): - entropy * H(pi), the thesis's entropy bonus */
+static inline void mc_ac_ent_coef(const double *restrict p, double *restrict coef, int n,
+                                  double ent) {
+    double h = 0.0;
+    for (int i = 0; i < n; i++)
+        if (p[i] > 1e-300) h -= p[i] * log(p[i]);
+    for (int i = 0; i < n; i++)
+        if (p[i] > 1e-300) coef[i] += ent * p[i] * (log(p[i]) + h);
 }
 /* coef_i += ent p_i (g_i - p . g): entropy * KL(pi || pi_safe) */
 static inline void mc_ac_kl_coef(const double *restrict p, const double *restrict g,

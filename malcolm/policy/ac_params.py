@@ -19,6 +19,8 @@ DEFAULTS = dict(
     actor_lr=0.003,
     lr_boost=30.0,              # actors' step x up to this where the gradients agree; 1: off
                                 # (seventh session: re-converges within 50 ms, docs/policy.md)
+    steal_pull=0.0,             # > 0: steal-actor parameters whose gradients are noise decay
+                                # to the safe start by this fraction per step (eighth session)
     weight_boost=-1.0,          # the same for the sparse actors' load weights; < 1: lr_boost
     accept_lr=0.0,              # sparse actors: the own outcome's bias and weight (0: kept at
                                 # the safe start; the live gate decides what a hop saves)
@@ -126,6 +128,7 @@ def check_params(params):
     num("actor_lr", 0.0)
     num("lr_boost", 1.0)
     num("weight_boost", -1.0)
+    num("steal_pull", 0.0, 1.0)
     num("accept_lr", 0.0)
     num("tilt_lr", 0.0)
     num("tilt_max", 0.0)

@@ -10,6 +10,7 @@ from malcolm.policy.agent_state cimport AgentState
 cdef class MalcolmPolicy(AgentState):
     cdef readonly double lr_boost    # the actors' step x up to this where gradients agree
     cdef readonly double weight_boost    # the same for the sparse load weights; < 1: lr_boost
+    cdef readonly double steal_pull  # per step, the steal actor's noise back to the start
     cdef void _learn_window(self) noexcept nogil
     cdef void _apply_adamw(self) noexcept nogil
     cdef void _consensus(self) noexcept nogil

@@ -50,6 +50,9 @@ cdef extern from "policy/_ac_kernels.h" nogil:
     void mc_ac_adv_coef(const double* p, const double* a, double* coef, int n) noexcept nogil
     void mc_ac_kl_coef(const double* p, const double* g, double* coef, int n,
                        double ent) noexcept nogil
+    void mc_ac_ent_coef(const double* p, double* coef, int n, double ent) noexcept nogil
+    void mc_ac_pull(double* p, const double* p0, const double* m, const double* v, int n,
+                    double c1, double c2, double eps, double pull) noexcept nogil
     void mc_ac_sparse_grad(const double* coef, const double* z, double* gb, double* gd,
                            double* gw, int n, int me) noexcept nogil
 
@@ -121,6 +124,8 @@ cdef class MalcolmPolicy(AgentState):
         direction m^ / sqrt(v^): up to lr_boost times where recent gradients agree, 1 +
         (lr_boost - 1) / 45 on steady noise (``_ac_kernels.h``). Default 30; 1: off.
         ``weight_boost``: the same for the sparse actors' load weights; < 1 (default): lr_boost.
+    steal_pull : float
+        Steal-actor parameters move to their start by steal_pull (1 - min(1, d^2)) a step; 0: off.
     tilt_lr, tilt_max : float
         > 0: learn the capacity tilt t (|t| <= ``tilt_max`` with the trust region), the peers'
         migrate logits += t (log r_j - their mean log rate), at this AdamW rate; 0: off.
@@ -218,6 +223,7 @@ cdef class MalcolmPolicy(AgentState):
         self.actor_lr = cfg["actor_lr"]
         self.lr_boost = cfg["lr_boost"]
         self.weight_boost = cfg["weight_boost"]
+        self.steal_pull = cfg["steal_pull"]
         self.accept_lr = cfg["accept_lr"]
         self.tilt_lr = cfg["tilt_lr"]
         self.use_tilt = self.tilt_lr > 0.0
@@ -305,7 +311,7 @@ cdef class MalcolmPolicy(AgentState):
     cdef void _learn_window(self) noexcept nogil:
         """One TD(0) actor-critic step for the window that just ended; gradients are cached."""
         cdef int n = self.n, d = self.n_theta, i
-        cdef double vprev = 0.0, vcur = 0.0, delta, payoff, cost, tot, ts, h
+        cdef double vprev = 0.0, vcur = 0.0, delta, payoff, cost, tot, ts
         cdef double own_mig, own_stl, c
         cdef uint64_t now_mig, now_stl
         cdef double* G = self.G
@@ -398,13 +404,7 @@ cdef class MalcolmPolicy(AgentState):
                     mc_ac_kl_coef(p, self.g_pub + (0 if actor == 0 else n), coef, n, self.entropy)
                 elif self.entropy > 0.0:
                     # - entropy * H(pi): d/df_i = entropy * pi_i (log pi_i + H)
-                    h = 0.0
-                    for i in range(n):
-                        if p[i] > 1e-300:
-                            h -= p[i] * log(p[i])
-                    for i in range(n):
-                        if p[i] > 1e-300:
-                            coef[i] += self.entropy * p[i] * (log(p[i]) + h)
+                    mc_ac_ent_coef(p, coef, n, self.entropy)
                 if not self.sparse:
                     for i in range(n):
                         gb[i] += coef[i]
@@ -489,6 +489,9 @@ cdef class MalcolmPolicy(AgentState):
         if self.use_tilt:
             mc_ac_adamw(&self.tilt, &self.tilt_g, &self.tilt_m, &self.tilt_v, 1, self.tilt_lr,
                         1.0 - self.tilt_lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b, 0.0)
+        if self.steal_pull > 0.0:     # the steal actor's noise back to the start (O(n^2))
+            mc_ac_pull(self.P + self.off_ws, self.P0 + self.off_ws, self.M + self.off_ws,
+                       self.V + self.off_ws, npar - self.off_ws, c1, c2, eps, self.steal_pull)
         self.win_in_batch = 0
         self.batches += 1
 
