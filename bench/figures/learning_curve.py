@@ -9,7 +9,10 @@ arrival rate (exact on average; off by about sqrt(i)/rate, under 1 ms here).
 
 "Settled" (printed, and in ``learning_curve_settle.csv``) is the start of the first bin from
 which the imbalance's 3-bin (30 ms) moving average stays within 1.1x (+1 µs) of the mean of
-the run's last 10% for the rest of the run: the time to settle from a cold start.
+the run's last 10% for the rest of the run: the time to settle from a cold start. With
+``--reference-tasks N`` the same rule is also applied against the mean of 25%-100% of an
+N-task run of the same series and seed (``settled_ref_ms``), a level that the last 10% of a
+300 000-task run (27 ms) estimates only to within a few per cent.
 
 Writes ``learning_curve.csv`` and ``learning_curve.png``.
 
@@ -26,11 +29,11 @@ from malcolm import _argparse as g
 from malcolm.sim import simulate
 
 
-def settle_ms(tm, imb, bin_ms):
+def settle_ms(tm, imb, bin_ms, ref=None):
     """Start of the first bin after which imbalance stays within 1.1x (+1 µs) of the last
-    10%'s mean; inf if only the last bins do."""
+    10%'s mean (or of ``ref``); inf if only the last bins do."""
     q = max(1, len(imb) // 10)
-    thr = 1.1 * float(np.mean(imb[-q:])) + 1.0
+    thr = 1.1 * float(np.mean(imb[-q:]) if ref is None else ref) + 1.0
     ma = np.convolve(imb, np.ones(3) / 3, mode="same")
     ma[0], ma[-1] = imb[0], imb[-1]
     bad = np.nonzero(ma > thr)[0]
@@ -38,6 +41,21 @@ def settle_ms(tm, imb, bin_ms):
     if first >= len(imb) - q:
         return float("inf")
     return float(tm[first] - bin_ms / 2)
+
+
+def run_binned(a, pol, tasks):
+    """One run's imbalance per bin: (result, imbalance per bin, bins)."""
+    r = simulate(rack=a.rack, policy=pol, workload="exp:50", load=a.load, tasks=tasks,
+                 seed=a.seed, warmup=0.0, record_loads=True)
+    t = r.loads["t_us"]
+    L = r.loads.get("true_load_us", r.loads["load_us"])
+    keep = t <= r.sim_time_s * 1e6
+    t, L = t[keep], L[keep]
+    n = L.shape[1]
+    imb = np.abs(L[:, :, None] - L[:, None, :]).sum(axis=(1, 2)) / (n - 1)
+    b = (t // (a.bin_ms * 1000)).astype(int)
+    nb = b.max() + 1
+    return r, np.bincount(b, imb, nb) / np.maximum(np.bincount(b, None, nb), 1), nb
 
 
 def main():
@@ -53,6 +71,9 @@ def main():
                     metavar="DURATION", help="width of a bin (bare number: ms; default 10ms)")
     ap.add_argument("--malcolm", default="", metavar="KEY=VAL,...",
                     help="extra parameters for both Malcolm series, e.g. actor_lr=0.01")
+    ap.add_argument("--reference-tasks", type=int, default=0, metavar="N",
+                    help="also settle against the mean of 25%%-100%% of an N-task run of the "
+                         "same series (e.g. 1000000; default 0: off)")
     g.hidden_alias(ap, "--rack", "servers", type=g.servers)
     g.hidden_alias(ap, "--bin-ms", "bin_ms", type=g.duration("ms", positive=True))
     a = parse(ap)
@@ -62,19 +83,11 @@ def main():
     series = [("Malcolm (learning)", "malcolm" + (f":{extra}" if extra else "")),
               ("Malcolm frozen at init", "malcolm:learn=0" + (f",{extra}" if extra else "")),
               ("JSQ", "jsq")]
+    if a.reference_tasks < 0:
+        ap.error("--reference-tasks must be >= 0")
     rows, curves, settle = [], {}, []
     for label, pol in series:
-        r = simulate(rack=a.rack, policy=pol, workload="exp:50", load=a.load, tasks=tasks,
-                     seed=a.seed, warmup=0.0, record_loads=True)
-        t = r.loads["t_us"]
-        L = r.loads.get("true_load_us", r.loads["load_us"])
-        keep = t <= r.sim_time_s * 1e6
-        t, L = t[keep], L[keep]
-        n = L.shape[1]
-        imb = np.abs(L[:, :, None] - L[:, None, :]).sum(axis=(1, 2)) / (n - 1)
-        b = (t // (a.bin_ms * 1000)).astype(int)
-        nb = b.max() + 1
-        imb_bin = np.bincount(b, imb, nb) / np.maximum(np.bincount(b, None, nb), 1)
+        r, imb_bin, nb = run_binned(a, pol, tasks)
         rate = r.offered / 1e6                       # tasks per µs
         created_ms = np.arange(len(r.latencies_us)) / rate / 1000.0
         lb = (created_ms // a.bin_ms).astype(int)
@@ -92,6 +105,13 @@ def main():
         settle.append(dict(policy=label, seed=a.seed, rack=a.rack, load=a.load,
                            settled_ms=settled, imbalance_last10_us=float(np.mean(imb_bin[-q:])),
                            p99_us=r.p99_us))
+        if a.reference_tasks:
+            _, ib_ref, nr = run_binned(a, pol, a.reference_tasks)
+            ref = float(np.mean(ib_ref[nr // 4:]))
+            settle[-1].update(ref_imbalance_us=ref,
+                              settled_ref_ms=settle_ms(tm, imb_bin, a.bin_ms, ref))
+            print(f"{label:>24}: against the {a.reference_tasks}-task run's level {ref:.1f} µs "
+                  f"settled after {settle[-1]['settled_ref_ms']:.0f} ms", file=sys.stderr)
         print(f"{label:>24}: settled after {settled:.0f} ms; first 10% imbalance "
               f"{np.nanmean(imb_bin[:q]):8.1f} µs, "
               f"p99 {np.nanmean(p99[:q]):8.1f} µs; last 10% imbalance "
