@@ -63,6 +63,7 @@ static MC_AC_CLONES void mc_ac_pull(double *restrict p, const double *restrict p
         const double *restrict m, const double *restrict v, int n, double c1, double c2,
         double eps, double pull) {
     for (int i = 0; i < n; i++) {
+        if (p[i] == p0[i]) continue;    /* a no-op; the sparse actors' unused n^2 entries */
         double d = (m[i] * c1) / (sqrt(v[i]) * c2 + eps);
         p[i] -= pull * (1.0 - fmin(1.0, d * d)) * (p[i] - p0[i]);
     }
