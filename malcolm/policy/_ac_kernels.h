@@ -76,6 +76,15 @@ static inline void mc_ac_adv_coef(const double *restrict p, const double *restri
     for (int i = 0; i < n; i++) abar += p[i] * a[i];
     for (int i = 0; i < n; i++) coef[i] = -p[i] * (a[i] - abar);
 }
+/* coef_i += ent p_i (log p_i + H): - entropy * H(pi), the thesis's entropy bonus */
+static inline void mc_ac_ent_coef(const double *restrict p, double *restrict coef, int n,
+                                  double ent) {
+    double h = 0.0;
+    for (int i = 0; i < n; i++)
+        if (p[i] > 1e-300) h -= p[i] * log(p[i]);
+    for (int i = 0; i < n; i++)
+        if (p[i] > 1e-300) coef[i] += ent * p[i] * (log(p[i]) + h);
+}
 /* coef_i += ent p_i (g_i - p . g): entropy * KL(pi || pi_safe) */
 static inline void mc_ac_kl_coef(const double *restrict p, const double *restrict g,
                                  double *restrict coef, int n, double ent) {

@@ -50,6 +50,7 @@ cdef extern from "policy/_ac_kernels.h" nogil:
     void mc_ac_adv_coef(const double* p, const double* a, double* coef, int n) noexcept nogil
     void mc_ac_kl_coef(const double* p, const double* g, double* coef, int n,
                        double ent) noexcept nogil
+    void mc_ac_ent_coef(const double* p, double* coef, int n, double ent) noexcept nogil
     void mc_ac_sparse_grad(const double* coef, const double* z, double* gb, double* gd,
                            double* gw, int n, int me) noexcept nogil
 
@@ -306,7 +307,7 @@ cdef class MalcolmPolicy(AgentState):
     cdef void _learn_window(self) noexcept nogil:
         """One TD(0) actor-critic step for the window that just ended; gradients are cached."""
         cdef int n = self.n, d = self.n_theta, i
-        cdef double vprev = 0.0, vcur = 0.0, delta, payoff, cost, tot, ts = 0.0, tm = 0.0, h
+        cdef double vprev = 0.0, vcur = 0.0, delta, payoff, cost, tot, ts = 0.0, tm = 0.0
         cdef double own_mig, own_stl, c
         cdef uint64_t now_mig, now_stl
         cdef double* G = self.G
@@ -399,13 +400,7 @@ cdef class MalcolmPolicy(AgentState):
                     mc_ac_kl_coef(p, self.g_pub + (0 if actor == 0 else n), coef, n, self.entropy)
                 elif self.entropy > 0.0:
                     # - entropy * H(pi): d/df_i = entropy * pi_i (log pi_i + H)
-                    h = 0.0
-                    for i in range(n):
-                        if p[i] > 1e-300:
-                            h -= p[i] * log(p[i])
-                    for i in range(n):
-                        if p[i] > 1e-300:
-                            coef[i] += self.entropy * p[i] * (log(p[i]) + h)
+                    mc_ac_ent_coef(p, coef, n, self.entropy)
                 if not self.sparse:
                     for i in range(n):
                         gb[i] += coef[i]
