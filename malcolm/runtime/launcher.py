@@ -142,7 +142,14 @@ class LocalRack:
 
         Returns {server: exit code}.
         """
-        timeout = self.cfg.grace_s + 10.0 if timeout is None else timeout
+        if timeout is None:
+            # Long enough for the server's own bounded stop (RackServer.stop: the gateway's
+            # join, grace + 5 s, then each worker's and the policy thread's, grace each, after
+            # up to 1 s in its main loop), so that a slow stop ends with the server's report
+            # of the threads that did not stop (exit 3), not with a SIGKILL that says nothing.
+            g = self.cfg.grace_s
+            most = max((self.cfg.servers[k].workers for k in self.procs), default=1)
+            timeout = 1.0 + g + 5.0 + (most + 1) * max(0.1, g) + 5.0
         for p in self.procs.values():
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -170,6 +177,16 @@ class LocalRack:
     def output(self, k):
         with open(self.out_path(k)) as f:
             return f.read()
+
+    def tail(self, k, lines=6):
+        """The last ``lines`` lines of server ``k``'s output, indented, for a note about how
+        it exited (a temporary ``logdir`` is gone once its caller is done)."""
+        try:
+            text = self.output(k)
+        except OSError as e:
+            return f"    server {k}: no output ({e.strerror})"
+        last = text.rstrip().splitlines()[-lines:] or ["(no output)"]
+        return "\n".join(f"    server {k}: {line}" for line in last)
 
     def __enter__(self):
         return self.up()
