@@ -1,11 +1,12 @@
 """``LocalRack.down`` waits long enough for a server's own bounded stop, so that a slow stop
-ends with the server's report of the threads that did not stop (exit 3), not a SIGKILL;
+ends with the server's report of the threads that did not stop (exit 3), not a SIGKILL, and
+asks a server that still runs for its threads' stacks before the SIGKILL;
 ``LocalRack.tail`` quotes a server's last output lines for a note about how it exited."""
 
 import subprocess
 import textwrap
 
-from malcolm.runtime.launcher import LocalRack
+from malcolm.runtime.launcher import STACKS_SIGNAL, LocalRack
 
 
 def _rack(tmp_path, grace, workers):
@@ -27,13 +28,13 @@ class _Slow:
     """A server process that is still stopping: records how long it was waited for."""
 
     def __init__(self):
-        self.waited, self.killed = [], False
+        self.waited, self.killed, self.signals = [], False, []
 
     def poll(self):
         return None
 
     def send_signal(self, sig):
-        pass
+        self.signals.append(sig)
 
     def wait(self, timeout=None):
         if self.killed:
@@ -57,6 +58,8 @@ def test_down_waits_for_the_servers_own_bounded_stop(tmp_path):
         server_stop = 1.0 + grace + 5.0 + (max(workers) + 1) * max(0.1, grace)
         assert procs[0].waited[0] > server_stop, (grace, workers, procs[0].waited)
         assert procs[0].waited[0] < server_stop + 10.0      # still bounded
+        # SIGTERM, then (still running) the request for its threads' stacks, then SIGKILL
+        assert procs[0].signals[-1] == STACKS_SIGNAL and procs[0].waited[-1] == 1.0
 
 
 def test_tail_quotes_the_last_lines(tmp_path):
@@ -66,3 +69,39 @@ def test_tail_quotes_the_last_lines(tmp_path):
     (tmp_path / "server-0.out").write_text("")
     assert rk.tail(0) == "    server 0: (no output)"
     assert rk.tail(5).startswith("    server 5: no output (")
+
+
+def test_a_server_writes_its_threads_stacks_on_the_stacks_signal(tmp_path):
+    import os
+    import time
+
+    from malcolm.net.ports import free_udp_ports
+
+    ports = free_udp_ports(2)
+    path = tmp_path / "rack.toml"
+    path.write_text(textwrap.dedent(f"""
+        [rack]
+        transport = "udp"
+        handler = "echo"
+        [policy]
+        name = "jsq"
+        [[server]]
+        address = "127.0.0.1:{ports[0]}"
+        workers = 1
+        [[server]]
+        address = "127.0.0.1:{ports[1]}"
+        workers = 1
+        """))
+    rk = LocalRack(str(path), logdir=str(tmp_path))
+    rk.up()
+    try:
+        os.kill(rk.procs[0].pid, STACKS_SIGNAL)
+        t_end = time.monotonic() + 20.0
+        while "most recent call first" not in rk.output(0) and time.monotonic() < t_end:
+            time.sleep(0.05)
+        out = rk.output(0)
+        assert "most recent call first" in out, out     # faulthandler's dump
+        assert rk.procs[0].poll() is None               # and the server runs on
+    finally:
+        codes = rk.down()
+    assert codes == {0: 0, 1: 0}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
@@ -85,7 +86,14 @@ def serve(rack_path, server_id, stats, interval, stats_json, duration, handler):
     from malcolm.commands.types import refuse_empty
     refuse_empty(rack=rack_path, stats_json=stats_json, handler=handler)
 
-    from malcolm.runtime.launcher import EXIT_ADDR_IN_USE, PDEATH_SIGNAL, die_with_launcher
+    from malcolm.runtime.launcher import (
+        EXIT_ADDR_IN_USE,
+        PDEATH_SIGNAL,
+        STACKS_SIGNAL,
+        die_with_launcher,
+    )
+    # kill -USR2: every thread's stack to stderr (the launcher asks before a SIGKILL)
+    faulthandler.register(STACKS_SIGNAL, all_threads=True)
 
     # Started by a local launcher (malcolm.runtime.launcher): first of all, ask to be told
     # when it dies, so that a SIGKILLed runner leaves no server behind holding its ports.

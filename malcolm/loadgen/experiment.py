@@ -626,7 +626,7 @@ class Experiment:
                     self.echo(f"  note: {rk.policy} rack servers exited with {bad} "
                               f"(logs in {rk.logdir})")
                     for k in bad:       # the temporary log folder goes with the demo
-                        self.echo(rk.rack.tail(k))
+                        self.echo(rk.rack.tail(k, 60))
 
     def _point(self, r, load, p, rk, rate):
         """Run ``p`` at ``load`` (repeat ``r``), again at once while flagged, at most

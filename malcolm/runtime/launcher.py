@@ -26,6 +26,9 @@ EXIT_ADDR_IN_USE = errno.EADDRINUSE
 # injector restarts servers from short-lived threads), so the server checks that its parent
 # really is gone before it stops (see commands/serve.py).
 PDEATH_SIGNAL = signal.SIGUSR1
+# Asks a server (``malcolm serve``) to write every thread's stack to its output
+# (faulthandler): sent before a SIGKILL, so that a stop that hung says where.
+STACKS_SIGNAL = signal.SIGUSR2
 _PR_SET_PDEATHSIG = 1
 
 
@@ -159,8 +162,12 @@ class LocalRack:
             try:
                 codes[k] = p.wait(max(0.1, t_end - time.monotonic()))
             except subprocess.TimeoutExpired:
-                p.kill()
-                codes[k] = p.wait(5)
+                p.send_signal(STACKS_SIGNAL)
+                try:
+                    codes[k] = p.wait(1.0)      # the dump's time (it may exit meanwhile)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    codes[k] = p.wait(5)
                 if self.cfg.transport == "shm":
                     _unlink_shm(self.cfg.servers[k].address)
         return codes
