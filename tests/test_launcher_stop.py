@@ -3,16 +3,19 @@ ends with the server's report of the threads that did not stop (exit 3), not a S
 asks a server that still runs for its threads' stacks before the SIGKILL;
 ``LocalRack.tail`` quotes a server's last output lines for a note about how it exited."""
 
+import os
 import subprocess
 import textwrap
+import time
 
+from malcolm.net.ports import free_udp_ports
 from malcolm.runtime.launcher import STACKS_SIGNAL, LocalRack
 
 
 def _rack(tmp_path, grace, workers):
     path = tmp_path / "rack.toml"
-    servers = "".join(f'\n[[server]]\naddress = "127.0.0.1:{19000 + i}"\nworkers = {w}\n'
-                      for i, w in enumerate(workers))
+    servers = "".join(f'\n[[server]]\naddress = "127.0.0.1:{port}"\nworkers = {w}\n'
+                      for port, w in zip(free_udp_ports(len(workers)), workers, strict=True))
     path.write_text(textwrap.dedent(f"""
         [rack]
         transport = "udp"
@@ -72,27 +75,7 @@ def test_tail_quotes_the_last_lines(tmp_path):
 
 
 def test_a_server_writes_its_threads_stacks_on_the_stacks_signal(tmp_path):
-    import os
-    import time
-
-    from malcolm.net.ports import free_udp_ports
-
-    ports = free_udp_ports(2)
-    path = tmp_path / "rack.toml"
-    path.write_text(textwrap.dedent(f"""
-        [rack]
-        transport = "udp"
-        handler = "echo"
-        [policy]
-        name = "jsq"
-        [[server]]
-        address = "127.0.0.1:{ports[0]}"
-        workers = 1
-        [[server]]
-        address = "127.0.0.1:{ports[1]}"
-        workers = 1
-        """))
-    rk = LocalRack(str(path), logdir=str(tmp_path))
+    rk = _rack(tmp_path, 1.0, [1, 1])
     rk.up()
     try:
         os.kill(rk.procs[0].pid, STACKS_SIGNAL)
