@@ -92,8 +92,12 @@ def serve(rack_path, server_id, stats, interval, stats_json, duration, handler):
         STACKS_SIGNAL,
         die_with_launcher,
     )
-    # kill -USR2: every thread's stack to stderr (the launcher asks before a SIGKILL)
-    faulthandler.register(STACKS_SIGNAL, all_threads=True)
+    # kill -USR2: every thread's stack to stderr (the launcher asks before a SIGKILL); not
+    # where stderr is no file (an embedding, a test's captured output): only a diagnostic
+    try:
+        faulthandler.register(STACKS_SIGNAL, file=sys.stderr.fileno(), all_threads=True)
+    except (AttributeError, OSError, ValueError):    # io.UnsupportedOperation is both
+        pass
 
     # Started by a local launcher (malcolm.runtime.launcher): first of all, ask to be told
     # when it dies, so that a SIGKILLed runner leaves no server behind holding its ports.
