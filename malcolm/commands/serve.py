@@ -6,9 +6,9 @@ import faulthandler
 import json
 import logging
 import os
+import select
 import signal
 import sys
-import threading
 import time
 
 import click
@@ -102,18 +102,29 @@ def serve(rack_path, server_id, stats, interval, stats_json, duration, handler):
     # Started by a local launcher (malcolm.runtime.launcher): first of all, ask to be told
     # when it dies, so that a SIGKILLed runner leaves no server behind holding its ports.
     parent = die_with_launcher()
-    stop = threading.Event()
+    # A handler runs in the main thread between two bytecodes, maybe while that thread is in
+    # threading.Event.wait holding the event's lock: Event.set() there deadlocked (a server
+    # that ignored SIGTERM until its SIGKILL, its stacks showed it). So a handler takes no
+    # lock: it notes why in ``got`` and writes a byte to a pipe the main loop waits on.
     got = []
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+
+    def _wake():
+        try:
+            os.write(wake_w, b"\0")
+        except OSError:                 # the pipe is full: a wake-up is pending already
+            pass
 
     def _on_signal(signum, frame):
         got.append(signal.Signals(signum).name)
-        stop.set()
+        _wake()
 
     def _on_launcher_death(signum, frame):
         # also sent when only the launcher's thread that started this server exited
         if os.getppid() != parent:
             got.append("its launcher exited")
-            stop.set()
+            _wake()
 
     # SIGHUP: a closed terminal, or the kernel waking a paused server whose launcher died
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -168,16 +179,16 @@ def serve(rack_path, server_id, stats, interval, stats_json, duration, handler):
     prev, t_prev = srv.stats(), time.monotonic()
     # Besides the kernel's signal (Linux), a server whose launcher died without stopping it
     # (SIGKILL, a crash) sees that it was re-parented within a second, and stops.
-    while not stop.is_set():
+    while not got:
         timeout = interval if parent is None else min(interval, 1.0)
         if t_end is not None:
             timeout = min(timeout, max(0.0, t_end - time.monotonic()))
-        stop.wait(timeout)
+        select.select([wake_r], [], [], timeout)    # never drained: once woken, stays
         now = time.monotonic()
         if parent is not None and os.getppid() != parent:
             got.append("its launcher exited")
             break
-        if now - t_prev < 0.999 * interval and not stop.is_set() and (
+        if now - t_prev < 0.999 * interval and not got and (
                 t_end is None or now < t_end):
             continue                    # woke early only to look at the launcher
         cur = srv.stats()
