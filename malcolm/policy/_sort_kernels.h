@@ -123,6 +123,7 @@ static inline int mc_count_below(const double *v, int k, double a) {
    pads srt so): no padding slot is below any a, NaN included. Seven fixed selects of a
    search over 64 slots, where mc_count_below's loop takes 9 instructions per step (its
    steps were most of _marginal_advantages' 2n searches per sampled window). */
+_Static_assert(MC_SORT_MAX == 64, "mc_count_below64 searches exactly 64 slots");
 static inline int mc_count_below64(const double *v, double a) {
     /* index arithmetic on the compares (SETcc): GCC compiles pointer selects here into
        branches, which mispredict on every other step (10% slower loop_s, same counts) */

@@ -27,6 +27,7 @@ from malcolm.policy.base cimport MAX_THETA, Heartbeat, Policy
 # Sane bounds on heartbeat-derived inputs (issue 13): 1000 s of queued work, 1e9 tasks in a
 # server, 1e9 tasks per second of service rate, 1e6 tasks moved between two heartbeats.
 cdef extern from "policy/_sort_kernels.h" nogil:
+    enum: MC_SORT_MAX                   # srt's slots (mc_absdev64 searches all of them)
     void mc_sort_pairs(double* key, int* idx, int k) noexcept nogil
     double mc_absdev64(const double* v, const double* pre, int k, double a) noexcept nogil
     double mc_absdev_at(const double* pre, int k, double a, int lo) noexcept nogil
@@ -103,7 +104,7 @@ cdef class AgentState(Policy):
         self.g_pub = _dalloc(2 * n)
         self.act = _dalloc(6 * n)
         self.tl = _dalloc(n)
-        self.srt = _dalloc(64)              # MC_SORT_MAX >= n slots
+        self.srt = _dalloc(MC_SORT_MAX)     # >= n slots
         self.pre = _dalloc(n + 1)
         self.fv = _dalloc(n)
         self.gdiag = _dalloc(2 * n)
@@ -152,7 +153,7 @@ cdef class AgentState(Policy):
         self.b2t = 1.0
         self.adam_steps = 0
         self.known[me] = 1        # our own load is always known (0 until observe_local)
-        for i in range(64):
+        for i in range(MC_SORT_MAX):
             self.srt[i] = INFINITY                # see _sort_loads
         for i in range(n):
             self.ord[i] = i
@@ -317,7 +318,7 @@ cdef class AgentState(Policy):
         for j in range(k):
             key[j] = key[j] * inv
             self.pos[o[j]] = j
-        for j in range(k, self.nsrt):   # slots that held loads (_alloc set all 64 to +inf)
+        for j in range(k, self.nsrt):   # slots that held loads (_alloc set all to +inf)
             key[j] = INFINITY           # for mc_absdev64: never below a load
         self.pre[0] = 0.0
         for j in range(k):
