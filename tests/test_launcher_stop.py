@@ -9,6 +9,7 @@ import textwrap
 import time
 
 from malcolm.net.ports import free_udp_ports
+from malcolm.runtime.config import stop_bound_s
 from malcolm.runtime.launcher import STACKS_SIGNAL, LocalRack
 
 
@@ -59,6 +60,7 @@ def test_down_waits_for_the_servers_own_bounded_stop(tmp_path):
         codes = rk.down()
         assert codes == {k: -9 for k in procs}
         server_stop = 1.0 + grace + 5.0 + (max(workers) + 1) * max(0.1, grace)
+        assert stop_bound_s(grace, max(workers)) == server_stop - 1.0     # the shared bound
         assert procs[0].waited[0] > server_stop, (grace, workers, procs[0].waited)
         assert procs[0].waited[0] < server_stop + 10.0      # still bounded
         # SIGTERM, then (still running) the request for its threads' stacks, then SIGKILL

@@ -637,3 +637,20 @@ def test_rack_up_stops_cleanly_on_ctrl_c(tmp_path):
             p.wait(5)
     text = out.read_text()
     assert "stopped (SIGTERM)" in text and "down: exit codes {0: 0, 1: 0}" in text
+
+
+def test_stop_is_bounded_by_stop_bound_s_and_names_a_stuck_worker(inproc):
+    # A task that outlives the grace: stop returns within the bound the launcher waits for
+    # (config.stop_bound_s) and names the worker it could not join; the task ends on its own.
+    from malcolm.runtime.config import stop_bound_s
+    r = inproc("udp", 1, handler="sleep", workers=1, capacity=8)
+    srv = r.servers[0]
+    with r.client() as c:
+        c.send(0, service_ns=1_500_000_000)
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        rep = srv.stop(grace_s=0.2)
+        took = time.monotonic() - t0
+    assert rep["unfinished"] == 1 and len(rep["stuck_threads"]) == 1, rep["stuck_threads"]
+    assert 0.2 <= took <= stop_bound_s(0.2, 1), took
+    time.sleep(1.5)         # the sleeping task's thread ends before the next test

@@ -68,6 +68,32 @@ RACK_RANGES = {
 SERVER_KEYS = {"address", "workers", "handler", "transport", "cpus"}
 
 
+# RackServer.stop's joins: the gateway's for grace_s + GATEWAY_JOIN_EXTRA_S (it answers every
+# waiting task before it exits), then each worker's and the policy thread's for
+# max(THREAD_JOIN_MIN_S, grace_s). One place, so the launcher's wait cannot drift from them.
+GATEWAY_JOIN_EXTRA_S = 5.0
+THREAD_JOIN_MIN_S = 0.1
+
+
+def stop_bound_s(grace_s: float, workers: int) -> float:
+    """The longest ``RackServer.stop`` waits for its threads, in seconds.
+
+    Parameters
+    ----------
+    grace_s : float
+        The server's ``grace_s``.
+    workers : int
+        Its worker threads (the policy thread is counted here).
+
+    Returns
+    -------
+    float
+        ``grace_s + GATEWAY_JOIN_EXTRA_S + (workers + 1) * max(THREAD_JOIN_MIN_S, grace_s)``.
+    """
+    return (grace_s + GATEWAY_JOIN_EXTRA_S
+            + (max(0, workers) + 1) * max(THREAD_JOIN_MIN_S, grace_s))
+
+
 class ConfigError(ValueError):
     """A rack file is invalid; the message names the file and the key."""
 

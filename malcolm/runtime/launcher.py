@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 
-from malcolm.runtime.config import load_rack
+from malcolm.runtime.config import load_rack, stop_bound_s
 
 # `malcolm serve` exits with this code when its address is taken (EADDRINUSE, Linux's value):
 # a launcher that chose the port itself can then pick another and retry.
@@ -146,13 +146,11 @@ class LocalRack:
         Returns {server: exit code}.
         """
         if timeout is None:
-            # Long enough for the server's own bounded stop (RackServer.stop: the gateway's
-            # join, grace + 5 s, then each worker's and the policy thread's, grace each, after
+            # Long enough for the server's own bounded stop (RackServer.stop's joins, after
             # up to 1 s in its main loop), so that a slow stop ends with the server's report
             # of the threads that did not stop (exit 3), not with a SIGKILL that says nothing.
-            g = self.cfg.grace_s
             most = max((self.cfg.servers[k].workers for k in self.procs), default=1)
-            timeout = 1.0 + g + 5.0 + (most + 1) * max(0.1, g) + 5.0
+            timeout = 1.0 + stop_bound_s(self.cfg.grace_s, most) + 5.0
         for p in self.procs.values():
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)

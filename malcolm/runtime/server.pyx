@@ -36,6 +36,7 @@ from malcolm.workers.pool cimport WorkerPool
 
 from malcolm.policy.defaults import EST_ALPHA, EST_PRIOR_SERVICE_US
 from malcolm.runtime import cpus as _cpus
+from malcolm.runtime.config import GATEWAY_JOIN_EXTRA_S, THREAD_JOIN_MIN_S
 
 log = logging.getLogger("malcolm.server")
 
@@ -200,13 +201,13 @@ cdef class Server:
         grace = self.grace_s if grace_s is None else grace_s
         self.gateway.signal_stop(grace)
         gw = self.gateway.thread
-        gw.join(grace + 5.0)
+        gw.join(grace + GATEWAY_JOIN_EXTRA_S)       # config.stop_bound_s adds these up
         unanswered = self.pool.held
         self.pool.signal_stop()
         self.policy_thread.signal_stop()
         stuck = []
         for t in self.pool.threads + [self.policy_thread.thread]:
-            t.join(max(0.1, grace))
+            t.join(max(THREAD_JOIN_MIN_S, grace))
             if t.is_alive():
                 stuck.append(t.name)
         self.running = False
