@@ -10,6 +10,8 @@ processes on an idle 2-core machine.
 ``bench/sweep.py``'s generator draws from SEED (use a seed the sweep does not: it uses 2026;
 its tuning runs 7 and 777), each with its own task count scaled by ``--tasks-mult``;
 ``--seeds`` sets the simulation seeds. ``--max-servers`` skips larger racks (they are slow).
+``--scenario RACK/WORKLOAD/LOAD/DELAY`` (repeatable) runs the racks given instead, each with
+``--tasks`` tasks.
 """
 import os
 import sys
@@ -57,7 +59,8 @@ def main(argv=None):
     ap = g.parser(__doc__, """
         python3 bench/learn_vs_frozen.py
         python3 bench/learn_vs_frozen.py --malcolm accept_lr=0.003
-        python3 bench/learn_vs_frozen.py --json -""")
+        python3 bench/learn_vs_frozen.py --json -
+        python3 bench/learn_vs_frozen.py --scenario 1x15,1x3/hyperexp2/0.95/4.7 --seeds 1,2,3""")
     ap.add_argument("--malcolm", default="",
                     help="extra parameters for Malcolm and its frozen copy, k=v,...")
     ap.add_argument("--procs", type=int, default=2, help="processes (default 2)")
@@ -71,6 +74,11 @@ def main(argv=None):
     ap.add_argument("--room", action="store_true",
                     help="also run JSQ, JBT, po2 and the ideal cFCFS: the room the frozen "
                          "start leaves (its p99 over the best of them, and over cFCFS)")
+    ap.add_argument("--scenario", action="append", default=[], metavar="RACK/WORKLOAD/LOAD/DELAY",
+                    help="a rack to run instead of the six (repeatable), e.g. "
+                         "1x12,1x4/hyperexp2/0.95/4.7 (delay in µs)")
+    ap.add_argument("--tasks", type=int, default=TASKS,
+                    help=f"tasks per run of the six racks or --scenario (default {TASKS})")
     g.add_json(ap, "every scenario's p99s")
     a = ap.parse_args(argv)
     g.json_stdout(a)
@@ -79,8 +87,22 @@ def main(argv=None):
     seeds = tuple(a.seeds)
     if a.count < 1 or a.max_servers < 2 or not a.tasks_mult > 0:
         ap.error("--count must be >= 1, --max-servers >= 2 and --tasks-mult > 0")
-    if a.draw is None:
-        scen = [(*sc, TASKS) for sc in SCENARIOS]
+    if a.tasks < 1000:
+        ap.error("--tasks must be >= 1000")
+    if a.scenario and a.draw is not None:
+        ap.error("--scenario and --draw exclude each other")
+    if a.scenario:
+        scen = []
+        for text in a.scenario:
+            parts = text.split("/")
+            try:
+                rack, wl, load, delay = parts
+                scen.append((rack, wl, float(load), float(delay), a.tasks))
+            except ValueError:
+                ap.error(f"--scenario {text!r}: expected RACK/WORKLOAD/LOAD/DELAY, "
+                         "e.g. 1x12,1x4/hyperexp2/0.95/4.7")
+    elif a.draw is None:
+        scen = [(*sc, a.tasks) for sc in SCENARIOS]
     else:
         scen = drawn(a.draw, a.count, a.max_servers, a.tasks_mult)
     extra = a.malcolm.strip().strip(",")
