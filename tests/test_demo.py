@@ -9,12 +9,11 @@ import time
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-
-def _demo_servers():
-    """PIDs of `malcolm serve` processes started from a demo rack file by a demo run in this
-    checkout (their working directory): other checkouts on a shared machine run demos too."""
+def _demo_servers(wd):
+    """PIDs of `malcolm serve` processes started from a demo rack file by a demo run in ``wd``
+    (their working directory): each test runs its demo in a folder of its own, so that a demo
+    run by hand in this checkout, or another checkout's, is neither counted nor killed."""
     out = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -25,7 +24,7 @@ def _demo_servers():
             cwd = os.readlink(f"/proc/{pid}/cwd")
         except OSError:
             continue
-        if b"serve" in cmd and b"malcolm-demo-" in cmd and cwd == ROOT:
+        if b"serve" in cmd and b"malcolm-demo-" in cmd and cwd == str(wd):
             out.append(int(pid))
     return out
 
@@ -42,7 +41,7 @@ def test_demo_quick(tmp_path):
     png, js = tmp_path / "demo.png", tmp_path / "demo.json"
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "malcolm", "demo", "--quick", "--plot", str(png),
-                        "--json", str(js)], cwd=ROOT, capture_output=True, text=True,
+                        "--json", str(js)], cwd=tmp_path, capture_output=True, text=True,
                        timeout=120)
     took = time.monotonic() - t0
     assert r.returncode == 0, r.stdout + r.stderr
@@ -74,14 +73,14 @@ def test_demo_quick(tmp_path):
     assert sum(r["migrations_per_task"] for r in data["runs"] if r["policy"] == "jsq") > 0
     assert data["lowest_at_top"] in ("malcolm", "jsq", "po2", None)    # None: all flagged
     assert took < 60
-    assert not _demo_servers()
+    assert not _demo_servers(tmp_path)
 
 
 def test_demo_compare_sim_and_json_to_stdout(tmp_path):
     """One policy, one load, against its simulator twin; JSON on stdout, text on stderr."""
     r = subprocess.run([sys.executable, "-m", "malcolm", "demo", "--quick", "--policy",
                         "jsq", "--load", "0.6", "--compare-sim", "--json", "-", "--plot",
-                        str(tmp_path / "p.png")], cwd=ROOT, capture_output=True, text=True,
+                        str(tmp_path / "p.png")], cwd=tmp_path, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     data = json.loads(r.stdout)
@@ -89,19 +88,19 @@ def test_demo_compare_sim_and_json_to_stdout(tmp_path):
     assert row["sim_p99_us"] > 0 and row["sim_ratio"] > 0
     assert row["sim"]["costs"]["service_samples"] > 0
     assert "sim p99" in r.stderr
-    assert not _demo_servers()
+    assert not _demo_servers(tmp_path)
 
 
-def test_demo_interrupted_tears_down():
+def test_demo_interrupted_tears_down(tmp_path):
     # --out and --policies: the first release's spellings, kept as hidden aliases
     p = subprocess.Popen([sys.executable, "-m", "malcolm", "demo", "--quick", "--out",
-                          os.devnull, "--policies", "jsq", "--duration", "5"], cwd=ROOT,
+                          os.devnull, "--policies", "jsq", "--duration", "5"], cwd=tmp_path,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         t_end = time.monotonic() + 40
-        while not _demo_servers() and time.monotonic() < t_end and p.poll() is None:
+        while not _demo_servers(tmp_path) and time.monotonic() < t_end and p.poll() is None:
             time.sleep(0.2)
-        servers = _demo_servers()
+        servers = _demo_servers(tmp_path)
         assert servers, "the demo never started its rack"
         time.sleep(2.0)                   # the rack is up and under load
         p.send_signal(signal.SIGINT)
@@ -112,23 +111,23 @@ def test_demo_interrupted_tears_down():
             p.wait()
     assert p.returncode == 130, out
     assert "interrupted" in out
-    assert not _demo_servers()
+    assert not _demo_servers(tmp_path)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGKILL])
-def test_demo_killed_leaves_no_servers(sig):
+def test_demo_killed_leaves_no_servers(sig, tmp_path):
     """A closed terminal (SIGHUP) stops the demo like Ctrl-C; a SIGKILL leaves the servers to
     stop themselves, the paused rack's (SIGSTOP) too: none outlives the demo."""
     p = subprocess.Popen([sys.executable, "-m", "malcolm", "demo", "--quick", "--plot",
                           os.devnull, "--policy", "jsq", "--policy", "po2", "--workers", "1,1",
-                          "--duration", "5"], cwd=ROOT, stdout=subprocess.PIPE,
+                          "--duration", "5"], cwd=tmp_path, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
     servers = []
     try:
         t_end = time.monotonic() + 40
         while len(servers) < 4 and time.monotonic() < t_end and p.poll() is None:
             time.sleep(0.2)
-            servers = _demo_servers()
+            servers = _demo_servers(tmp_path)
         assert len(servers) == 4, "the demo never started its two racks"
         # until a rack is paused (SIGSTOP) while the other one runs: the hard case
         while not any(_state(s) == "T" for s in servers) and time.monotonic() < t_end:
@@ -137,14 +136,14 @@ def test_demo_killed_leaves_no_servers(sig):
         p.send_signal(sig)
         out, _ = p.communicate(timeout=30)
         t_end = time.monotonic() + 20
-        while _demo_servers() and time.monotonic() < t_end:
+        while _demo_servers(tmp_path) and time.monotonic() < t_end:
             time.sleep(0.2)
-        left = _demo_servers()
+        left = _demo_servers(tmp_path)
     finally:
         if p.poll() is None:
             p.kill()
             p.wait()
-        for pid in _demo_servers():       # a failure here must not leave them to the next test
+        for pid in _demo_servers(tmp_path):     # a failure must not leave them to the next test
             os.kill(pid, signal.SIGKILL)
     assert not left, "servers outlived the demo"
     if sig == signal.SIGHUP:

@@ -258,6 +258,37 @@ def test_lowest_at_top_ignores_flagged_rows_and_the_control():
     assert lowest_at_top(res) is None
 
 
+def test_the_demo_verdict_names_only_separated_intervals_and_their_coverage():
+    from malcolm.commands.demo import verdict_at_top
+    from malcolm.loadgen.table import HEADER, format_row
+
+    def row(p, p99, lo, hi, cov=0.5, valid=True):
+        return {"policy": p, "load": 0.85, "p99_us": p99, "p99_ci_us": [lo, hi],
+                "ci_coverage": cov, "valid": valid}
+    res = {"rows": [row("malcolm", 390, 380, 400), row("jsq", 755, 750, 760),
+                    row("po2", 395, 390, 420), row("malcolm:learn=0", 385, 376, 392),
+                    row("jbt", 100, 90, 110, valid=False)]}
+    v = verdict_at_top(res)
+    assert v.startswith("lowest median p99 at the highest load: malcolm;")
+    assert "its interval lies below jsq's" in v
+    assert "not separated from po2, malcolm:learn=0 (intervals overlap)" in v
+    assert "coverage 50%" in v and "jbt" not in v       # a flagged row takes no part
+    res["rows"] = [row("malcolm", 390, 380, 400, cov=0.96875),
+                   row("jsq", 755, 750, 760, cov=0.96875)]
+    v = verdict_at_top(res)
+    assert "not separated" not in v and v.endswith("[interval coverage 97%]")
+    v = verdict_at_top({"rows": [row("malcolm", 390, 390, 390, cov=0.0),
+                                 row("jsq", 755, 755, 755, cov=0.0)]})
+    assert "one clean run per policy" in v and "below" not in v
+    v = verdict_at_top({"rows": [row("jsq", 1, 1, 1, valid=False)]})
+    assert v.endswith("undetermined (no clean row there)")
+    # the table prints the coverage next to the interval, never a bare "95% CI"
+    assert "95% CI" not in HEADER and " cov " in HEADER
+    r = dict(row("malcolm", 390, 380, 400), effective_load=0.85, used=2, late_fraction=0.0,
+             migrations_per_task=0.5, steals_per_task=0.1, server_util=[0.5])
+    assert "[   380,   400]  50%   2" in format_row(r)
+
+
 def test_headroom_runs_one_rung_above_the_calibrated_k():
     ladder = method.DILATION_LADDER
     assert method.with_headroom(1) == 2
