@@ -277,6 +277,8 @@ def test_the_demo_verdict_names_only_separated_intervals_and_their_coverage():
                    row("jsq", 755, 750, 760, cov=0.96875)]
     v = verdict_at_top(res)
     assert "not separated" not in v and v.endswith("[interval coverage 97%]")
+    res["rows"] = [row("malcolm", 390, 385, 400), row("malcolm:learn=0", 300, 290, 310)]
+    assert "above malcolm:learn=0, whose interval lies below its own" in verdict_at_top(res)
     v = verdict_at_top({"rows": [row("malcolm", 390, 390, 390, cov=0.0),
                                  row("jsq", 755, 755, 755, cov=0.0)]})
     assert "one clean run per policy" in v and "below" not in v

@@ -98,10 +98,12 @@ def verdict_at_top(result):
     if not any(r.get("ci_coverage", 0.0) > 0.0 for r in at.values()):
         return (f"lowest median p99 at the highest load: {best} (one clean run per policy: "
                 "no interval, so no separation is claimed; --repeat 6 gives 95% intervals)")
-    above, overlap = [], []
+    above, overlap, below = [], [], []      # below: only the control can be (it is not a candidate)
     for p, r in at.items():
         if p != best:
-            (above if r["p99_ci_us"][0] > b["p99_ci_us"][1] else overlap).append(p)
+            lo, hi = r["p99_ci_us"]
+            (above if lo > b["p99_ci_us"][1] else below if hi < b["p99_ci_us"][0]
+             else overlap).append(p)
     covs = sorted({r["ci_coverage"] for r in at.values() if r.get("ci_coverage", 0.0) > 0.0})
     cov = "/".join(f"{100 * c:.0f}%" for c in covs)
     text = f"lowest median p99 at the highest load: {best}"
@@ -109,6 +111,8 @@ def verdict_at_top(result):
         text += f"; its interval lies below {', '.join(above)}'s"
     if overlap:
         text += f"; not separated from {', '.join(overlap)} (intervals overlap)"
+    if below:
+        text += f"; above {', '.join(below)}, whose interval lies below its own"
     hint = "; 95% needs 6 clean repeats: --repeat 6" if covs[0] < 0.95 else ""
     return text + f" [interval coverage {cov}{hint}]"
 
