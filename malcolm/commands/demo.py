@@ -68,15 +68,20 @@ def plot(result, path, title):
     plt.close(fig)
 
 
+def _clean_at_top(result):
+    """{policy: row} of the rows with a clean run at the highest load of any row with a p99
+    (a flagged row takes no part in a conclusion); {} if there is none."""
+    rows = [r for r in result["rows"] if math.isfinite(r["p99_us"])]
+    if not rows:
+        return {}
+    top = max(r["load"] for r in rows)
+    return {r["policy"]: r for r in rows if r["load"] == top and r["valid"]}
+
+
 def lowest_at_top(result):
     """The policy with the lowest median p99 at the highest load, among the rows with a clean
     run (a flagged row cannot win) and without the frozen control; None if there is none."""
-    rows = [r for r in result["rows"] if math.isfinite(r["p99_us"])]
-    if not rows:
-        return None
-    top = max(r["load"] for r in rows)
-    cand = [r for r in rows if r["load"] == top and r["valid"]
-            and "learn=0" not in r["policy"]]
+    cand = [r for p, r in _clean_at_top(result).items() if "learn=0" not in p]
     return min(cand, key=lambda r: r["p99_us"])["policy"] if cand else None
 
 
@@ -91,9 +96,7 @@ def verdict_at_top(result):
     best = lowest_at_top(result)
     if best is None:
         return "lowest p99 at the highest load: undetermined (no clean row there)"
-    rows = [r for r in result["rows"] if math.isfinite(r["p99_us"]) and r["valid"]]
-    top = max(r["load"] for r in rows)
-    at = {r["policy"]: r for r in rows if r["load"] == top}
+    at = _clean_at_top(result)
     b = at[best]
     if not any(r.get("ci_coverage", 0.0) > 0.0 for r in at.values()):
         return (f"lowest median p99 at the highest load: {best} (one clean run per policy: "
