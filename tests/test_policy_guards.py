@@ -232,6 +232,50 @@ def test_runaway_own_queue_resets_the_actors():
     assert q.resets == 0
 
 
+
+def _learnt(n, me, **kw):
+    """An agent whose actors moved from the safe start (a reset has something to undo)."""
+    p = MalcolmPolicy(n, me, seed=1, batch_windows=1, actor_lr=0.5, **kw)
+    rates = rates_of([4] * n)
+    for w in range(30):
+        loads = np.arange(n, dtype=float)[::-1] * T / 4
+        feed(p, w, loads, rates)
+        hooks.sample_many(p, "arrival", 10)
+    assert p.resets == 0
+    return p
+
+
+def test_collective_runaway_resets_the_actors():
+    """Most of the rack runs away together, each queue growing with noise (a rate estimate's
+    jitter makes the load dip in some windows): the peers' mean grows with the own queue,
+    and the load is not monotone, yet the agent must still reset (it used to compare with
+    the peers' mean and ask for a rise in every window, and never fired: the thesis's
+    2x14,9x4 rack at 0.9 load and 100 µs one-way delay reached queues of 3 000 tasks)."""
+    n, me = 11, 2
+    p = _learnt(n, me, runaway_windows=10)
+    rng = np.random.default_rng(5)
+    rates = rates_of([14, 14] + [4] * 9)
+    for w in range(30, 70):
+        grow = 100.0 + 5.0 * (w - 30)
+        q = np.r_[[2.0, 2.0], grow * rng.uniform(0.9, 1.1, n - 2)]   # tasks
+        feed(p, w, q / (rates * 1.0), rates)
+    assert p.resets >= 1
+
+
+def test_high_but_steady_queue_does_not_reset():
+    """A queue far above the idlest peer's that does not grow over the span is no runaway:
+    no reset (a reset throws away what was learnt)."""
+    n, me = 11, 2
+    p = _learnt(n, me, runaway_windows=10)
+    rng = np.random.default_rng(6)
+    rates = rates_of([14, 14] + [4] * 9)
+    for w in range(30, 90):
+        q = np.r_[[2.0, 2.0], 200.0 * rng.uniform(0.95, 1.05, n - 2)]
+        q[me] = 200.0 * (1.0 - 0.001 * (w - 30))          # slowly draining
+        feed(p, w, q / rates, rates)
+    assert p.resets == 0
+
+
 # ---------------------------------------------------------------- costs
 def test_hop_cost_is_measured_from_heartbeats():
     p = MalcolmPolicy(3, 0, seed=1)

@@ -31,7 +31,7 @@ design and the reasons for the feature vector are in ``docs/policy.md``.
 import numpy as np
 
 from libc.math cimport copysign, fabs, log, sqrt
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int64_t, uint8_t, uint64_t
 from libc.string cimport memcpy, memset
 
 from malcolm._core cimport cat_publish_probs, mc_load_relaxed
@@ -168,8 +168,9 @@ cdef class MalcolmPolicy(AgentState):
         by ``trust + log n`` but never fall below it, the no-steal bias never rises above
         it) or ``trust / 4`` (weights) of their initial values. 0 disables.
     runaway_windows : int
-        An own load above 4x the peers' mean + 16 tasks and not falling for this many
-        windows resets the actors to the start (``resets``). 0 disables.
+        An own load above 4x the least loaded known peer's + 16 tasks for this many
+        windows, and higher at their end than at their start, resets the actors to the
+        start (``resets``). 0 disables.
     load_scale : float
         ns per unit of load. 0 (default): derived, 1 / mean of the reported service rates
         (the rack's mean task interval), re-derived when it moves by more than 5%.
@@ -536,32 +537,35 @@ cdef class MalcolmPolicy(AgentState):
         self.resets += 1
 
     cdef void _check_runaway(self) noexcept nogil:
-        """A runaway own queue: far above the peers' mean and not falling for
-        ``runaway_windows`` windows. Whatever the actors learnt, reset them to the safe start.
-        """
+        """A runaway own queue (far above the least loaded known peer's for ``runaway_windows``
+        windows, and higher at their end than at their start): reset the actors to the start."""
         cdef int n = self.n, j, me = self.me
         cdef int k = mc_pub_count_known(self.known, n) - <int>self.known[me]   # known peers
-        cdef double vm = 0.0, vme, sme
+        cdef double vmin = 1e300, vme, sme, t
         cdef double r = self.adv[2 * n + self.me]
         cdef const double* x = self.x
-        # the known peers' loads: x_j >= 0, and 0 while j is unknown (adds +0.0); in two
-        # loops around me, and the count apart, which then vectorizes
-        for j in range(me):
-            vm += x[j]
-        for j in range(me + 1, n):
-            vm += x[j]
+        cdef const uint8_t* kn = self.known
         if k == 0:
             return
-        vm /= k * self.load_scale
+        # the least loaded known peer: two loops around me, no branch per server
+        for j in range(me):
+            t = x[j] if kn[j] else 1e300
+            vmin = t if t < vmin else vmin
+        for j in range(me + 1, n):
+            t = x[j] if kn[j] else 1e300
+            vmin = t if t < vmin else vmin
+        vmin /= self.load_scale
         vme = self.x[self.me] / self.load_scale
         sme = 1.0 / (r * self.load_scale) if r > 0.0 else 1.0
-        if vme > 4.0 * vm + 16.0 * sme and vme >= self.runaway_last:
-            self.runaway_run += 1
-        else:
+        if not (vme > 4.0 * vmin + 16.0 * sme):
             self.runaway_run = 0
-        self.runaway_last = vme
+            return
+        if self.runaway_run == 0:
+            self.runaway_last = vme     # where this run started
+        self.runaway_run += 1
         if self.runaway_run >= self.runaway_windows:
-            self._reset_actors()
+            if vme > self.runaway_last:
+                self._reset_actors()
             self.runaway_run = 0
 
     cdef void _guard_actors(self) noexcept nogil:
