@@ -396,15 +396,18 @@ def test_gate_live_follows_the_own_queue_between_publishes():
 
 
 # ---------------------------------------------------------------- sparse actor arithmetic
-@pytest.mark.parametrize("hop,hop_weight", [(0.0, 1.0), (3000.0, 1.0), (3000.0, 0.3)])
-def test_sparse_actor_gradient_matches_numpy_reference(hop, hop_weight):
+@pytest.mark.parametrize("hop,hop_weight,hop_cap", [
+    (0.0, 1.0, 1.0), (3000.0, 1.0, 1.0), (3000.0, 0.3, 1.0),
+    (200_000.0, 1.0, 1.0), (200_000.0, 0.3, 0.5), (200_000.0, 1.0, 0.0)])
+def test_sparse_actor_gradient_matches_numpy_reference(hop, hop_weight, hop_cap):
     """Default actors: logit_i = B_i + W_ii z_i + W_i,me z_me (+ the capacity prior, masked),
     z = clip(u - mean u, +-4); the difference advantage (a migration charged hop_weight
-    hops) and the KL-to-safe-start term."""
+    hops, at most hop_cap x (s_i + s_me): the 200 µs hop is 15 units here, above every
+    s_i + s_me, so the cap binds) and the KL-to-safe-start term."""
     n, me, beta, mc = 4, 2, 0.3, 0.01
     p = MalcolmPolicy(n, me, seed=1, batch_windows=10_000, consensus_every=0, hop_ns=hop,
-                      hop_weight=hop_weight, entropy=beta, migration_cost=mc, steal_cost=mc,
-                      mask_factor=0.0)
+                      hop_weight=hop_weight, hop_cap=hop_cap, entropy=beta, migration_cost=mc,
+                      steal_cost=mc, mask_factor=0.0)
     rng = np.random.default_rng(4)
     W = rng.normal(scale=0.3, size=(n, n))
     B = rng.normal(scale=0.3, size=n)
@@ -430,7 +433,10 @@ def test_sparse_actor_gradient_matches_numpy_reference(hop, hop_weight):
     for i in range(n):
         x = v.copy()
         x[i] += s[i]
-        am[i] = -imbalance(x) - (mc + hop_weight * hop / ls if i != me else 0.0)
+        h = hop_weight * hop / ls
+        if hop_cap > 0:
+            h = min(h, hop_cap * (s[i] + s[me]))
+        am[i] = -imbalance(x) - (mc + h if i != me else 0.0)
     coef = -pim * (am - pim @ am) + beta * pim * (g_m - pim @ g_m)
     g = p.grad_cache[p.n_theta:]
     Wg = g[:n * n].reshape(n, n).T              # column-major in memory

@@ -46,6 +46,7 @@ DEFAULTS = dict(
     advantage="difference",
     hop_ns=-1.0,                # < 0: one-way delay measured from heartbeats
     hop_weight=0.3,             # the hop's weight in the actors' advantages (not the gate)
+    hop_cap=1.0,                # weighted hop <= this x (s_i + s_me) in an advantage; 0: off
     capacity_prior=True,        # migrate logits += the capacity prior (capacity shares)
     hop_gate=True,              # accept while a local task would wait no longer than a hop
     mask_factor=2.0,            # 0 disables the overload mask
@@ -142,6 +143,7 @@ def check_params(params):
     num("load_clip", 0.0, lo_open=True)
     num("hop_ns", -1.0)
     num("hop_weight", 0.0)
+    num("hop_cap", 0.0)
     num("mask_factor", 0.0)
     num("trust", 0.0)
     num("theta_bound", 0.0, lo_open=True)

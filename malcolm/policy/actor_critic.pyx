@@ -138,6 +138,10 @@ cdef class MalcolmPolicy(AgentState):
         Weight of that hop in the actors' one-decision advantages (the hop gate uses the
         full hop). A hop delays one task once; a one-task change of the imbalance lasts
         until the queues drain, so the myopic advantage weighs the hop against it too much.
+    hop_cap : float
+        The weighted hop in an advantage is at most this x (s_i + s_me), one task's load on
+        each end: a longer hop would outweigh any one decision's imbalance change, and the
+        actors would stop migrating whatever the queues. 0: no cap.
     entropy : float
         Weight of the actors' regulariser (payoff units per window): KL(pi || the safe start)
         for the sparse actors or with the capacity prior or the mask, else the entropy bonus
@@ -242,6 +246,7 @@ cdef class MalcolmPolicy(AgentState):
         self.auto_hop = cfg["hop_ns"] < 0.0
         self.hop_ns = 0.0 if self.auto_hop else cfg["hop_ns"]
         self.hop_weight = cfg["hop_weight"]
+        self.hop_cap = cfg["hop_cap"]
         self.capacity_prior = cfg["capacity_prior"]
         self.hop_gate = cfg["hop_gate"]
         self._unshared_config(cfg)
@@ -540,19 +545,13 @@ cdef class MalcolmPolicy(AgentState):
         """A runaway own queue (far above the least loaded known peer's for ``runaway_windows``
         windows, and higher at their end than at their start): reset the actors to the start."""
         cdef int n = self.n, j, me = self.me
-        cdef int k = mc_pub_count_known(self.known, n) - <int>self.known[me]   # known peers
-        cdef double vmin = 1e300, vme, sme, t
-        cdef double r = self.adv[2 * n + self.me]
+        cdef double vmin = 1e300, vme, sme, t, r = self.adv[2 * n + me]
         cdef const double* x = self.x
         cdef const uint8_t* kn = self.known
-        if k == 0:
-            return
-        # the least loaded known peer: two loops around me, no branch per server
-        for j in range(me):
-            t = x[j] if kn[j] else 1e300
-            vmin = t if t < vmin else vmin
-        for j in range(me + 1, n):
-            t = x[j] if kn[j] else 1e300
+        if mc_pub_count_known(kn, n) - <int>kn[me] == 0:
+            return                      # no known peer
+        for j in range(n):              # the least loaded known peer
+            t = x[j] if kn[j] and j != me else 1e300
             vmin = t if t < vmin else vmin
         vmin /= self.load_scale
         vme = self.x[self.me] / self.load_scale

@@ -62,6 +62,7 @@ cdef class AgentState(Policy):
     cdef readonly double weight_lr
     cdef bint weight_lr_auto     # weight_lr < 0 given: it follows actor_lr
     cdef readonly double hop_weight
+    cdef readonly double hop_cap
     cdef readonly double weight_decay
     cdef readonly double beta1
     cdef readonly double beta2

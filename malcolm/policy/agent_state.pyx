@@ -24,8 +24,6 @@ from malcolm._core cimport (
 from malcolm.policy.base cimport MAX_THETA, Heartbeat, Policy
 
 
-# Sane bounds on heartbeat-derived inputs (issue 13): 1000 s of queued work, 1e9 tasks in a
-# server, 1e9 tasks per second of service rate, 1e6 tasks moved between two heartbeats.
 cdef extern from "policy/_sort_kernels.h" nogil:
     enum: MC_SORT_MAX                   # srt's slots (mc_absdev64 searches all of them)
     void mc_sort_pairs(double* key, int* idx, int k) noexcept nogil
@@ -45,6 +43,8 @@ cdef extern from "policy/_pub_kernels.h" nogil:
     int mc_pub_count_known(const uint8_t* known, int n) noexcept nogil
 
 
+# Sane bounds on heartbeat-derived inputs (issue 13): 1000 s of queued work, 1e9 tasks in a
+# server, 1e9 tasks per second of service rate, 1e6 tasks moved between two heartbeats.
 cdef double LOAD_MAX_NS = 1e12
 cdef double QUEUE_MAX = 1e9
 cdef double RATE_MAX = 1.0
@@ -339,10 +339,10 @@ cdef class AgentState(Policy):
         cdef double* am = self.adv
         cdef double* st = self.adv + n
         cdef const double* rate = self.adv + 2 * n
-        cdef double sme, si, vi, vme, di, norm, inv = 1.0 / self.load_scale
+        cdef double sme, si, vi, vme, di, norm, inv = 1.0 / self.load_scale, fme, fme_up
         cdef double hop = self._hop_units() * self.hop_weight
+        cdef double hc = self.hop_cap if self.hop_cap > 0.0 else INFINITY
         cdef double cmig = self.migration_cost + hop, cstl = self.steal_cost + hop
-        cdef double fme, fme_up
         cdef double* fv = self.fv
         cdef const double* srt = self.srt
         cdef const double* pre = self.pre
@@ -372,10 +372,10 @@ cdef class AgentState(Policy):
             si = 1.0 / (rate[i] * self.load_scale) if rate[i] > 0.0 else 1.0
             vi = self.x[i] * inv
             if i == me:
-                di = fme_up - si - fme
-            else:
-                di = mc_absdev64(srt, pre, k, vi + si) - si - fv[self.pos[i]]
-            am[i] = -norm * di - (cmig if i != me else 0.0)
+                am[i] = -norm * (fme_up - si - fme)
+                continue
+            di = mc_absdev64(srt, pre, k, vi + si) - si - fv[self.pos[i]]
+            am[i] = -norm * di - (self.migration_cost + min(hop, hc * (si + sme)))   # hop_cap
         for i in range(n if k < n else 0):     # k < n: some server is unknown
             if not self.known[i]:
                 am[i] = am[me] - cmig      # no information: accepting, plus the cost
@@ -399,7 +399,7 @@ cdef class AgentState(Policy):
                    - (fme - fabs(vme - vi)))
             # the pair (i, me) itself
             di += fabs((vi - si) - (vme + sme)) - fabs(vi - vme)
-            st[i] = -norm * di - cstl
+            st[i] = -norm * di - (self.steal_cost + min(hop, hc * (si + sme)))
 
     cdef void _fold_gdiag(self, double* g, bint clear) noexcept nogil:
         """g (flat like ``G``) += the sparse actors' diagonal gradients held in ``gdiag``,
