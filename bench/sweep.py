@@ -1,7 +1,8 @@
 """Robustness sweep of the learning policy (issue 12, item 6): random racks, workloads, loads.
 
 Draws ``--scenarios`` scenarios from a fixed ``--seed`` (2-64 servers, 1-16 workers each,
-capacity skew up to 16:1, every thesis workload, loads 0.3-0.95, one-way delays 2-10 µs) and
+capacity skew up to 16:1, every thesis workload, loads 0.3-0.95, one-way delays 2-10 µs;
+``--loads`` and ``--delays`` change those two ranges) and
 simulates each with every policy of ``POLICIES``: default Malcolm, the same Malcolm frozen at
 its initial policy (``learn=0``), JSQ, JBT, client power-of-2, and the ideal centralized FCFS
 (a reference, not deployable). It reports, per policy,
@@ -27,6 +28,7 @@ metadata::
 
 from __future__ import annotations
 
+import argparse
 import csv
 import math
 import os
@@ -50,8 +52,11 @@ DEPLOYABLE = ("malcolm", "frozen", "jsq", "jbt", "po2")
 BASELINES = ("jsq", "jbt", "po2")
 
 
-def draw_scenarios(count, seed, quick=False):
-    """``count`` scenarios drawn from ``seed``: a list of dicts (simulate() arguments + id)."""
+def draw_scenarios(count, seed, quick=False, loads=(0.3, 0.95), delays=(2.0, 10.0)):
+    """``count`` scenarios drawn from ``seed``: a list of dicts (simulate() arguments + id).
+
+    ``loads`` and ``delays`` (one-way, µs) are the uniform draws' ranges; the defaults are the
+    issue's, and other ranges reuse the same racks and workloads (the same draws in order)."""
     rng = np.random.default_rng([seed, 0x5EE9])
     out = []
     for i in range(count):
@@ -73,8 +78,8 @@ def draw_scenarios(count, seed, quick=False):
         rack = ",".join(f"1x{w}" for w in workers)
         wl = WORKLOADS[int(rng.integers(0, len(WORKLOADS)))] if not quick else \
             WORKLOADS[i % len(WORKLOADS)]
-        load = float(round(rng.uniform(0.3, 0.95), 3))
-        delay = float(round(rng.uniform(2.0, 10.0), 2))
+        load = float(round(rng.uniform(loads[0], loads[1]), 3))
+        delay = float(round(rng.uniform(delays[0], delays[1]), 2))
         # enough tasks for a stable p99 and ~0.2 s or more of learning at the heavier workloads
         cap_w = sum(workers)
         tasks = int(min(400_000, max(80_000, 6_000 * cap_w))) if not quick else 20_000
@@ -133,6 +138,15 @@ def summarize(scen, res):
     return summ
 
 
+def _range(text):
+    """'LO,HI' -> (LO, HI) floats (argparse type)."""
+    try:
+        lo, hi = (float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected LO,HI (two numbers)") from None
+    return lo, hi
+
+
 def main(argv=None):
     ap = g.parser(__doc__, """
         python3 bench/sweep.py --quick
@@ -150,6 +164,11 @@ def main(argv=None):
     ap.add_argument("--malcolm", default="",
                     help="extra parameters for Malcolm (and its frozen copy), k=v,...")
     ap.add_argument("--tasks-mult", type=float, default=1.0, help="scale every task count")
+    ap.add_argument("--loads", type=_range, default=(0.3, 0.95), metavar="LO,HI",
+                    help="range of the drawn loads (default 0.3,0.95)")
+    ap.add_argument("--delays", type=_range, default=(2.0, 10.0), metavar="LO,HI",
+                    help="range of the drawn one-way delays, µs (default 2,10): beyond the "
+                         "issue's range with the same racks and workloads")
     ap.add_argument("--hetero-seeds", type=int, default=1,
                     help="simulation seeds for Malcolm and frozen on heterogeneous racks; the "
                          "learnt-vs-frozen comparison uses the median p99 over them")
@@ -157,7 +176,9 @@ def main(argv=None):
     g.json_stdout(a)
     if a.scenarios < 1 or a.procs < 1:
         ap.error("--scenarios and --procs must be >= 1")
-    scen = draw_scenarios(6 if a.quick else a.scenarios, a.seed, a.quick)
+    if not (0.0 < a.loads[0] <= a.loads[1] <= 2.0) or not (0.0 <= a.delays[0] <= a.delays[1]):
+        ap.error("--loads needs 0 < LO <= HI <= 2 and --delays 0 <= LO <= HI")
+    scen = draw_scenarios(6 if a.quick else a.scenarios, a.seed, a.quick, a.loads, a.delays)
     for sc in scen:
         sc["tasks"] = int(sc["tasks"] * a.tasks_mult)
     extra = a.malcolm.strip().strip(",")
@@ -198,8 +219,11 @@ def write_outputs(a, scen, res, wall):
                         *[f"{r[k]['p99_us']:.1f}" for k, _ in POLICIES],
                         *[f"{r[k]['p50_us']:.1f}" for k, _ in POLICIES],
                         f"{r['malcolm']['migrations'] / max(1, r['malcolm']['generated']):.3f}"])
-    lines = [f"Sweep: {len(scen)} scenarios from seed {a.seed}, simulation seed {a.sim_seed}"
-             f"{' (--quick)' if a.quick else ''}; {wall:.0f} s wall with {a.procs} processes.",
+    ranges = "" if (tuple(a.loads), tuple(a.delays)) == ((0.3, 0.95), (2.0, 10.0)) else \
+        f", loads {a.loads[0]:g}-{a.loads[1]:g}, delays {a.delays[0]:g}-{a.delays[1]:g} µs"
+    lines = [f"Sweep: {len(scen)} scenarios from seed {a.seed}{ranges}, simulation seed "
+             f"{a.sim_seed}{' (--quick)' if a.quick else ''}; {wall:.0f} s wall with "
+             f"{a.procs} processes.",
              "",
              "| policy | best or within 5% | p99 within 2x cFCFS | worst p99 / best of "
              "JSQ, JBT, po2 |",

@@ -37,3 +37,12 @@ def test_scenarios_are_fixed_by_the_seed_and_cover_the_ranges():
     assert max(s["skew"] for s in a) <= 16 and any(s["skew"] > 1 for s in a)
     assert {s["workload"] for s in a} == set(sweep.WORKLOADS)
     assert all(0.3 <= s["load"] <= 0.95 and 2 <= s["delay_us"] <= 10 for s in a)
+
+
+def test_draw_ranges_keep_racks_and_workloads():
+    """--loads/--delays redraw only those two: the same racks and workloads, in range."""
+    a = sweep.draw_scenarios(20, 2026)
+    b = sweep.draw_scenarios(20, 2026, loads=(0.8, 0.95), delays=(20.0, 150.0))
+    assert [(s["rack"], s["workload"]) for s in a] == [(s["rack"], s["workload"]) for s in b]
+    assert all(0.8 <= s["load"] <= 0.95 and 20.0 <= s["delay_us"] <= 150.0 for s in b)
+    assert a == sweep.draw_scenarios(20, 2026, loads=(0.3, 0.95), delays=(2.0, 10.0))
