@@ -2,7 +2,7 @@
 
 Draws ``--scenarios`` scenarios from a fixed ``--seed`` (2-64 servers, 1-16 workers each,
 capacity skew up to 16:1, every thesis workload, loads 0.3-0.95, one-way delays 2-10 µs;
-``--loads`` and ``--delays`` change those two ranges) and
+``--load-range`` and ``--delay-range`` change those two ranges) and
 simulates each with every policy of ``POLICIES``: default Malcolm, the same Malcolm frozen at
 its initial policy (``learn=0``), JSQ, JBT, client power-of-2, and the ideal centralized FCFS
 (a reference, not deployable). It reports, per policy,
@@ -164,9 +164,11 @@ def main(argv=None):
     ap.add_argument("--malcolm", default="",
                     help="extra parameters for Malcolm (and its frozen copy), k=v,...")
     ap.add_argument("--tasks-mult", type=float, default=1.0, help="scale every task count")
-    ap.add_argument("--loads", type=_range, default=(0.3, 0.95), metavar="LO,HI",
+    ap.add_argument("--load-range", dest="loads", type=_range, default=(0.3, 0.95),
+                    metavar="LO,HI",
                     help="range of the drawn loads (default 0.3,0.95)")
-    ap.add_argument("--delays", type=_range, default=(2.0, 10.0), metavar="LO,HI",
+    ap.add_argument("--delay-range", dest="delays", type=_range, default=(2.0, 10.0),
+                    metavar="LO,HI",
                     help="range of the drawn one-way delays, µs (default 2,10): beyond the "
                          "issue's range with the same racks and workloads")
     ap.add_argument("--hetero-seeds", type=int, default=1,
@@ -177,7 +179,7 @@ def main(argv=None):
     if a.scenarios < 1 or a.procs < 1:
         ap.error("--scenarios and --procs must be >= 1")
     if not (0.0 < a.loads[0] <= a.loads[1] <= 2.0) or not (0.0 <= a.delays[0] <= a.delays[1]):
-        ap.error("--loads needs 0 < LO <= HI <= 2 and --delays 0 <= LO <= HI")
+        ap.error("--load-range needs 0 < LO <= HI <= 2 and --delay-range 0 <= LO <= HI")
     scen = draw_scenarios(6 if a.quick else a.scenarios, a.seed, a.quick, a.loads, a.delays)
     for sc in scen:
         sc["tasks"] = int(sc["tasks"] * a.tasks_mult)

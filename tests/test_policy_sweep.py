@@ -40,7 +40,7 @@ def test_scenarios_are_fixed_by_the_seed_and_cover_the_ranges():
 
 
 def test_draw_ranges_keep_racks_and_workloads():
-    """--loads/--delays redraw only those two: the same racks and workloads, in range."""
+    """--load-range/--delay-range redraw only those two: the same racks and workloads, in range."""
     a = sweep.draw_scenarios(20, 2026)
     b = sweep.draw_scenarios(20, 2026, loads=(0.8, 0.95), delays=(20.0, 150.0))
     assert [(s["rack"], s["workload"]) for s in a] == [(s["rack"], s["workload"]) for s in b]
