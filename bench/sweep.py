@@ -28,7 +28,6 @@ metadata::
 
 from __future__ import annotations
 
-import argparse
 import csv
 import math
 import os
@@ -50,9 +49,13 @@ POLICIES = (("malcolm", "malcolm"), ("frozen", "malcolm:learn=0"), ("jsq", "jsq"
             ("jbt", "jbt"), ("po2", "po2"), ("cfcfs", "cfcfs"))
 DEPLOYABLE = ("malcolm", "frozen", "jsq", "jbt", "po2")
 BASELINES = ("jsq", "jbt", "po2")
+# The issue's ranges of the drawn loads and one-way delays (µs): the defaults of
+# draw_scenarios and of --load-range / --delay-range
+LOAD_RANGE = (0.3, 0.95)
+DELAY_RANGE = (2.0, 10.0)
 
 
-def draw_scenarios(count, seed, quick=False, loads=(0.3, 0.95), delays=(2.0, 10.0)):
+def draw_scenarios(count, seed, quick=False, loads=LOAD_RANGE, delays=DELAY_RANGE):
     """``count`` scenarios drawn from ``seed``: a list of dicts (simulate() arguments + id).
 
     ``loads`` and ``delays`` (one-way, µs) are the uniform draws' ranges; the defaults are the
@@ -138,15 +141,6 @@ def summarize(scen, res):
     return summ
 
 
-def _range(text):
-    """'LO,HI' -> (LO, HI) floats (argparse type)."""
-    try:
-        lo, hi = (float(v) for v in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected LO,HI (two numbers)") from None
-    return lo, hi
-
-
 def main(argv=None):
     ap = g.parser(__doc__, """
         python3 bench/sweep.py --quick
@@ -164,11 +158,11 @@ def main(argv=None):
     ap.add_argument("--malcolm", default="",
                     help="extra parameters for Malcolm (and its frozen copy), k=v,...")
     ap.add_argument("--tasks-mult", type=float, default=1.0, help="scale every task count")
-    ap.add_argument("--load-range", dest="loads", type=_range, default=(0.3, 0.95),
-                    metavar="LO,HI",
+    ap.add_argument("--load-range", dest="loads", type=g.numbers(float), metavar="LO,HI",
+                    default=",".join(map(str, LOAD_RANGE)),
                     help="range of the drawn loads (default 0.3,0.95)")
-    ap.add_argument("--delay-range", dest="delays", type=_range, default=(2.0, 10.0),
-                    metavar="LO,HI",
+    ap.add_argument("--delay-range", dest="delays", type=g.numbers(float), metavar="LO,HI",
+                    default=",".join(map(str, DELAY_RANGE)),
                     help="range of the drawn one-way delays, µs (default 2,10): beyond the "
                          "issue's range with the same racks and workloads")
     ap.add_argument("--hetero-seeds", type=int, default=1,
@@ -178,8 +172,10 @@ def main(argv=None):
     g.json_stdout(a)
     if a.scenarios < 1 or a.procs < 1:
         ap.error("--scenarios and --procs must be >= 1")
-    if not (0.0 < a.loads[0] <= a.loads[1] <= 2.0) or not (0.0 <= a.delays[0] <= a.delays[1]):
-        ap.error("--load-range needs 0 < LO <= HI <= 2 and --delay-range 0 <= LO <= HI")
+    if len(a.loads) != 2 or len(a.delays) != 2 or not (0.0 < a.loads[0] <= a.loads[1] <= 2.0) \
+            or not (0.0 <= a.delays[0] <= a.delays[1]):
+        ap.error("--load-range needs LO,HI with 0 < LO <= HI <= 2, and --delay-range LO,HI "
+                 "with 0 <= LO <= HI")
     scen = draw_scenarios(6 if a.quick else a.scenarios, a.seed, a.quick, a.loads, a.delays)
     for sc in scen:
         sc["tasks"] = int(sc["tasks"] * a.tasks_mult)
@@ -221,7 +217,7 @@ def write_outputs(a, scen, res, wall):
                         *[f"{r[k]['p99_us']:.1f}" for k, _ in POLICIES],
                         *[f"{r[k]['p50_us']:.1f}" for k, _ in POLICIES],
                         f"{r['malcolm']['migrations'] / max(1, r['malcolm']['generated']):.3f}"])
-    ranges = "" if (tuple(a.loads), tuple(a.delays)) == ((0.3, 0.95), (2.0, 10.0)) else \
+    ranges = "" if (tuple(a.loads), tuple(a.delays)) == (LOAD_RANGE, DELAY_RANGE) else \
         f", loads {a.loads[0]:g}-{a.loads[1]:g}, delays {a.delays[0]:g}-{a.delays[1]:g} µs"
     lines = [f"Sweep: {len(scen)} scenarios from seed {a.seed}{ranges}, simulation seed "
              f"{a.sim_seed}{' (--quick)' if a.quick else ''}; {wall:.0f} s wall with "
