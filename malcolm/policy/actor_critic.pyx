@@ -59,7 +59,6 @@ cdef extern from "policy/_select.h" nogil:
 
 cdef extern from "policy/_pub_kernels.h" nogil:
     int mc_pub_softmax_w(const double* g, const double* w, double* p, int n) noexcept nogil
-    int mc_pub_count_known(const unsigned char* known, int n) noexcept nogil
 
 
 from malcolm.policy.ac_params import DEFAULTS, THESIS, check_params
@@ -548,11 +547,11 @@ cdef class MalcolmPolicy(AgentState):
         cdef double vmin = 1e300, vme, sme, t, r = self.adv[2 * n + me]
         cdef const double* x = self.x
         cdef const uint8_t* kn = self.known
-        if mc_pub_count_known(kn, n) - <int>kn[me] == 0:
-            return                      # no known peer
-        for j in range(n):              # the least loaded known peer
+        for j in range(n):              # the least loaded known peer (loads <= LOAD_MAX_NS)
             t = x[j] if kn[j] and j != me else 1e300
             vmin = t if t < vmin else vmin
+        if vmin == 1e300:
+            return                      # no known peer
         vmin /= self.load_scale
         vme = self.x[self.me] / self.load_scale
         sme = 1.0 / (r * self.load_scale) if r > 0.0 else 1.0
