@@ -182,3 +182,25 @@ cdef inline int cat_sample(Categorical* c, Rng* r) noexcept nogil:
         mc_assert(0 <= idx < t.n)
         if cat_read_valid(t, s):
             return idx
+
+
+cdef inline int cat_sample_except(Categorical* c, Rng* r, int skip) noexcept nogil:
+    """Draw an outcome other than ``skip`` from the published distribution renormalised
+    without it (``skip`` itself only when it holds all the mass); one uniform, one scan."""
+    cdef double u = rng_uniform(r), lo, w, v
+    cdef uint64_t s
+    cdef CdfTable* t
+    cdef int idx
+    while True:
+        t = cat_read_begin(c, &s)
+        lo = t.cdf[skip - 1] if skip > 0 else 0.0
+        w = t.cdf[skip] - lo
+        if w < 1.0:
+            # v uniform on [0, 1 - w), then stepped over skip's interval [lo, lo + w)
+            v = u * (1.0 - w)
+            idx = cdf_search(t.cdf, t.npad, v + (w if v >= lo else 0.0))
+        else:
+            idx = skip
+        mc_assert(0 <= idx < t.n)
+        if cat_read_valid(t, s):
+            return idx

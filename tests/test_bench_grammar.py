@@ -20,7 +20,8 @@ SCRIPTS = sorted(
     + [os.path.join(ROOT, "bench", n) for n in ("sweep.py", "faults.py", "torch_compare.py",
                                                "handler_accuracy.py", "fuzz_wire.py",
                                                "learn_vs_frozen.py", "longrun.py",
-                                               "gate_activity.py", "room_bound.py")])
+                                               "gate_activity.py", "room_bound.py",
+                                               "tiny_racks.py")])
 
 
 def _run(*args, cwd=ROOT, timeout=120):

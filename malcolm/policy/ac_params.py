@@ -51,6 +51,9 @@ DEFAULTS = dict(
     hop_gate=True,              # accept while a local task would wait no longer than a hop
     mask_factor=2.0,            # 0 disables the overload mask
     gate_live=True,             # the hop gate follows the own queue between publishes
+    shed=-1.0,                  # >= 0: send an arrival away while keeping waits this many
+    #                             own task times longer than a hop plus a peer's wait (off)
+    steal_idle=False,           # steal only while a stolen task would wait at most a hop
     trust=8.0,                  # 0 disables the trust region around the initial actors
     runaway_windows=20,         # 0 disables the runaway reset
     theta_bound=1000.0,         # peers' critics with a larger norm are refused
@@ -144,6 +147,7 @@ def check_params(params):
     num("hop_ns", -1.0)
     num("hop_weight", 0.0)
     num("hop_cap", 0.0)
+    num("shed")
     num("mask_factor", 0.0)
     num("trust", 0.0)
     num("theta_bound", 0.0, lo_open=True)
@@ -158,6 +162,7 @@ def check_params(params):
     cfg["capacity_prior"] = _as_bool("capacity_prior", cfg["capacity_prior"])
     cfg["hop_gate"] = _as_bool("hop_gate", cfg["hop_gate"])
     cfg["gate_live"] = _as_bool("gate_live", cfg["gate_live"])
+    cfg["steal_idle"] = _as_bool("steal_idle", cfg["steal_idle"])
     return cfg
 
 

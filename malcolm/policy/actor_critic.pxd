@@ -1,13 +1,14 @@
 # cython: language_level=3
 """Malcolm's learning policy: a decentralized linear actor-critic with consensus.
 
-See ``actor_critic.pyx`` for the algorithm, ``agent_state.pxd`` for the agent's state and
+See ``actor_critic.pyx`` for the algorithm, ``agent_state.pxd`` for the agent's state,
+``gateway_rules.pyx`` for the gateway's decisions and
 ``docs/policy.md`` for the design.
 """
-from malcolm.policy.agent_state cimport AgentState
+from malcolm.policy.gateway_rules cimport GatewayRules
 
 
-cdef class MalcolmPolicy(AgentState):
+cdef class MalcolmPolicy(GatewayRules):
     cdef readonly double lr_boost    # the actors' step x up to this where gradients agree
     cdef readonly double weight_boost    # the same for the sparse load weights; < 1: lr_boost
     cdef void _learn_window(self) noexcept nogil

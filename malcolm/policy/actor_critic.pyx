@@ -17,9 +17,8 @@ One agent runs on each server. It has
 Everything an agent knows about its peers arrives in heartbeats: their loads, cumulative
 migration/steal counts and critic parameters. A lost heartbeat only leaves a stale value.
 
-Threads: ``decide_*`` run on the gateway thread and touch only the published tables, the
-gateway's ``Rng`` and the gateway-owned per-outcome decision counters; all other methods run
-on the policy thread. The driver (simulator or runtime) owns ``Policy.migrations`` and
+Threads: everything here runs on the policy thread; the gateway thread's ``decide_*`` are in
+``gateway_rules.pyx``. The driver (simulator or runtime) owns ``Policy.migrations`` and
 ``Policy.steals``: the tasks that actually moved, which the heartbeats report and the payoff
 charges for.
 
@@ -35,7 +34,8 @@ from libc.stdint cimport int64_t, uint8_t, uint64_t
 from libc.string cimport memcpy, memset
 
 from malcolm._core cimport cat_publish_probs, mc_load_relaxed
-from malcolm.policy.agent_state cimport ZCLIP, AgentState
+from malcolm.policy.agent_state cimport ZCLIP
+from malcolm.policy.gateway_rules cimport GatewayRules
 from malcolm.policy.base cimport MAX_THETA, Policy
 
 cdef extern from "policy/_ac_kernels.h" nogil:
@@ -75,7 +75,7 @@ cdef object _copy(const double* p, int count):
     return out
 
 
-cdef class MalcolmPolicy(AgentState):
+cdef class MalcolmPolicy(GatewayRules):
     """Malcolm's decentralized actor-critic agent for server ``me`` of an ``n``-server rack.
 
     The defaults are the guarded policy of docs/policy.md ("The default policy");
@@ -114,9 +114,8 @@ cdef class MalcolmPolicy(AgentState):
         AdamW learning rates of the critic, the actors, and (sparse actors) the own
         outcome's bias and weight (accept / do not steal; 0 by default, see ``gate_live``).
     weight_lr : float
-        Sparse actors: AdamW learning rate of the load weights (W_jj, W_j,me for j != me),
-        the only state-dependent part of the actors. < 0 (default): ``actor_lr`` (the full
-        actors always use ``actor_lr``).
+        Sparse actors: the AdamW rate of the load weights (W_jj, W_j,me, j != me), their only
+        state-dependent part; < 0 (default): ``actor_lr``, which the full actors always use.
     lr_boost, weight_boost : float
         The actors' AdamW step times 1 + (lr_boost - 1) min(1, d^2)^2, d Adam's per-parameter
         direction m^ / sqrt(v^): up to lr_boost times where recent gradients agree, 1 +
@@ -128,8 +127,7 @@ cdef class MalcolmPolicy(AgentState):
     weight_decay, beta1, beta2, eps : float
         AdamW's decoupled weight decay and moment parameters.
     migration_cost, steal_cost : float
-        Cost C(a) of one migration / one steal, in units of ``load_scale``, on top of one
-        hop (``hop_ns``).
+        Cost C(a) of one migration / one steal in ``load_scale`` units, on top of one hop.
     hop_ns : float
         One hop's latency in ns, charged per migration and steal; < 0 (default): the EWMA of
         the heartbeats' one-way delays (values outside [0, 10 windows] are ignored).
@@ -159,10 +157,15 @@ cdef class MalcolmPolicy(AgentState):
         the start routes every server its capacity share (see ``__init__``).
     hop_gate : bool
         Accept outright the arrivals that would wait here no longer than one hop, the least
-        a migration costs (see ``AgentState._gate_accept``). Default True.
+        a migration costs (see ``GatewayRules._gate_accept``). Default True.
     gate_live : bool
         The hop gate follows the own queue between publishes, state the agents do not share
-        (default True, with ``hop_gate``; ``AgentState._decide_live``; docs/policy.md).
+        (default True, with ``hop_gate``; ``GatewayRules._decide_live``; docs/policy.md).
+    shed : float
+        Live gate only: send an arrival away while keeping it waits ``shed`` task times more
+        than a hop + the peers' load (< 0, the default: off; ``GatewayRules``).
+    steal_idle : bool
+        Live gate only: steal only into an open gate (default False; ``GatewayRules``).
     mask_factor : float
         Never migrate to a peer whose load is above ours and above ``mask_factor`` times the
         rack's mean plus one task; never steal from a peer not busier than us. 0 disables.

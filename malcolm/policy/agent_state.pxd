@@ -162,6 +162,12 @@ cdef class AgentState(Policy):
     cdef readonly bint gate_live       # gate: K (signed) + completions - accepts since publish
     cdef bint live                       # gate_live and hop_gate: the gateway runs it
     cdef int64_t gate_done               # completions seen since the publish (gateway-owned)
+    # the shed rule and idle-only steals (gate_live only; both off by default): the policy
+    # publishes the threshold T, the gateway sends an arrival away while the budget is <= T
+    cdef readonly double shed            # its margin, in own task times (< 0: off)
+    cdef uint64_t shed_pub               # T as a signed 32-bit number in the low half
+    cdef readonly uint64_t shed_count    # arrivals the rule sent to a peer (gateway)
+    cdef readonly bint steal_idle        # steal only while the budget is >= 1
 
     # decisions taken by the gateway: cumulative counts per outcome (gateway writes only)
     cdef uint64_t* cnt_mig
@@ -203,9 +209,6 @@ cdef class AgentState(Policy):
     cdef void _rescale(self) noexcept nogil
     cdef double _hop_units(self) noexcept nogil
     cdef void _decisions_counted(self) noexcept nogil
-    cdef void _gate_accept(self) noexcept nogil
-    cdef int _decide_live(self, uint64_t g) noexcept nogil
-    cdef int _unshared_config(self, dict cfg) except -1
     cdef void _learned_logits(self) noexcept nogil
     cdef void _tilt_logits(self) noexcept nogil
     cdef void _migrate_weights(self, double* w) noexcept nogil

@@ -5,21 +5,21 @@
 distributions) and everything the agent learns about its rack: its own load, the heartbeats'
 loads, rates, counts and critics (with their sanity clamps), the sorted loads and what is
 derived from them in O(n) or O(log n): the critic's features and the one-decision
-advantages. How the agent learns, agrees with its peers, guards itself and publishes is in
-``actor_critic.pyx``; ``MalcolmPolicy`` is the only subclass.
+advantages. The gateway's decisions (``decide_*``: the gate and the other rules from the own
+queue) are in ``gateway_rules.pyx``; how the agent learns, agrees with its peers, guards
+itself and publishes is in ``actor_critic.pyx``. ``GatewayRules`` is the only subclass.
 
-Threads: ``decide_*`` run on the gateway thread and touch only the published tables, the
-gateway's ``Rng`` and the gateway-owned per-outcome decision counters; all other methods run
-on the policy thread.
+Threads: everything here runs on the policy thread, except the fields the gateway owns
+(``gateway_rules.pyx`` says which).
 """
-from libc.math cimport INFINITY, fabs, floor, log, sqrt
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.math cimport INFINITY, fabs, log, sqrt
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free
 from libc.string cimport memcpy, memset
 
 from malcolm._core cimport (
-    cat_free, cat_init, cat_sample, cat_set_inputs, cat_set_params, cat_update,
-    mc_aligned_alloc, mc_load_relaxed, mc_store_relaxed,
+    cat_free, cat_init, cat_set_inputs, cat_set_params, cat_update, mc_aligned_alloc,
+    mc_load_relaxed,
 )
 from malcolm.policy.base cimport MAX_THETA, Heartbeat, Policy
 
@@ -50,7 +50,6 @@ cdef double QUEUE_MAX = 1e9
 cdef double RATE_MAX = 1.0
 cdef enum:
     COUNT_JUMP_MAX = 1000000    # a constant (not a global): an immediate in observe_peer
-cdef uint64_t LOW32 = (<uint64_t>1 << 32) - 1      # the hop gate's budget field
 
 
 cdef inline double _store_load(AgentState s, int j, double load) noexcept nogil:
@@ -209,64 +208,6 @@ cdef class AgentState(Policy):
         self.peers = NULL
         self.cnt_mig = self.cnt_stl = self.seen_mig = self.seen_stl = NULL
 
-    # ------------------------------------------------------------ gateway thread (hot path)
-    cdef int decide_arrival(self, int64_t now, int task_type) noexcept nogil:
-        cdef uint64_t g = mc_load_relaxed(&self.gate_pub)
-        cdef uint32_t k = <uint32_t>g       # the low half: the budget; 0 while closed
-        cdef int a
-        if self.live:
-            return self._decide_live(g)
-        if k:
-            # the hop gate's budget for this window (see _gate_accept): gateway-owned counts
-            if g >> 32 != self.gate_epoch:
-                self.gate_epoch = g >> 32
-                self.gate_used = 0
-            if self.gate_used < k:
-                self.gate_used += 1
-                mc_store_relaxed(&self.gated, self.gated + 1)
-                return self.me
-        a = cat_sample(&self.mig, &self.rng)
-        mc_store_relaxed(&self.cnt_mig[a], self.cnt_mig[a] + 1)
-        return a
-
-    cdef int _decide_live(self, uint64_t g) noexcept nogil:
-        """``gate_live``: the gate's budget from the own queue now, not at the publish.
-
-        The publish carries K = c - q + h r as a signed 32-bit number (q the tasks here at the
-        publish); since then this gateway kept ``gate_used`` arrivals and saw ``gate_done``
-        completions (``decide_steal`` is called after each), so the next arrival finds
-        q' = q + used - done tasks and waits no longer than a hop while K + done - used >= 1.
-        Migrations in and steals are still not counted (no gateway call sees them).
-        """
-        cdef int a
-        cdef int64_t k = <int64_t>(<int32_t>(g & LOW32))
-        if g >> 32 != self.gate_epoch:
-            self.gate_epoch = g >> 32
-            self.gate_used = 0
-            self.gate_done = 0
-        if k + self.gate_done - <int64_t>self.gate_used >= 1:
-            self.gate_used += 1
-            mc_store_relaxed(&self.gated, self.gated + 1)
-            return self.me
-        a = cat_sample(&self.mig, &self.rng)
-        mc_store_relaxed(&self.cnt_mig[a], self.cnt_mig[a] + 1)
-        self.gate_used += a == self.me      # branch-free: the outcome is random
-        return a
-
-    cdef int decide_steal(self, int64_t now) noexcept nogil:
-        cdef int a = cat_sample(&self.stl, &self.rng)
-        cdef uint64_t g
-        if self.live:
-            # a completion: one task fewer here (see _decide_live)
-            g = mc_load_relaxed(&self.gate_pub)
-            if g >> 32 != self.gate_epoch:
-                self.gate_epoch = g >> 32
-                self.gate_used = 0
-                self.gate_done = 0
-            self.gate_done += 1
-        mc_store_relaxed(&self.cnt_stl[a], self.cnt_stl[a] + 1)
-        return -1 if a == self.me else a
-
     # ------------------------------------------------------------ policy thread
     cdef void _actor_inputs(self, double* z) noexcept nogil:
         """The actors' current input vector.
@@ -419,69 +360,6 @@ cdef class AgentState(Policy):
         for j in range(self.n):
             self.seen_mig[j] = mc_load_relaxed(&self.cnt_mig[j])
             self.seen_stl[j] = mc_load_relaxed(&self.cnt_stl[j])
-
-    cdef void _gate_accept(self) noexcept nogil:
-        """The hop gate: publish K, the arrivals to accept outright until the next publish.
-
-        A migrated task pays at least one hop h (``hop_est``) before it can start anywhere.
-        Here, with c workers (``n_workers``, set by the driver), q tasks in the server and
-        service rate r (the sum over the workers), the j-th arrival after the publish finds
-        q + j - 1 tasks ahead: it starts at once while a worker is idle (q + j <= c), and
-        otherwise waits for q + j - c departures, (q + j - c) / r. That is the expected wait
-        of M/M/c (exponential service: each departure from a full server takes 1 / r on
-        average, whatever the elapsed service), and it ignores the departures during the
-        window, which only shorten the later waits; so it is an upper bound of the expected
-        wait for exponential service, and an estimate for others (the tasks in service have
-        their own residual times). With one worker it is x_me = q / r for the first arrival,
-        the rule before workers were counted. So the first K = c - q + h r arrivals are no
-        worse off accepted, whatever the peers' state, and the gate opens while the first
-        one's wait is within a hop (K >= 1). ``decide_arrival`` accepts them without
-        sampling (K rounded down, the fraction carried to the next window while the gate
-        stays open, so that the budget is K on average), and the rest follow the published
-        distribution (whose probabilities, and so the actors' gradients, the gate leaves
-        alone). A budget of arrivals rather than a raised accept probability: with a
-        probability, two arrivals close together in one window would both stay, and the
-        second waits a whole service time, which costs the tail under heavy-tailed service.
-        At light load this keeps the tasks the capacity shares would send a hop for
-        nothing; above it every worker is busy with a queue nearly always and K = 0, and
-        when a worker is idle K is at most the idle workers + h r (a few of the window's
-        arrivals on a busy server).
-        """
-        cdef double h = self._hop_units() * self.load_scale, r = self.adv[2 * self.n + self.me]
-        cdef double c = <double>(self.n_workers if self.n_workers > 1 else 1)
-        cdef double k = 0.0, kf
-        cdef uint64_t kb = 0
-        if h > 0.0 and r > 0.0:
-            # q = x_me r: the driver observes load = queue / rate with one read of the rate
-            k = c - self.x[self.me] * r + h * r
-        elif self.gate_live:
-            k = -1e9        # no hop or rate known yet: closed, whatever completes
-        if self.gate_live:
-            # signed: a queue beyond the hop closes the gate until enough tasks complete
-            k = k if k > -1e9 else -1e9
-            k = k if k < 65536.0 else 65536.0
-            kf = floor(k)
-            self.gate_seq += 1
-            mc_store_relaxed(&self.gate_pub, ((self.gate_seq & LOW32) << 32)
-                             | (<uint64_t>(<uint32_t>(<int32_t>kf))))
-            return
-        if k >= 1.0:
-            k += self.gate_carry
-            k = 65536.0 if k > 65536.0 else k
-            kb = <uint64_t>k
-            self.gate_carry = k - <double>kb
-        else:
-            self.gate_carry = 0.0
-        self.gate_seq += 1
-        mc_store_relaxed(&self.gate_pub, ((self.gate_seq & LOW32) << 32) | kb)
-
-    cdef int _unshared_config(self, dict cfg) except -1:
-        """The parameters of the decisions from state the agents do not share (``__init__``)."""
-        self.gate_live = cfg["gate_live"]
-        # only the gate's publish (hop_gate, set before) renews the budget the live gateway
-        # counts from
-        self.live = self.gate_live and self.hop_gate
-        return 0
 
     cdef void _set_load(self, int j, double load) noexcept nogil:
         cdef double v

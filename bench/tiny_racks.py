@@ -1,0 +1,103 @@
+"""Tiny racks: Malcolm variants against JSQ, JBT and po2 on small racks of small servers.
+
+Draws ``--scenarios`` racks from ``--seed``: 2-8 servers of 1 or 2 workers each, all alike
+(``--family homogeneous``, the default) or one 1- or 2-worker server among 3-15-worker ones
+(``--family small-among-big``), every sweep workload, loads 0.5-0.95, one-way delays 2-10
+µs; the issue's ranges, but the corner of them that ``bench/sweep.py`` rarely draws. Each
+``--policies`` entry runs ``--seeds`` simulation seeds; JSQ, JBT and po2 run seed 1. Prints,
+per policy: the fraction of racks where its seed-median p99 is within 5% of the best
+baseline or below it, its worst ratio to the best baseline, and its geometric-mean p99
+against the first policy. docs/policy.md, "Tiny racks: the shed rule and idle-only steals"::
+
+    python3 bench/tiny_racks.py
+    python3 bench/tiny_racks.py --family small-among-big --scenarios 60 --seed 11
+"""
+import os
+import sys
+from multiprocessing import Pool
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from malcolm import _argparse as g  # noqa: E402
+
+WORKLOADS = ("bimodal", "hyperexp2", "hyperexp1", "exp:50", "rocksdb1", "rocksdb2")
+BASES = ("jsq", "jbt", "po2")
+POLICIES = ("malcolm;malcolm:shed=1,steal_idle=1;malcolm:learn=0;"
+            "malcolm:learn=0,shed=1,steal_idle=1")
+
+
+def draw(family, count, seed):
+    """``count`` scenarios: (rack, workload, load, one-way delay in µs)."""
+    rng = np.random.default_rng([seed, 0x7151])
+    out = []
+    for _ in range(count):
+        if family == "homogeneous":
+            n = int(rng.choice([2, 3, 4, 6, 8]))
+            workers = [int(rng.choice([1, 2]))] * n
+        else:
+            n = int(rng.integers(2, 6))
+            workers = [int(rng.integers(1, 3))] + [int(rng.integers(3, 16))
+                                                   for _ in range(n - 1)]
+        out.append((",".join(f"1x{w}" for w in workers), str(rng.choice(WORKLOADS)),
+                    round(float(rng.uniform(0.5, 0.95)), 3),
+                    round(float(rng.uniform(2.0, 10.0)), 2)))
+    return out
+
+
+def _run(job):
+    from malcolm.sim import simulate
+
+    (rack, wl, load, delay), pol, seed, mult = job
+    workers = sum(int(s.split("x")[1]) for s in rack.split(","))
+    tasks = int(mult * max(40_000, 1500 * workers) * (3 if wl == "hyperexp2" else 1))
+    r = simulate(rack=rack, policy=pol, workload=wl, load=load, tasks=tasks, seed=seed,
+                 delay_us=delay, warmup=0.3)
+    return job[:3], r.p99_us
+
+
+def main(argv=None):
+    ap = g.parser(__doc__, """
+        python3 bench/tiny_racks.py --tasks-mult 3
+        python3 bench/tiny_racks.py --policies "malcolm;malcolm:shed=0,steal_idle=1" """)
+    ap.add_argument("--family", choices=("homogeneous", "small-among-big"),
+                    default="homogeneous", help="which racks to draw (default homogeneous)")
+    ap.add_argument("--scenarios", type=int, default=40, help="racks drawn (default 40)")
+    ap.add_argument("--seed", type=int, default=5, help="draws the racks (default 5)")
+    ap.add_argument("--seeds", default="1,2,3", type=g.numbers(int, "integers"),
+                    help="simulation seeds of the --policies (default 1,2,3)")
+    ap.add_argument("--policies", default=POLICIES,
+                    help="';'-separated; the first is the reference of the geometric mean")
+    ap.add_argument("--tasks-mult", type=float, default=1.0, help="scale every task count")
+    ap.add_argument("--procs", type=int, default=2, help="processes (default 2)")
+    a = ap.parse_args(argv)
+    pols = [p for p in a.policies.split(";") if p]
+    if a.scenarios < 1 or a.procs < 1 or not pols or not a.tasks_mult > 0:
+        ap.error("--scenarios and --procs must be >= 1, --policies non-empty, "
+                 "--tasks-mult > 0")
+    scen = draw(a.family, a.scenarios, a.seed)
+    jobs = ([(sc, p, s, a.tasks_mult) for sc in scen for p in pols for s in a.seeds]
+            + [(sc, b, 1, a.tasks_mult) for sc in scen for b in BASES])
+    try:
+        with Pool(a.procs) as pool:
+            res = pool.map(_run, jobs)
+    except ValueError as exc:             # a bad policy spec: one line
+        sys.exit(f"tiny_racks: {exc}")
+    p99 = {}
+    for key, v in res:
+        p99.setdefault(key[:2], []).append(v)
+    med = {k: float(np.median(v)) for k, v in p99.items()}
+    for sc in scen:
+        best = min(med[(sc, b)] for b in BASES)
+        row = " ".join(f"{med[(sc, p)] / best:6.3f}" for p in pols)
+        print(f"{sc[0]:>24} {sc[1]:>9} {sc[2]:.3f} {sc[3]:5.2f} µs  best baseline "
+              f"{best:9.1f} µs  / best: {row}")
+    for p in pols:
+        vs = np.array([med[(sc, p)] / min(med[(sc, b)] for b in BASES) for sc in scen])
+        ref = np.array([med[(sc, p)] / med[(sc, pols[0])] for sc in scen])
+        print(f"{p:>40}: within 5% of the best baseline {np.mean(vs <= 1.05):4.0%}, worst "
+              f"{vs.max():.3f}; p99 / {pols[0]} geometric mean {np.exp(np.log(ref).mean()):.4f}")
+
+
+if __name__ == "__main__":
+    main()

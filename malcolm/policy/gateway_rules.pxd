@@ -1,0 +1,16 @@
+# cython: language_level=3
+"""The gateway's rules (hop gate, shed rule, idle-only steals); see ``gateway_rules.pyx``.
+
+Their fields stay in ``AgentState`` (``agent_state.pxd``), next to the tables the gateway
+reads on the same path.
+"""
+from libc.stdint cimport uint64_t
+
+from malcolm.policy.agent_state cimport AgentState
+
+
+cdef class GatewayRules(AgentState):
+    cdef int _decide_live(self, uint64_t g) noexcept nogil
+    cdef void _gate_accept(self) noexcept nogil
+    cdef void _shed_threshold(self, double r) noexcept nogil
+    cdef int _unshared_config(self, dict cfg) except -1

@@ -1,0 +1,196 @@
+# cython: language_level=3
+"""The gateway's rules from state the agents do not share: the hop gate, the shed rule and
+idle-only steals (the class between ``AgentState`` and ``MalcolmPolicy``).
+
+The gateway thread runs ``decide_arrival`` and ``decide_steal``: it follows the published
+tables, except where its own queue *now* decides. The policy thread publishes, with the
+tables, what those rules need (``_gate_accept``: the budget K and the shed threshold T, each
+a relaxed 64-bit store); the gateway counts what it kept and saw complete since. Nothing here
+is learnt, so the frozen control (``learn=0``) has the same rules. docs/policy.md, "The
+default policy" items 7 and 8, and "Tiny racks: the shed rule and idle-only steals".
+"""
+from libc.math cimport floor
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+
+from malcolm._core cimport cat_sample, cat_sample_except, mc_load_relaxed, mc_store_relaxed
+from malcolm.policy.agent_state cimport AgentState
+
+cdef uint64_t LOW32 = (<uint64_t>1 << 32) - 1      # the hop gate's budget field
+# the shed threshold that no live budget reaches (the budget is clamped to >= -1e9)
+cdef double SHED_NEVER = -2147483648.0
+
+
+cdef class GatewayRules(AgentState):
+    """``AgentState`` plus the gateway's decisions (``MalcolmPolicy`` is the only subclass)."""
+
+    # ------------------------------------------------------------ gateway thread (hot path)
+    cdef int decide_arrival(self, int64_t now, int task_type) noexcept nogil:
+        cdef uint64_t g = mc_load_relaxed(&self.gate_pub)
+        cdef uint32_t k = <uint32_t>g       # the low half: the budget; 0 while closed
+        cdef int a
+        if self.live:
+            return self._decide_live(g)
+        if k:
+            # the hop gate's budget for this window (see _gate_accept): gateway-owned counts
+            if g >> 32 != self.gate_epoch:
+                self.gate_epoch = g >> 32
+                self.gate_used = 0
+            if self.gate_used < k:
+                self.gate_used += 1
+                mc_store_relaxed(&self.gated, self.gated + 1)
+                return self.me
+        a = cat_sample(&self.mig, &self.rng)
+        mc_store_relaxed(&self.cnt_mig[a], self.cnt_mig[a] + 1)
+        return a
+
+    cdef int _decide_live(self, uint64_t g) noexcept nogil:
+        """``gate_live``: the gate's budget from the own queue now, not at the publish.
+
+        The publish carries K = c - q + h r as a signed 32-bit number (q the tasks here at the
+        publish); since then this gateway kept ``gate_used`` arrivals and saw ``gate_done``
+        completions (``decide_steal`` is called after each), so the next arrival finds
+        q' = q + used - done tasks and waits no longer than a hop while K + done - used >= 1.
+        Migrations in and steals are still not counted (no gateway call sees them). With
+        ``shed`` >= 0 an arrival that is not kept outright goes to a peer, drawn from the
+        published table without the accept outcome, while K + done - used <= T
+        (``_shed_threshold``); otherwise it follows the table.
+        """
+        cdef int a
+        cdef int64_t k = <int64_t>(<int32_t>(g & LOW32))
+        if g >> 32 != self.gate_epoch:
+            self.gate_epoch = g >> 32
+            self.gate_used = 0
+            self.gate_done = 0
+        k += self.gate_done - <int64_t>self.gate_used
+        if k >= 1:
+            self.gate_used += 1
+            mc_store_relaxed(&self.gated, self.gated + 1)
+            return self.me
+        if k <= <int64_t>(<int32_t>(mc_load_relaxed(&self.shed_pub) & LOW32)):
+            # the shed rule (see _gate_accept): kept, this arrival would wait longer than a
+            # hop plus the peers' wait plus the margin; it goes to a peer drawn from the
+            # published distribution without the accept outcome
+            a = cat_sample_except(&self.mig, &self.rng, self.me)
+            mc_store_relaxed(&self.cnt_mig[a], self.cnt_mig[a] + 1)
+            mc_store_relaxed(&self.shed_count, self.shed_count + (a != self.me))
+            self.gate_used += a == self.me
+            return a
+        a = cat_sample(&self.mig, &self.rng)
+        mc_store_relaxed(&self.cnt_mig[a], self.cnt_mig[a] + 1)
+        self.gate_used += a == self.me      # branch-free: the outcome is random
+        return a
+
+    cdef int decide_steal(self, int64_t now) noexcept nogil:
+        """After a completion: a peer to steal from, or -1. With ``steal_idle`` (and the live
+        gate) a drawn steal is dropped unless the gate is open, K + done - used >= 1 after
+        this completion: a stolen task arrives after a round trip and is put behind the
+        tasks here, so taken from the head of a busier peer's queue into a queue of its own
+        it would wait longer than where it was. A dropped steal counts as "no steal"."""
+        cdef int a = cat_sample(&self.stl, &self.rng)
+        cdef uint64_t g
+        if self.live:
+            # a completion: one task fewer here (see _decide_live)
+            g = mc_load_relaxed(&self.gate_pub)
+            if g >> 32 != self.gate_epoch:
+                self.gate_epoch = g >> 32
+                self.gate_used = 0
+                self.gate_done = 0
+            self.gate_done += 1
+            if self.steal_idle and a != self.me and (<int64_t>(<int32_t>(g & LOW32))
+                                                     + self.gate_done
+                                                     - <int64_t>self.gate_used) < 1:
+                a = self.me
+        mc_store_relaxed(&self.cnt_stl[a], self.cnt_stl[a] + 1)
+        return -1 if a == self.me else a
+
+    # ------------------------------------------------------------ policy thread: publish
+    cdef void _gate_accept(self) noexcept nogil:
+        """The hop gate: publish K, the arrivals to accept outright until the next publish.
+
+        A migrated task pays at least one hop h (``hop_est``) before it can start anywhere.
+        Here, with c workers (``n_workers``, set by the driver), q tasks in the server and
+        service rate r (the sum over the workers), the j-th arrival after the publish finds
+        q + j - 1 tasks ahead: it starts at once while a worker is idle (q + j <= c), and
+        otherwise waits for q + j - c departures, (q + j - c) / r. That is the expected wait
+        of M/M/c (exponential service: each departure from a full server takes 1 / r on
+        average, whatever the elapsed service), and it ignores the departures during the
+        window, which only shorten the later waits; so it is an upper bound of the expected
+        wait for exponential service, and an estimate for others (the tasks in service have
+        their own residual times). With one worker it is x_me = q / r for the first arrival,
+        the rule before workers were counted. So the first K = c - q + h r arrivals are no
+        worse off accepted, whatever the peers' state, and the gate opens while the first
+        one's wait is within a hop (K >= 1). ``decide_arrival`` accepts them without
+        sampling (K rounded down, the fraction carried to the next window while the gate
+        stays open, so that the budget is K on average), and the rest follow the published
+        distribution (whose probabilities, and so the actors' gradients, the gate leaves
+        alone). A budget of arrivals rather than a raised accept probability: with a
+        probability, two arrivals close together in one window would both stay, and the
+        second waits a whole service time, which costs the tail under heavy-tailed service.
+        At light load this keeps the tasks the capacity shares would send a hop for
+        nothing; above it every worker is busy with a queue nearly always and K = 0, and
+        when a worker is idle K is at most the idle workers + h r (a few of the window's
+        arrivals on a busy server).
+        """
+        cdef double h = self._hop_units() * self.load_scale, r = self.adv[2 * self.n + self.me]
+        cdef double c = <double>(self.n_workers if self.n_workers > 1 else 1)
+        cdef double k = 0.0, kf
+        cdef uint64_t kb = 0
+        if h > 0.0 and r > 0.0:
+            # q = x_me r: the driver observes load = queue / rate with one read of the rate
+            k = c - self.x[self.me] * r + h * r
+        elif self.gate_live:
+            k = -1e9        # no hop or rate known yet: closed, whatever completes
+        if self.gate_live:
+            # signed: a queue beyond the hop closes the gate until enough tasks complete
+            k = k if k > -1e9 else -1e9
+            k = k if k < 65536.0 else 65536.0
+            kf = floor(k)
+            self._shed_threshold(r)
+            self.gate_seq += 1
+            mc_store_relaxed(&self.gate_pub, ((self.gate_seq & LOW32) << 32)
+                             | (<uint64_t>(<uint32_t>(<int32_t>kf))))
+            return
+        if k >= 1.0:
+            k += self.gate_carry
+            k = 65536.0 if k > 65536.0 else k
+            kb = <uint64_t>k
+            self.gate_carry = k - <double>kb
+        else:
+            self.gate_carry = 0.0
+        self.gate_seq += 1
+        mc_store_relaxed(&self.gate_pub, ((self.gate_seq & LOW32) << 32) | kb)
+
+    cdef void _shed_threshold(self, double r) noexcept nogil:
+        """The shed rule's threshold T (published in ``shed_pub``): the gateway sends an
+        arrival to a peer, whatever the draw, while the live budget is <= T.
+
+        The live budget is K' = c - q' + h r (q' the tasks here now), so the next arrival kept
+        would wait (q' + 1 - c) / r = (h r - K' + 1) / r. A migrated one waits the hop h and
+        then, at a peer drawn from the published distribution, about that peer's load x_j
+        (tasks / rate, an upper bound: it counts the tasks in service). Keeping is worse by
+        more than ``shed`` own task times when K' < -r w - shed + 1, w = the peers' mean x
+        weighted by the published probabilities. No peer outcome, no rate, or shed < 0:
+        never.
+        """
+        cdef int j, n = self.n, me = self.me
+        cdef double pw = 0.0, xw = 0.0, t = SHED_NEVER
+        if self.shed >= 0.0 and r > 0.0:
+            for j in range(n):
+                if j != me:
+                    pw += self.pm_pub[j]
+                    xw += self.pm_pub[j] * self.x[j]
+            if pw > 1e-12:
+                t = floor(1.0 - r * xw / pw - self.shed)
+                t = t if t > -1e9 else SHED_NEVER
+        mc_store_relaxed(&self.shed_pub, <uint64_t>(<uint32_t>(<int32_t>t)))
+
+    cdef int _unshared_config(self, dict cfg) except -1:
+        """The parameters of the decisions from state the agents do not share (``__init__``)."""
+        self.gate_live = cfg["gate_live"]
+        self.shed = cfg["shed"]
+        self.steal_idle = cfg["steal_idle"]
+        mc_store_relaxed(&self.shed_pub, <uint64_t>(<uint32_t>(<int32_t>SHED_NEVER)))
+        # only the gate's publish (hop_gate, set before) renews the budget the live gateway
+        # counts from
+        self.live = self.gate_live and self.hop_gate
+        return 0

@@ -1,0 +1,111 @@
+"""The gateway's rules beside the hop gate (malcolm/policy/gateway_rules.pyx): the shed rule
+(``shed``) and idle-only steals (``steal_idle``), both off by default; docs/policy.md, "Tiny
+racks: the shed rule and idle-only steals"."""
+import numpy as np
+import pytest
+
+ac = pytest.importorskip("malcolm.policy.actor_critic")
+hooks = pytest.importorskip("malcolm.policy._testing")
+MalcolmPolicy = ac.MalcolmPolicy
+
+T = 50_000.0        # one task's service time, ns
+HOP = 10_000.0      # one-way hop, ns: h r = 0.2 task times on a one-worker server
+N = 4
+
+
+def feed(p, now, tasks, peer_tasks):
+    """One window of one-worker servers: own ``tasks``, every peer ``peer_tasks``."""
+    r = 1.0 / T
+    p.py_observe_local(now, tasks * T, 0.0, r)
+    for j in range(p.n):
+        if j != p.me:
+            p.py_observe_peer(now, j, peer_tasks * T, rate=r)
+    p.py_end_window(now)
+
+
+def complete(p, k):
+    """k completions: the gateway's decide_steal calls; returns the steals drawn."""
+    c = hooks.sample_many(p, "steal", k)
+    return int(k - c[p.me])
+
+
+def test_defaults_leave_both_rules_off():
+    p = MalcolmPolicy(N, 0, seed=1)
+    assert p.shed < 0 and p.steal_idle is False
+    off = MalcolmPolicy(N, 0, seed=1, hop_ns=HOP, learn=False)
+    feed(off, 0, 20, 0)                 # 20 tasks here, idle peers: the rule would shed
+    counts = hooks.sample_many(off, "arrival", 2000)
+    assert off.shed_count == 0 and counts[0] > 0      # the table's accepts stay
+    with pytest.raises(TypeError, match="steal_idle"):
+        MalcolmPolicy(N, 0, steal_idle="maybe")
+    with pytest.raises(ValueError, match="shed"):
+        MalcolmPolicy(N, 0, shed=float("nan"))
+
+
+def test_shed_draws_peers_in_proportion_to_the_table():
+    """Shedding, an arrival goes to peer j with probability pi_j / (1 - pi_me): the
+    published table without the accept outcome, never to ``me``."""
+    p = MalcolmPolicy(N, 1, seed=3, hop_ns=HOP, learn=False, shed=0.0)
+    B = np.array([0.5, 0.0, -0.7, 1.2])
+    p.set_params(B_migrate=B)
+    feed(p, 0, 40, 0)                    # K = floor(1 - 40 + 0.2) = -39, T = floor(1) = 1
+    pm = np.asarray(p.probs_migrate)
+    assert pm[1] > 0.1                   # the table keeps some arrivals here
+    m = 40_000
+    counts = hooks.sample_many(p, "arrival", m)
+    assert counts[1] == 0 and p.shed_count == m and p.gated == 0
+    want = pm / (1.0 - pm[1])
+    for j in (0, 2, 3):
+        sd = np.sqrt(m * want[j] * (1 - want[j]))
+        assert abs(counts[j] - m * want[j]) < 5 * sd, (j, counts, want)
+
+
+def test_shed_threshold_follows_the_live_queue():
+    """One worker, h r = 0.2, peers at 3.5 tasks (r w = 3.5), shed = 1:
+    T = floor(1 - 3.5 - 1) = -4. With 10 tasks here the budget is K = floor(1 - 10 + 0.2)
+    = -9; each completion adds one, each arrival kept takes one, a shed arrival neither.
+    Arrivals are shed exactly while K + done - used <= -4."""
+    p = MalcolmPolicy(N, 0, seed=1, hop_ns=HOP, learn=False, shed=1.0, mask_factor=0.0)
+    feed(p, 0, 10, 3.5)
+    hooks.sample_many(p, "arrival", 50)
+    assert p.shed_count == 50                     # K' = -9 <= -4: every arrival goes away
+    complete(p, 5)                                # K' = -4: still shed
+    hooks.sample_many(p, "arrival", 10)
+    assert p.shed_count == 60
+    complete(p, 1)                                # K' = -3 > -4: the table decides again
+    kept = int(hooks.sample_many(p, "arrival", 200)[0])
+    drawn = 199 - (p.shed_count - 60)             # the table's migrations before its keep
+    assert kept == 1 and 0 <= drawn <= 30         # the one kept takes the place: K' = -4
+    # a publish starts over from the new queue: peers at 12 tasks, 10 here: T = -14, K = -9
+    feed(p, 100_000, 10, 12)
+    before = p.shed_count
+    hooks.sample_many(p, "arrival", 3)
+    assert p.shed_count == before
+
+
+def test_steal_idle_steals_only_into_an_open_gate():
+    """steal_idle: after a completion a drawn steal is kept only while K + done - used >= 1.
+    Here K = floor(1 - 3 + 0.2) = -2 with busier peers (10 tasks each): the first two
+    completions steal nothing, from the third on the table decides."""
+    kw = dict(seed=2, hop_ns=HOP, learn=False)
+    p = MalcolmPolicy(N, 0, steal_idle=True, **kw)
+    ref = MalcolmPolicy(N, 0, **kw)
+    for q in (p, ref):
+        feed(q, 0, 3, 10)
+        q.set_params(B_steal=np.array([-3.0, 0.0, 0.0, 0.0]))   # steal almost always
+        feed(q, 100_000, 3, 10)
+    assert complete(ref, 2) > 0                   # without the rule the table steals
+    assert complete(p, 2) == 0                    # K' = -1, then 0: closed
+    assert complete(p, 200) > 150                 # open from here: the table's draws
+    # a publish closes it again
+    feed(p, 200_000, 3, 10)
+    assert complete(p, 1) == 0
+
+
+def test_rules_run_in_the_simulator_and_lose_no_task():
+    """Both rules on a tiny rack at high load: every task completes (none dropped)."""
+    sim = pytest.importorskip("malcolm.sim")
+    r = sim.simulate(rack="2x1", policy="malcolm:shed=1,steal_idle=1", workload="bimodal",
+                     load=0.9, tasks=20_000, seed=1, delay_us=5.0)
+    assert r.completed == r.generated and r.measured > 0
+    assert 0 < r.migrations < r.generated
