@@ -170,7 +170,9 @@ cdef class GatewayRules(AgentState):
         (tasks / rate, an upper bound: it counts the tasks in service). Keeping is worse by
         more than ``shed`` own task times when K' < -r w - shed + 1, w = the peers' mean x
         weighted by the published probabilities. No peer outcome, no rate, or shed < 0:
-        never.
+        never. Stored before the budget (``gate_pub``), each in its own relaxed store: a
+        gateway between the two reads one arrival's T with the previous window's budget,
+        inputs a window apart, as every rule here has.
         """
         cdef int j, n = self.n, me = self.me
         cdef double pw = 0.0, xw = 0.0, t = SHED_NEVER
