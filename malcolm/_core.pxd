@@ -199,6 +199,9 @@ cdef inline int cat_sample_except(Categorical* c, Rng* r, int skip) noexcept nog
             # v uniform on [0, 1 - w), then stepped over skip's interval [lo, lo + w)
             v = u * (1.0 - w)
             idx = cdf_search(t.cdf, t.npad, v + (w if v >= lo else 0.0))
+            # v + w can round up to 1.0 (u within 2^-53 of 1), which no entry but the
+            # padding exceeds: the last outcome, never an index past the table
+            idx = idx if idx < t.n else t.n - 1
         else:
             idx = skip
         mc_assert(0 <= idx < t.n)
