@@ -232,7 +232,6 @@ def test_runaway_own_queue_resets_the_actors():
     assert q.resets == 0
 
 
-
 def _learnt(n, me, **kw):
     """An agent whose actors moved from the safe start (a reset has something to undo)."""
     p = MalcolmPolicy(n, me, seed=1, batch_windows=1, actor_lr=0.5, **kw)
