@@ -84,22 +84,51 @@ def test_shed_threshold_follows_the_live_queue():
 
 
 def test_steal_idle_steals_only_into_an_open_gate():
-    """steal_idle: after a completion a drawn steal is kept only while K + done - used >= 1.
-    Here K = floor(1 - 3 + 0.2) = -2 with busier peers (10 tasks each): the first two
-    completions steal nothing, from the third on the table decides."""
+    """steal_idle: after a completion a drawn steal is kept only while K + done - used >= 1
+    (no victim more than a task above the rack's mean). Here K = floor(1 - 3 + 0.2) = -2,
+    peers with 4 tasks each (e = 0.25 tasks: bar ceil(0.75) = 1): the first two completions
+    steal nothing, from the third on the table decides."""
     kw = dict(seed=2, hop_ns=HOP, learn=False)
     p = MalcolmPolicy(N, 0, steal_idle=True, **kw)
     ref = MalcolmPolicy(N, 0, **kw)
     for q in (p, ref):
-        feed(q, 0, 3, 10)
+        feed(q, 0, 3, 4)
         q.set_params(B_steal=np.array([-3.0, 0.0, 0.0, 0.0]))   # steal almost always
-        feed(q, 100_000, 3, 10)
+        feed(q, 100_000, 3, 4)
     assert complete(ref, 2) > 0                   # without the rule the table steals
     assert complete(p, 2) == 0                    # K' = -1, then 0: closed
     assert complete(p, 200) > 150                 # open from here: the table's draws
     # a publish closes it again
-    feed(p, 200_000, 3, 10)
+    feed(p, 200_000, 3, 4)
     assert complete(p, 1) == 0
+
+
+def test_steal_idle_lowers_the_bar_for_an_overloaded_victim():
+    """A victim loaded above the rack's mean by e (tasks / rate) is stolen from while
+    K' >= ceil(1 - r e): own 10 tasks (K = -9), peer 1 with 40, peers 2 and 3 with 12 (mean
+    18.5, e_1 = 21.5 tasks: bar -20; e_2 < 0: bar 1). The table draws the three peers alike;
+    in the nine completions before the gate opens only peer 1 is stolen from, as often as
+    the table draws it."""
+    kw = dict(seed=3, hop_ns=HOP, learn=False)
+    p = MalcolmPolicy(N, 0, steal_idle=True, **kw)
+    ref = MalcolmPolicy(N, 0, **kw)
+    r = 1.0 / T
+    got = np.zeros(N, dtype=np.int64)
+    want = np.zeros(N, dtype=np.int64)
+    for q in (p, ref):
+        q.set_params(B_steal=np.array([-3.0, 0.0, 0.0, 0.0]))
+    for w in range(40):
+        for q in (p, ref):
+            q.py_observe_local(w * 100_000, 10 * T, 0.0, r)
+            for j, tasks in ((1, 40), (2, 12), (3, 12)):
+                q.py_observe_peer(w * 100_000, j, tasks * T, rate=r)
+            q.py_end_window(w * 100_000)
+        got += hooks.sample_many(p, "steal", 9)
+        want += hooks.sample_many(ref, "steal", 9)
+    assert got[2] == 0 and got[3] == 0            # below the mean: the gate's bar, closed
+    assert want[2] > 0 and want[3] > 0
+    # peer 1 as often as the same table draws it without the rule (same seed, same draws)
+    assert got[1] == want[1] > 40
 
 
 def test_rules_run_in_the_simulator_and_lose_no_task():

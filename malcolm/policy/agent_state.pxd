@@ -6,7 +6,7 @@ See ``agent_state.pyx``; the learning agent is ``actor_critic.MalcolmPolicy``.
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 
 from malcolm._core cimport Categorical
-from malcolm.policy.base cimport Policy
+from malcolm.policy.base cimport MAX_SERVERS, Policy
 
 
 cdef enum:
@@ -167,7 +167,10 @@ cdef class AgentState(Policy):
     cdef readonly double shed            # its margin, in own task times (< 0: off)
     cdef uint64_t shed_pub               # T as a signed 32-bit number in the low half
     cdef readonly uint64_t shed_count    # arrivals the rule sent to a peer (gateway)
-    cdef readonly bint steal_idle        # steal only while the budget is >= 1
+    cdef readonly bint steal_idle        # steal only while the budget is >= 1 ...
+    # ... or above a lower bar for a victim loaded above the rack's mean: per victim, the
+    # least budget (signed 32-bit in the low half) at which a steal from it goes ahead
+    cdef uint64_t steal_pub[MAX_SERVERS]
 
     # decisions taken by the gateway: cumulative counts per outcome (gateway writes only)
     cdef uint64_t* cnt_mig

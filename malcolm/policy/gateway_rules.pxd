@@ -13,4 +13,5 @@ cdef class GatewayRules(AgentState):
     cdef int _decide_live(self, uint64_t g) noexcept nogil
     cdef void _gate_accept(self) noexcept nogil
     cdef void _shed_threshold(self, double r) noexcept nogil
+    cdef void _steal_thresholds(self, double r) noexcept nogil
     cdef int _unshared_config(self, dict cfg) except -1

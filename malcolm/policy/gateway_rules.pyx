@@ -9,7 +9,7 @@ a relaxed 64-bit store); the gateway counts what it kept and saw complete since.
 is learnt, so the frozen control (``learn=0``) has the same rules. docs/policy.md, "The
 default policy" items 7 and 8, and "Tiny racks: the shed rule and idle-only steals".
 """
-from libc.math cimport floor
+from libc.math cimport ceil, floor
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 
 from malcolm._core cimport cat_sample, cat_sample_except, mc_load_relaxed, mc_store_relaxed
@@ -96,9 +96,9 @@ cdef class GatewayRules(AgentState):
                 self.gate_used = 0
                 self.gate_done = 0
             self.gate_done += 1
-            if self.steal_idle and a != self.me and (<int64_t>(<int32_t>(g & LOW32))
-                                                     + self.gate_done
-                                                     - <int64_t>self.gate_used) < 1:
+            if self.steal_idle and a != self.me and (
+                    <int64_t>(<int32_t>(g & LOW32)) + self.gate_done - <int64_t>self.gate_used
+                    < <int64_t>(<int32_t>(mc_load_relaxed(&self.steal_pub[a]) & LOW32))):
                 a = self.me
         mc_store_relaxed(&self.cnt_stl[a], self.cnt_stl[a] + 1)
         return -1 if a == self.me else a
@@ -146,6 +146,8 @@ cdef class GatewayRules(AgentState):
             k = k if k < 65536.0 else 65536.0
             kf = floor(k)
             self._shed_threshold(r)
+            if self.steal_idle:
+                self._steal_thresholds(r)
             self.gate_seq += 1
             mc_store_relaxed(&self.gate_pub, ((self.gate_seq & LOW32) << 32)
                              | (<uint64_t>(<uint32_t>(<int32_t>kf))))
@@ -186,12 +188,44 @@ cdef class GatewayRules(AgentState):
                 t = t if t > -1e9 else SHED_NEVER
         mc_store_relaxed(&self.shed_pub, <uint64_t>(<uint32_t>(<int32_t>t)))
 
+    cdef void _steal_thresholds(self, double r) noexcept nogil:
+        """``steal_idle``'s bar per victim j (``steal_pub``): a drawn steal goes ahead while
+        the live budget K' >= 1 - r e_j, e_j = max(0, x_j - the rack's mean x), x the loads
+        the heartbeats reported (tasks / rate, ns).
+
+        K' >= 1 is the open gate: a task stolen now would wait here no longer than a hop.
+        A victim loaded above the mean by e_j lowers the bar by what e_j is in own tasks:
+        the stolen task may wait here up to a hop plus e_j. Only the gate, and a server
+        whose queue runs away (an overloaded share of the arrivals, a slowed server) keeps
+        it while every peer is busy: at 0.91 load under uneven client shares the frozen
+        start ran away (p99 424 ms) where these bars keep it at the default's. Unknown
+        peers and no rate: the gate's bar, 1.
+        """
+        cdef int j, n = self.n, k = 0
+        cdef double xm = 0.0, e, t
+        for j in range(n):
+            if self.known[j]:
+                xm += self.x[j]
+                k += 1
+        xm = xm / k if k > 0 else 0.0
+        for j in range(n):
+            t = 1.0
+            if r > 0.0 and self.known[j]:
+                e = self.x[j] - xm
+                if e > 0.0:
+                    t = ceil(1.0 - r * e)
+                    t = t if t > -1e9 else -1e9
+            mc_store_relaxed(&self.steal_pub[j], <uint64_t>(<uint32_t>(<int32_t>t)))
+
     cdef int _unshared_config(self, dict cfg) except -1:
         """The parameters of the decisions from state the agents do not share (``__init__``)."""
+        cdef int j
         self.gate_live = cfg["gate_live"]
         self.shed = cfg["shed"]
         self.steal_idle = cfg["steal_idle"]
         mc_store_relaxed(&self.shed_pub, <uint64_t>(<uint32_t>(<int32_t>SHED_NEVER)))
+        for j in range(self.n):
+            mc_store_relaxed(&self.steal_pub[j], 1)     # the open gate's bar
         # only the gate's publish (hop_gate, set before) renews the budget the live gateway
         # counts from
         self.live = self.gate_live and self.hop_gate
