@@ -4,10 +4,11 @@ idle-only steals (the class between ``AgentState`` and ``MalcolmPolicy``).
 
 The gateway thread runs ``decide_arrival`` and ``decide_steal``: it follows the published
 tables, except where its own queue *now* decides. The policy thread publishes, with the
-tables, what those rules need (``_gate_accept``: the budget K and the shed threshold T, each
-a relaxed 64-bit store); the gateway counts what it kept and saw complete since. Nothing here
-is learnt, so the frozen control (``learn=0``) has the same rules. docs/policy.md, "The
-default policy" items 7 and 8, and "Tiny racks: the shed rule and idle-only steals".
+tables, what those rules need (``_gate_accept``: the budget K, the shed threshold T and the
+steal bars, each a relaxed 64-bit store); the gateway counts what it kept and saw complete
+since. Nothing here is learnt, so the frozen control (``learn=0``) has the same rules.
+docs/policy.md, "The default policy" items 7 and 8, "Tiny racks: the shed rule and idle-only
+steals" and "Twelfth session".
 """
 from libc.math cimport ceil, floor
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
@@ -18,6 +19,21 @@ from malcolm.policy.agent_state cimport AgentState
 cdef uint64_t LOW32 = (<uint64_t>1 << 32) - 1      # the hop gate's budget field
 # the shed threshold that no live budget reaches (the budget is clamped to >= -1e9)
 cdef double SHED_NEVER = -2147483648.0
+
+cdef extern from "policy/_pub_kernels.h" nogil:
+    int mc_pub_count_known(const unsigned char* known, int n) noexcept nogil
+
+
+# The budget, the shed threshold and the steal bars are published as signed 32-bit numbers
+# in the low half of a 64-bit word (the budget's high half is the publish's sequence).
+cdef inline uint64_t _low32_of(double t) noexcept nogil:
+    """The word that carries ``t`` (an integer in int32's range) in its low half."""
+    return <uint64_t>(<uint32_t>(<int32_t>t))
+
+
+cdef inline int64_t _low32(uint64_t v) noexcept nogil:
+    """The signed number in a published word's low half."""
+    return <int64_t>(<int32_t>(v & LOW32))
 
 
 cdef class GatewayRules(AgentState):
@@ -56,7 +72,7 @@ cdef class GatewayRules(AgentState):
         (``_shed_threshold``); otherwise it follows the table.
         """
         cdef int a
-        cdef int64_t k = <int64_t>(<int32_t>(g & LOW32))
+        cdef int64_t k = _low32(g)
         if g >> 32 != self.gate_epoch:
             self.gate_epoch = g >> 32
             self.gate_used = 0
@@ -66,7 +82,7 @@ cdef class GatewayRules(AgentState):
             self.gate_used += 1
             mc_store_relaxed(&self.gated, self.gated + 1)
             return self.me
-        if k <= <int64_t>(<int32_t>(mc_load_relaxed(&self.shed_pub) & LOW32)):
+        if k <= _low32(mc_load_relaxed(&self.shed_pub)):
             # the shed rule (see _gate_accept): kept, this arrival would wait longer than a
             # hop plus the peers' wait plus the margin; it goes to a peer drawn from the
             # published distribution without the accept outcome
@@ -82,9 +98,10 @@ cdef class GatewayRules(AgentState):
 
     cdef int decide_steal(self, int64_t now) noexcept nogil:
         """After a completion: a peer to steal from, or -1. With ``steal_idle`` (and the live
-        gate) a drawn steal is dropped unless the gate is open, K + done - used >= 1 after
-        this completion: a stolen task arrives after a round trip and is put behind the
-        tasks here, so taken from the head of a busier peer's queue into a queue of its own
+        gate) a drawn steal from j is dropped unless K + done - used after this completion
+        reaches j's bar (``_steal_thresholds``): 1, the open gate, for a victim at or below
+        the rack's mean load. A stolen task arrives after a round trip and is put behind the
+        tasks here, so taken from the head of such a peer's queue into a queue of its own
         it would wait longer than where it was. A dropped steal counts as "no steal"."""
         cdef int a = cat_sample(&self.stl, &self.rng)
         cdef uint64_t g
@@ -97,8 +114,8 @@ cdef class GatewayRules(AgentState):
                 self.gate_done = 0
             self.gate_done += 1
             if self.steal_idle and a != self.me and (
-                    <int64_t>(<int32_t>(g & LOW32)) + self.gate_done - <int64_t>self.gate_used
-                    < <int64_t>(<int32_t>(mc_load_relaxed(&self.steal_pub[a]) & LOW32))):
+                    _low32(g) + self.gate_done - <int64_t>self.gate_used
+                    < _low32(mc_load_relaxed(&self.steal_pub[a]))):
                 a = self.me
         mc_store_relaxed(&self.cnt_stl[a], self.cnt_stl[a] + 1)
         return -1 if a == self.me else a
@@ -149,8 +166,7 @@ cdef class GatewayRules(AgentState):
             if self.steal_idle:
                 self._steal_thresholds(r)
             self.gate_seq += 1
-            mc_store_relaxed(&self.gate_pub, ((self.gate_seq & LOW32) << 32)
-                             | (<uint64_t>(<uint32_t>(<int32_t>kf))))
+            mc_store_relaxed(&self.gate_pub, ((self.gate_seq & LOW32) << 32) | _low32_of(kf))
             return
         if k >= 1.0:
             k += self.gate_carry
@@ -186,7 +202,7 @@ cdef class GatewayRules(AgentState):
             if pw > 1e-12:
                 t = floor(1.0 - r * xw / pw - self.shed)
                 t = t if t > -1e9 else SHED_NEVER
-        mc_store_relaxed(&self.shed_pub, <uint64_t>(<uint32_t>(<int32_t>t)))
+        mc_store_relaxed(&self.shed_pub, _low32_of(t))
 
     cdef void _steal_thresholds(self, double r) noexcept nogil:
         """``steal_idle``'s bar per victim j (``steal_pub``): a drawn steal goes ahead while
@@ -201,21 +217,21 @@ cdef class GatewayRules(AgentState):
         start ran away (p99 424 ms) where these bars keep it at the default's. Unknown
         peers and no rate: the gate's bar, 1.
         """
-        cdef int j, n = self.n, k = 0
+        cdef int j, n = self.n, k = mc_pub_count_known(self.known, n)
         cdef double xm = 0.0, e, t
+        # x_j is 0 while j is unknown (nothing writes it before known_j), so this is the mean
+        # of the known loads summed as mc_pub_migrate_weights sums the mask's, and an unknown
+        # peer is never above it
         for j in range(n):
-            if self.known[j]:
-                xm += self.x[j]
-                k += 1
-        xm = xm / k if k > 0 else 0.0
+            xm += self.x[j]
+        xm /= <double>(k if k > 0 else 1)
         for j in range(n):
             t = 1.0
-            if r > 0.0 and self.known[j]:
-                e = self.x[j] - xm
-                if e > 0.0:
-                    t = ceil(1.0 - r * e)
-                    t = t if t > -1e9 else -1e9
-            mc_store_relaxed(&self.steal_pub[j], <uint64_t>(<uint32_t>(<int32_t>t)))
+            e = self.x[j] - xm
+            if r > 0.0 and e > 0.0:
+                t = ceil(1.0 - r * e)
+                t = t if t > -1e9 else -1e9
+            mc_store_relaxed(&self.steal_pub[j], _low32_of(t))
 
     cdef int _unshared_config(self, dict cfg) except -1:
         """The parameters of the decisions from state the agents do not share (``__init__``)."""
@@ -223,9 +239,9 @@ cdef class GatewayRules(AgentState):
         self.gate_live = cfg["gate_live"]
         self.shed = cfg["shed"]
         self.steal_idle = cfg["steal_idle"]
-        mc_store_relaxed(&self.shed_pub, <uint64_t>(<uint32_t>(<int32_t>SHED_NEVER)))
+        mc_store_relaxed(&self.shed_pub, _low32_of(SHED_NEVER))
         for j in range(self.n):
-            mc_store_relaxed(&self.steal_pub[j], 1)     # the open gate's bar
+            mc_store_relaxed(&self.steal_pub[j], _low32_of(1.0))     # the open gate's bar
         # only the gate's publish (hop_gate, set before) renews the budget the live gateway
         # counts from
         self.live = self.gate_live and self.hop_gate
