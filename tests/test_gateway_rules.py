@@ -1,6 +1,6 @@
 """The gateway's rules beside the hop gate (malcolm/policy/gateway_rules.pyx): the shed rule
-(``shed``) and idle-only steals (``steal_idle``), both off by default; docs/policy.md, "Tiny
-racks: the shed rule and idle-only steals"."""
+(``shed``, off by default) and idle-only steals (``steal_idle``, on by default since the
+thirteenth session); docs/policy.md, "Tiny racks: the shed rule and idle-only steals"."""
 import numpy as np
 import pytest
 
@@ -29,9 +29,10 @@ def complete(p, k):
     return int(k - c[p.me])
 
 
-def test_defaults_leave_both_rules_off():
+def test_defaults_turn_steal_idle_on_and_leave_shed_off():
     p = MalcolmPolicy(N, 0, seed=1)
-    assert p.shed < 0 and p.steal_idle is False
+    assert p.shed < 0 and p.steal_idle is True
+    assert MalcolmPolicy(N, 0, seed=1, steal_idle=0).steal_idle is False
     off = MalcolmPolicy(N, 0, seed=1, hop_ns=HOP, learn=False)
     feed(off, 0, 20, 0)                 # 20 tasks here, idle peers: the rule would shed
     counts = hooks.sample_many(off, "arrival", 2000)
@@ -90,7 +91,7 @@ def test_steal_idle_steals_only_into_an_open_gate():
     steal nothing, from the third on the table decides."""
     kw = dict(seed=2, hop_ns=HOP, learn=False)
     p = MalcolmPolicy(N, 0, steal_idle=True, **kw)
-    ref = MalcolmPolicy(N, 0, **kw)
+    ref = MalcolmPolicy(N, 0, steal_idle=False, **kw)
     for q in (p, ref):
         feed(q, 0, 3, 4)
         q.set_params(B_steal=np.array([-3.0, 0.0, 0.0, 0.0]))   # steal almost always
@@ -111,7 +112,7 @@ def test_steal_idle_lowers_the_bar_for_an_overloaded_victim():
     the table draws it."""
     kw = dict(seed=3, hop_ns=HOP, learn=False)
     p = MalcolmPolicy(N, 0, steal_idle=True, **kw)
-    ref = MalcolmPolicy(N, 0, **kw)
+    ref = MalcolmPolicy(N, 0, steal_idle=False, **kw)
     r = 1.0 / T
     got = np.zeros(N, dtype=np.int64)
     want = np.zeros(N, dtype=np.int64)

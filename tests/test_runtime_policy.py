@@ -70,12 +70,14 @@ def test_heartbeat_reports_the_load_at_the_end_of_its_window():
 def _frozen_keeper_and_stealer(handler, **kw):
     """Server 0 of a two-server rack whose server 1 is the test's bare endpoint ``peer``:
     Malcolm frozen (learn=0) to keep every task and to steal from server 1 after every
-    completion. Returns (peer, client endpoint, server transport, policy, started server)."""
+    completion (``steal_idle`` off: the driver's steal gate is under test, not the policy's
+    rule, which would drop steals from an idle peer). Returns (peer, client endpoint, server
+    transport, policy, started server)."""
     import numpy as np
     peer = open_transport("udp", "127.0.0.1:0")
     client = open_transport("udp", "127.0.0.1:0")
     tr = open_transport("udp", "127.0.0.1:0")
-    pol = make_policy("malcolm", 2, 0, 1, learn=0)
+    pol = make_policy("malcolm", 2, 0, 1, learn=0, steal_idle=0)
     pol.set_params(W_migrate=np.zeros((2, 2)), B_migrate=np.array([50.0, 0.0]),
                    W_steal=np.zeros((2, 2)), B_steal=np.array([0.0, 50.0]))
     srv = Server(tr, [tr.address, peer.address], 0, pol, handler=handler, workers=1,

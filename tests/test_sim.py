@@ -82,13 +82,18 @@ def test_round_robin_with_small_quantum_approaches_ps():
 
 def test_recorded_loads_hold_only_rows_every_server_wrote():
     # random phases: some servers reach their last window after the others have stopped;
-    # a row is reported only once every server wrote it (it used to hold unset memory)
-    r = simulate("8x4", "malcolm", "exp:50", 0.8, 20_000, seed=4, record_loads=True)
-    rows = r.loads["queue"].shape[0]
-    assert rows == min(r.per_server["windows"]) > 0
-    assert max(r.per_server["windows"]) > rows      # the case the cut exists for
-    for k in ("load_us", "queue", "true_load_us"):
-        assert np.isfinite(r.loads[k]).all() and (r.loads[k] >= 0).all()
+    # a row is reported only once every server wrote it (it used to hold unset memory).
+    # Whether the phases leave servers a window apart depends on the seed: of these two,
+    # at least one does (seed 1 with the default since the thirteenth session)
+    uneven = 0
+    for seed in (1, 4):
+        r = simulate("8x4", "malcolm", "exp:50", 0.8, 20_000, seed=seed, record_loads=True)
+        rows = r.loads["queue"].shape[0]
+        assert rows == min(r.per_server["windows"]) > 0
+        uneven += max(r.per_server["windows"]) > rows     # the case the cut exists for
+        for k in ("load_us", "queue", "true_load_us"):
+            assert np.isfinite(r.loads[k]).all() and (r.loads[k] >= 0).all()
+    assert uneven >= 1
 
 
 def test_littles_law():

@@ -53,7 +53,7 @@ DEFAULTS = dict(
     gate_live=True,             # the hop gate follows the own queue between publishes
     shed=-1.0,                  # >= 0: send an arrival away while keeping waits this many
     #                             own task times longer than a hop plus a peer's wait (off)
-    steal_idle=False,           # steal only into an open gate, or from a peer above the mean
+    steal_idle=True,            # steal only into an open gate, or from a peer above the mean
     trust=8.0,                  # 0 disables the trust region around the initial actors
     runaway_windows=20,         # 0 disables the runaway reset
     theta_bound=1000.0,         # peers' critics with a larger norm are refused

@@ -165,7 +165,7 @@ cdef class MalcolmPolicy(GatewayRules):
         Live gate only: send an arrival away while keeping it waits ``shed`` task times more
         than a hop + the peers' load (< 0, the default: off; ``GatewayRules``).
     steal_idle : bool
-        Live gate only: steal into an open gate, or from a peer above the mean (default off).
+        Live gate only: steal into an open gate, or from a peer above the mean (default on).
     mask_factor : float
         Never migrate to a peer whose load is above ours and above ``mask_factor`` times the
         rack's mean plus one task; never steal from a peer not busier than us. 0 disables.

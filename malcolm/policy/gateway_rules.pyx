@@ -7,7 +7,7 @@ tables, except where its own queue *now* decides. The policy thread publishes, w
 tables, what those rules need (``_gate_accept``: the budget K, the shed threshold T and the
 steal bars, each a relaxed 64-bit store); the gateway counts what it kept and saw complete
 since. Nothing here is learnt, so the frozen control (``learn=0``) has the same rules.
-docs/policy.md, "The default policy" items 7 and 8, "Tiny racks: the shed rule and idle-only
+docs/policy.md, "The default policy" items 7, 8 and 10, "Tiny racks: the shed rule and idle-only
 steals" and "Twelfth session".
 """
 from libc.math cimport ceil, floor
