@@ -266,7 +266,7 @@ def test_the_demo_verdict_names_only_separated_intervals_and_their_coverage():
         return {"policy": p, "load": 0.85, "p99_us": p99, "p99_ci_us": [lo, hi],
                 "ci_coverage": cov, "valid": valid}
     res = {"rows": [row("malcolm", 390, 380, 400), row("jsq", 755, 750, 760),
-                    row("po2", 395, 390, 420), row("malcolm:learn=0", 385, 376, 392),
+                    row("po2", 395, 390, 420), row("malcolm:learn=0", 393, 376, 402),
                     row("jbt", 100, 90, 110, valid=False)]}
     v = verdict_at_top(res)
     assert v.startswith("lowest median p99 at the highest load: malcolm;")
@@ -278,7 +278,15 @@ def test_the_demo_verdict_names_only_separated_intervals_and_their_coverage():
     v = verdict_at_top(res)
     assert "not separated" not in v and v.endswith("[interval coverage 97%]")
     res["rows"] = [row("malcolm", 390, 385, 400), row("malcolm:learn=0", 300, 290, 310)]
-    assert "above malcolm:learn=0, whose interval lies below its own" in verdict_at_top(res)
+    v = verdict_at_top(res)
+    assert "above malcolm:learn=0, whose interval lies below its own" in v
+    # a lower control median is named in the first clause, separated or not
+    assert v.startswith("lowest median p99 at the highest load, the frozen control aside: "
+                        "malcolm (390 µs; malcolm:learn=0 300 is lower)")
+    res["rows"] = [row("malcolm", 390, 380, 400), row("malcolm:learn=0", 385, 376, 392)]
+    v = verdict_at_top(res)
+    assert "frozen control aside" in v and "malcolm:learn=0 385 is lower" in v
+    assert "not separated from malcolm:learn=0" in v
     v = verdict_at_top({"rows": [row("malcolm", 390, 390, 390, cov=0.0),
                                  row("jsq", 755, 755, 755, cov=0.0)]})
     assert "one clean run per policy" in v and "below" not in v
