@@ -135,7 +135,8 @@ def summarize(scen, res):
                      lab.startswith("malcolm@"))
     summ["learn_vs_frozen"] = dict(
         het=len(het), wins=sum(w < 1 for w in wins) / len(het) if het else float("nan"),
-        ties=sum(abs(w - 1) <= 0.001 for w in wins), seeds=nseeds,
+        ties=sum(abs(w - 1) <= 0.001 for w in wins), exact=sum(w == 1.0 for w in wins),
+        not_higher=sum(w <= 1 for w in wins) / len(het) if het else float("nan"), seeds=nseeds,
         worst_ratio=max(wins) if wins else float("nan"),
         best_ratio=min(wins) if wins else float("nan"))
     return summ
@@ -236,7 +237,8 @@ def write_outputs(a, scen, res, wall):
     lines += ["", f"Learnt vs frozen initial policy on the {lf['het']} heterogeneous racks "
               f"(median p99 over {lf['seeds']} simulation seed(s)): learnt lower in "
               f"{100 * lf['wins']:.0f}%, equal within 0.1% in {lf['ties']}; learnt/frozen "
-              f"from {lf['best_ratio']:.3f} to {lf['worst_ratio']:.3f}."]
+              f"from {lf['best_ratio']:.3f} to {lf['worst_ratio']:.3f}. Exactly equal in "
+              f"{lf['exact']}: not higher in {100 * lf['not_higher']:.0f}%."]
     text = "\n".join(lines) + "\n"
     with open(os.path.join(a.outdir, "sweep.txt"), "w") as f:
         f.write(text)

@@ -46,3 +46,18 @@ def test_draw_ranges_keep_racks_and_workloads():
     assert [(s["rack"], s["workload"]) for s in a] == [(s["rack"], s["workload"]) for s in b]
     assert all(0.8 <= s["load"] <= 0.95 and 20.0 <= s["delay_us"] <= 150.0 for s in b)
     assert a == sweep.draw_scenarios(20, 2026, loads=(0.3, 0.95), delays=(2.0, 10.0))
+
+
+def test_learnt_vs_frozen_counts_exact_ties_apart():
+    """An exact tie of the seed-medians is neither lower nor higher: reported on its own, and
+    in the share of racks where learning is not higher (the reading of ties as not lost)."""
+    scen = [dict(id=i, skew=2.0) for i in range(4)]
+    p99 = {0: (90.0, 100.0), 1: (100.0, 100.0), 2: (100.05, 100.0), 3: (110.0, 100.0)}
+    res = {}
+    for i, (learnt, frozen) in p99.items():
+        for label, _ in sweep.POLICIES:
+            v = learnt if label == "malcolm" else frozen if label == "frozen" else 200.0
+            res[(i, label)] = {"p99_us": v}
+    lf = sweep.summarize(scen, res)["learn_vs_frozen"]
+    assert lf["wins"] == 0.25 and lf["exact"] == 1 and lf["ties"] == 2
+    assert lf["not_higher"] == 0.5 and lf["worst_ratio"] == 1.1
