@@ -37,6 +37,7 @@ from malcolm._core cimport cat_publish_probs, mc_load_relaxed
 from malcolm.policy.agent_state cimport ZCLIP
 from malcolm.policy.gateway_rules cimport GatewayRules
 from malcolm.policy.base cimport MAX_THETA, Policy
+from malcolm.policy._pub_kernels cimport mc_pub_softmax_w
 
 cdef extern from "policy/_ac_kernels.h" nogil:
     void mc_ac_adamw(double* p, double* g, double* m, double* v, int n, double lr,
@@ -56,9 +57,6 @@ cdef extern from "policy/_ac_kernels.h" nogil:
 
 cdef extern from "policy/_select.h" nogil:
     double mc_median(double* a, int k) noexcept nogil
-
-cdef extern from "policy/_pub_kernels.h" nogil:
-    int mc_pub_softmax_w(const double* g, const double* w, double* p, int n) noexcept nogil
 
 
 from malcolm.policy.ac_params import DEFAULTS, THESIS, check_params

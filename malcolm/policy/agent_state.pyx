@@ -22,6 +22,10 @@ from malcolm._core cimport (
     mc_load_relaxed,
 )
 from malcolm.policy.base cimport MAX_THETA, Heartbeat, Policy
+from malcolm.policy._pub_kernels cimport (
+    mc_pub_actor_inputs, mc_pub_count_known, mc_pub_count_pos, mc_pub_learned_logits,
+    mc_pub_migrate_weights, mc_pub_steal_weights,
+)
 
 
 cdef extern from "policy/_sort_kernels.h" nogil:
@@ -29,18 +33,6 @@ cdef extern from "policy/_sort_kernels.h" nogil:
     void mc_sort_pairs(double* key, int* idx, int k) noexcept nogil
     double mc_absdev64(const double* v, const double* pre, int k, double a) noexcept nogil
     double mc_absdev_at(const double* pre, int k, double a, int lo) noexcept nogil
-cdef extern from "policy/_pub_kernels.h" nogil:
-    int mc_pub_migrate_weights(const double* x, const double* rate, const uint8_t* known,
-                               double* w, int n, int me, double ls, int capacity_prior,
-                               double mask_factor) noexcept nogil
-    void mc_pub_steal_weights(const double* x, const uint8_t* known, double* w, int n, int me,
-                              int mask) noexcept nogil
-    void mc_pub_actor_inputs(const double* u, const uint8_t* known, double* z, int n,
-                             double zclip) noexcept nogil
-    void mc_pub_learned_logits(const double* A, const double* z, double* g, int n,
-                               int me) noexcept nogil
-    int mc_pub_count_pos(const double* a, int n) noexcept nogil
-    int mc_pub_count_known(const uint8_t* known, int n) noexcept nogil
 
 
 # Sane bounds on heartbeat-derived inputs (issue 13): 1000 s of queued work, 1e9 tasks in a

@@ -15,14 +15,11 @@ from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 
 from malcolm._core cimport cat_sample, cat_sample_except, mc_load_relaxed, mc_store_relaxed
 from malcolm.policy.agent_state cimport AgentState
+from malcolm.policy._pub_kernels cimport mc_pub_count_known
 
 cdef uint64_t LOW32 = (<uint64_t>1 << 32) - 1      # the hop gate's budget field
 # the shed threshold that no live budget reaches (the budget is clamped to >= -1e9)
 cdef double SHED_NEVER = -2147483648.0
-
-cdef extern from "policy/_pub_kernels.h" nogil:
-    int mc_pub_count_known(const unsigned char* known, int n) noexcept nogil
-
 
 # The budget, the shed threshold and the steal bars are published as signed 32-bit numbers
 # in the low half of a 64-bit word (the budget's high half is the publish's sequence).

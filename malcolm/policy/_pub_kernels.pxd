@@ -1,0 +1,19 @@
+# cython: language_level=3
+"""The publish kernels of ``_pub_kernels.h``, declared once for the modules that call them
+(``agent_state``, ``gateway_rules``, ``actor_critic``): branch-free C loops that vectorize."""
+from libc.stdint cimport uint8_t
+
+
+cdef extern from "policy/_pub_kernels.h" nogil:
+    int mc_pub_migrate_weights(const double* x, const double* rate, const uint8_t* known,
+                               double* w, int n, int me, double ls, int capacity_prior,
+                               double mask_factor) noexcept nogil
+    void mc_pub_steal_weights(const double* x, const uint8_t* known, double* w, int n, int me,
+                              int mask) noexcept nogil
+    void mc_pub_actor_inputs(const double* u, const uint8_t* known, double* z, int n,
+                             double zclip) noexcept nogil
+    void mc_pub_learned_logits(const double* A, const double* z, double* g, int n,
+                               int me) noexcept nogil
+    int mc_pub_count_pos(const double* a, int n) noexcept nogil
+    int mc_pub_count_known(const uint8_t* known, int n) noexcept nogil
+    int mc_pub_softmax_w(const double* g, const double* w, double* p, int n) noexcept nogil
