@@ -38,9 +38,12 @@ import numpy as np  # noqa: E402
 
 from malcolm import _argparse as g  # noqa: E402
 
-WORKLOADS = ("exp:50", "bimodal", "hyperexp1", "hyperexp2", "rocksdb1", "rocksdb2")
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+# every thesis workload and the baselines, as the robustness sweep names them
+from sweep import BASELINES, WORKLOADS  # noqa: E402
+
 CONDITIONS = ("jitter", "loss", "gateway", "window", "uneven")
-BASELINES = ("jsq", "jbt", "po2")
 
 
 def draw_racks(count, seed, loads=(0.3, 0.95), tasks=60_000):

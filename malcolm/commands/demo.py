@@ -78,10 +78,15 @@ def _clean_at_top(result):
     return {r["policy"]: r for r in rows if r["load"] == top and r["valid"]}
 
 
+def _is_control(policy):
+    """The frozen control (``malcolm:learn=0``): compared with, never named the lowest."""
+    return "learn=0" in policy
+
+
 def lowest_at_top(result):
     """The policy with the lowest median p99 at the highest load, among the rows with a clean
     run (a flagged row cannot win) and without the frozen control; None if there is none."""
-    cand = [r for p, r in _clean_at_top(result).items() if "learn=0" not in p]
+    cand = [r for p, r in _clean_at_top(result).items() if not _is_control(p)]
     return min(cand, key=lambda r: r["p99_us"])["policy"] if cand else None
 
 
@@ -100,7 +105,7 @@ def verdict_at_top(result):
     b = at[best]
     # The control is not a candidate, but a lower median of its own is said in the first
     # clause: "lowest: malcolm" alone read as if malcolm were below it too.
-    ctl = [(p, r["p99_us"]) for p, r in at.items() if "learn=0" in p and r["p99_us"] < b["p99_us"]]
+    ctl = [(p, r["p99_us"]) for p, r in at.items() if _is_control(p) and r["p99_us"] < b["p99_us"]]
     head = f"lowest median p99 at the highest load: {best}"
     if ctl:
         head = (f"lowest median p99 at the highest load, the frozen control aside: {best} "
