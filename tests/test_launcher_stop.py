@@ -31,6 +31,8 @@ def _rack(tmp_path, grace, workers):
 class _Slow:
     """A server process that is still stopping: records how long it was waited for."""
 
+    pid = 2 ** 22 + 1           # above any real pid (pid_max), for the launcher's guard
+
     def __init__(self):
         self.waited, self.killed, self.signals = [], False, []
 

@@ -6,6 +6,7 @@ the benchmark runner, the fault injector and the tests.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import errno
 import json
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from malcolm.runtime.config import load_rack, stop_bound_s
@@ -100,6 +102,9 @@ class LocalRack:
         self.procs[k] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=env, **group)
         out.close()
+        # ... but the kernel does that only where the group becomes orphaned, which a
+        # subreaper in this session prevents: the guard resumes it in any case.
+        _GUARD.watch(self.procs[k].pid)
         if wait:
             self.wait_ready([k], timeout)
 
@@ -137,6 +142,7 @@ class LocalRack:
         p = self.procs[k]
         p.send_signal(sig)
         p.wait(10)
+        _GUARD.forget(p.pid)
         if self.cfg.transport == "shm":     # a killed owner leaves its ring behind
             _unlink_shm(self.cfg.servers[k].address)
 
@@ -168,6 +174,7 @@ class LocalRack:
                     codes[k] = p.wait(5)
                 if self.cfg.transport == "shm":
                     _unlink_shm(self.cfg.servers[k].address)
+            _GUARD.forget(p.pid)
         return codes
 
     def stats(self, k):
@@ -198,6 +205,66 @@ class LocalRack:
 
     def __exit__(self, *exc):
         self.down()
+
+
+class _Guard:
+    """This process's guard (``_guard.py``): started with the first server, told of each
+    server started (``+PID``) and reaped (``-PID``) through a pipe, and left to resume
+    (SIGCONT) the servers still listed when the pipe's write end closes: when this process
+    dies, however it dies. See ``_guard.py`` for why."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._proc = None
+        self._owner = None              # the pid that started it (a fork needs its own)
+
+    def _pipe(self):
+        if self._proc is None or self._owner != os.getpid() or self._proc.poll() is not None:
+            script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_guard.py")
+            group = ({"process_group": 0} if sys.version_info >= (3, 11)
+                     else {"preexec_fn": os.setpgrp})
+            # -I -S: the standard library only, started in milliseconds
+            self._proc = subprocess.Popen([sys.executable, "-I", "-S", script],
+                                          stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL, **group)
+            self._owner = os.getpid()
+        return self._proc.stdin
+
+    def _send(self, line):
+        with self._lock:
+            try:
+                pipe = self._pipe()
+                pipe.write(line.encode())
+                pipe.flush()
+            except OSError:
+                # No guard (it could not start, or it was killed): a paused server of a dead
+                # launcher then relies on the kernel's orphaned-group rule alone. Running
+                # servers stop on their own either way; nothing here is worth failing for.
+                pass
+
+    def watch(self, pid):
+        self._send(f"+{pid}\n")
+
+    def forget(self, pid):
+        if self._proc is not None:
+            self._send(f"-{pid}\n")
+
+    def close(self):
+        """At this process's normal exit: end the guard now rather than leave it to the
+        kernel (and a "still running" warning from the interpreter's shutdown)."""
+        with self._lock:
+            proc, self._proc = self._proc, None
+            if proc is None or self._owner != os.getpid():
+                return
+            try:
+                proc.stdin.close()
+                proc.wait(2.0)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+
+
+_GUARD = _Guard()
+atexit.register(_GUARD.close)
 
 
 def server_command():
