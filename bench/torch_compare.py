@@ -98,7 +98,7 @@ def torch_step_fns(torch, n, p):
 def check_against_native(torch, n):
     """One window through both implementations; the gradients must agree."""
     S = 50_000.0
-    p = MalcolmPolicy(n, 0, seed=5, batch_windows=10_000, consensus_every=0, **THESIS)
+    p = MalcolmPolicy(n, 0, seed=5, consensus_every=0, **{**THESIS, "batch_windows": 10_000})
     rng = np.random.default_rng(2)
     la = rng.uniform(0, 4, n)
     lb = rng.uniform(0, 4, n)

@@ -192,6 +192,27 @@ def test_learn_every_samples_one_window_in_k_and_keeps_the_batch_interval():
     assert make(64, 0, learn_every=1).learn_every == 1
 
 
+
+def test_the_default_batch_is_four_learning_windows():
+    """batch_windows=0 (the default): AdamW after every fourth learning window, so 4 windows
+    below 32 servers and 16 (the thesis's 1.6 ms) on 64, where one window in 4 learns."""
+    for n, k in ((2, 1), (16, 1), (32, 2), (48, 3), (64, 4)):
+        p = MalcolmPolicy(n, 0, seed=1)
+        assert (p.learn_every, p.batch_windows) == (k, 4 * k)
+    assert MalcolmPolicy(8, 0, seed=1, learn_every=3).batch_windows == 12
+    assert MalcolmPolicy(8, 0, seed=1, batch_windows=7).batch_windows == 7
+    assert MalcolmPolicy(8, 0, seed=1, **THESIS).batch_windows == 16
+    # the cadence: one AdamW step per 4 windows once a transition exists
+    n, me = 3, 0
+    p = MalcolmPolicy(n, me, seed=1)
+    rng = np.random.default_rng(0)
+    steps = []
+    for w in range(13):
+        hooks.sample_many(p, "arrival", 10)
+        hooks.step(p, w, rng.uniform(0, 4) * S, [None, rng.uniform(0, 4) * S, 0.5 * S])
+        steps.append(p.adam_steps)
+    assert steps == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3]
+
 # ---------------------------------------------------------------- AdamW
 def adamw_ref(p, g, m, v, t, lr, b1, b2, eps, wd):
     """torch.optim.AdamW (amsgrad=False, maximize=False), written out."""
@@ -382,7 +403,7 @@ def test_frozen_policy_does_not_change():
     (dict(bogus=1), TypeError, "unknown parameter"),
     (dict(gamma=1.0), ValueError, "gamma"),
     (dict(gamma=-0.1), ValueError, "gamma"),
-    (dict(batch_windows=0), ValueError, "batch_windows"),
+    (dict(batch_windows=-1), ValueError, "batch_windows"),
     (dict(batch_windows=2.5), TypeError, "batch_windows"),
     (dict(window_ns=0), ValueError, "window_ns"),
     (dict(consensus_every=-1), ValueError, "consensus_every"),

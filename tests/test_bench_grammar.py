@@ -100,3 +100,17 @@ def test_the_real_rack_scripts_servers_presets_and_specs():
     assert mod.servers("2x2,1x1") == ("fig7_3_4_rack_2x2+1x1", [2, 2, 1], "2x2,1x1")
     with pytest.raises(argparse.ArgumentTypeError):
         mod.servers("2x2@2.0")
+
+
+def test_bench_micro_quick_runs_every_policy_benchmark(tmp_path):
+    """`malcolm bench micro --quick` end to end: it builds the policies the way the thesis
+    configures them (``THESIS`` plus the benchmark's own overrides), which a change to
+    ``THESIS`` once broke without any other test noticing."""
+    out = tmp_path / "micro.json"
+    r = _run("-m", "malcolm", "bench", "micro", "--quick", "--no-floor", "--json", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    for n in (4, 8, 16, 32):
+        for key in ("window_ns", "param_update_ns", "param_grad_ns"):
+            assert res[f"{key}.{n}"] > 0, (key, n)
+    assert res["window_ns.64"] > 0

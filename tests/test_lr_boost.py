@@ -26,8 +26,8 @@ def boosted_ref(p, g, m, v, t, lr, b1, b2, eps, wd, boost):
 def test_boosted_step_matches_reference_on_full_actors():
     kw = dict(critic_lr=0.03, actor_lr=0.007, weight_decay=0.05, beta1=0.8, beta2=0.99,
               eps=1e-6, lr_boost=7.0)
-    p = MalcolmPolicy(5, 2, seed=3, batch_windows=10_000, consensus_every=0,
-                      **{**ac.THESIS, **kw})
+    p = MalcolmPolicy(5, 2, seed=3, consensus_every=0,
+                      **{**ac.THESIS, **kw, "batch_windows": 10_000})
     d = p.n_theta
     P = p.params
     m, v = np.zeros_like(P), np.zeros_like(P)

@@ -60,8 +60,8 @@ def bench_policy(int n, Py_ssize_t iters=100_000, int repeats=1):
         raise ValueError("iters must be >= 1")
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
-    cdef MalcolmPolicy p = MalcolmPolicy(n, 0, seed=1, batch_windows=1 << 30,
-                                         consensus_every=0, **THESIS)
+    cdef MalcolmPolicy p = MalcolmPolicy(n, 0, seed=1, consensus_every=0,
+                                         **{**THESIS, "batch_windows": 1 << 30})
     cdef int j, k, _r
     cdef Py_ssize_t it, _it
     cdef int64_t t0, t1, best
