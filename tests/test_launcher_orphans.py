@@ -161,3 +161,25 @@ def test_servers_outlive_the_launcher_thread_that_started_them(tmp_path):
         assert _gone_within(pids, 20)
     finally:
         _cleanup(top, pids)
+
+
+def test_a_forked_child_does_not_hold_the_guards_pipe():
+    """The guard sees its launcher's end by the pipe's end: a forked child (multiprocessing)
+    that kept the write end open would keep a dead launcher's paused servers stopped."""
+    script = textwrap.dedent("""
+        import os, sys
+        from malcolm.runtime import launcher
+        launcher._GUARD.watch(os.getpid())
+        ino = os.fstat(launcher._GUARD._proc.stdin.fileno()).st_ino
+        pid = os.fork()
+        if pid == 0:
+            held = [fd for fd in os.listdir("/proc/self/fd")
+                    if os.path.exists(f"/proc/self/fd/{fd}")
+                    and os.stat(f"/proc/self/fd/{fd}").st_ino == ino]
+            os._exit(1 if held else 0)
+        _, status = os.waitpid(pid, 0)
+        sys.exit(os.waitstatus_to_exitcode(status))
+    """)
+    r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, timeout=60,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr

@@ -249,6 +249,18 @@ class _Guard:
         if self._proc is not None:
             self._send(f"-{pid}\n")
 
+    def _after_fork(self):
+        # A forked child must not keep the parent's pipe open (the parent's guard would not
+        # see its end while the child lives); it starts its own guard if it starts servers.
+        proc, self._proc = self._proc, None
+        self._lock = threading.Lock()
+        self._inherited = proc          # kept: collecting it here would warn of a "running" child
+        if proc is not None:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+
     def close(self):
         """At this process's normal exit: end the guard now rather than leave it to the
         kernel (and a "still running" warning from the interpreter's shutdown)."""
@@ -265,6 +277,7 @@ class _Guard:
 
 _GUARD = _Guard()
 atexit.register(_GUARD.close)
+os.register_at_fork(after_in_child=_GUARD._after_fork)
 
 
 def server_command():
