@@ -34,6 +34,11 @@ STACKS_SIGNAL = signal.SIGUSR2
 _PR_SET_PDEATHSIG = 1
 
 
+# Popen's arguments for a child in a process group of its own (see LocalRack.start)
+_OWN_GROUP = ({"process_group": 0} if sys.version_info >= (3, 11)
+              else {"preexec_fn": os.setpgrp})
+
+
 class ServerExited(RuntimeError):
     """A server of a :class:`LocalRack` exited before it said it was ready.
 
@@ -97,10 +102,8 @@ class LocalRack:
         # the rack in order, not every server at once behind its back; and when this process
         # dies, the kernel wakes a server it had paused (SIGSTOP) with SIGHUP and SIGCONT
         # (an orphaned process group with a stopped member), so that it too can stop.
-        group = ({"process_group": 0} if sys.version_info >= (3, 11)
-                 else {"preexec_fn": os.setpgrp})
         self.procs[k] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=env, **group)
+                                         stdin=subprocess.DEVNULL, env=env, **_OWN_GROUP)
         out.close()
         # ... but the kernel does that only where the group becomes orphaned, which a
         # subreaper in this session prevents: the guard resumes it in any case.
@@ -216,18 +219,15 @@ class _Guard:
     def __init__(self):
         self._lock = threading.Lock()
         self._proc = None
-        self._owner = None              # the pid that started it (a fork needs its own)
 
     def _pipe(self):
-        if self._proc is None or self._owner != os.getpid() or self._proc.poll() is not None:
+        # None in a forked child too (_after_fork): it starts a guard of its own
+        if self._proc is None or self._proc.poll() is not None:
             script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_guard.py")
-            group = ({"process_group": 0} if sys.version_info >= (3, 11)
-                     else {"preexec_fn": os.setpgrp})
             # -I -S: the standard library only, started in milliseconds
             self._proc = subprocess.Popen([sys.executable, "-I", "-S", script],
                                           stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL, **group)
-            self._owner = os.getpid()
+                                          stderr=subprocess.DEVNULL, **_OWN_GROUP)
         return self._proc.stdin
 
     def _send(self, line):
@@ -266,7 +266,7 @@ class _Guard:
         kernel (and a "still running" warning from the interpreter's shutdown)."""
         with self._lock:
             proc, self._proc = self._proc, None
-            if proc is None or self._owner != os.getpid():
+            if proc is None:
                 return
             try:
                 proc.stdin.close()
