@@ -603,6 +603,55 @@ def test_marginal_advantage_gradient_matches_brute_force_and_finite_differences(
     assert np.array_equal(p.grad_cache[d:], before)
 
 
+@pytest.mark.parametrize("state", ["decision", "window"])
+def test_steal_advantage_is_credited_at_the_own_load_where_the_steals_went_ahead(state):
+    """steal_state="decision" (the default) with the live gate: a steal's one-task change of
+    the potential puts our own load where the gateway stole, q + used - done (q the tasks at
+    the publish) averaged over the steals that went ahead, not at the window's end; the
+    migrate actor and the peers stay at the window's end."""
+    n, me, mc, sc, beta = 5, 2, 0.05, 0.03, 0.1
+    p = make(n, me, init_scale=0.3, entropy=beta, migration_cost=mc, steal_cost=sc,
+             advantage="difference", load_clip=4.0, hop_gate=True, gate_live=True,
+             steal_idle=False, steal_state=state)
+    assert p.config()["steal_state"] == state
+    rates = np.array([14.0, 14.0, 4.0, 4.0, 8.0]) / S
+    s = 1.0 / (rates * S)
+    loads_a = np.array([0.5, 9.0, 2.0, 1.0, 3.0]) * S       # q = 8 tasks here
+    hooks.step(p, 0, loads_a[me], list(loads_a), rates=list(rates))
+    u_a = np.minimum(loads_a / S, 4.0)
+    pim, pis = p.probs_migrate, p.probs_steal
+    kept = int(hooks.sample_many(p, "arrival", 6)[me])
+    # one completion at a time, so that each steal's own queue is known: after the t-th
+    # completion q + kept - t tasks are here
+    went = [t for t in range(1, 9) if hooks.sample_many(p, "steal", 1)[me] == 0]
+    assert len(went) >= 2
+    loads_b = np.array([1.0, 1.5, 7.0, 2.0, 0.2]) * S
+    hooks.step(p, 1, loads_b[me], list(loads_b), rates=list(rates))
+    v = loads_b / S
+    am, _ = ref_marginal_advantages(v, s, me, mc, sc)
+    w = v.copy()
+    if state == "decision":
+        q = loads_a[me] * rates[me] + kept - np.mean(went)
+        w[me] = max(q, 0.0) * s[me]
+        # among the peers' loads, where the potential's change depends on it
+        assert np.sort(np.delete(v, me))[0] < w[me] < np.sort(np.delete(v, me))[-1]
+    _, ast = ref_marginal_advantages(w, s, me, mc, sc)
+
+    def closed(pi, A):
+        return -pi * (A - pi @ A) + beta * pi * (np.log(pi) - (pi * np.log(pi)).sum())
+
+    g_bm, g_bs = closed(pim, am), closed(pis, ast)
+    ref_actors = np.concatenate([np.outer(g_bm, u_a).T.ravel(), g_bm,
+                                 np.outer(g_bs, u_a).T.ravel(), g_bs])
+    np.testing.assert_allclose(p.grad_cache[p.n_theta:], ref_actors, rtol=1e-9, atol=1e-12)
+
+
+def test_steal_state_is_checked():
+    assert MalcolmPolicy(4, 0).config()["steal_state"] == "decision"
+    with pytest.raises(ValueError, match="steal_state"):
+        MalcolmPolicy(4, 0, steal_state="completion")
+
+
 def test_marginal_advantage_without_rates_uses_unit_task():
     n, me = 3, 0
     p = make(n, me, init="zero", entropy=0.0, migration_cost=0.0, steal_cost=0.0,

@@ -55,6 +55,8 @@ DEFAULTS = dict(
     shed=-1.0,                  # >= 0: send an arrival away while keeping waits this many
     #                             own task times longer than a hop plus a peer's wait (off)
     steal_idle=True,            # steal only into an open gate, or from a peer above the mean
+    steal_state="decision",     # a steal's advantage at the own queue where it went ahead;
+    #                             "window": at the window's end (the fourteenth session's)
     trust=8.0,                  # 0 disables the trust region around the initial actors
     runaway_windows=20,         # 0 disables the runaway reset
     theta_bound=1000.0,         # peers' critics with a larger norm are refused
@@ -158,6 +160,7 @@ def check_params(params):
     choice("actor_input", "absolute", "relative")
     choice("advantage", "td", "marginal", "difference")
     choice("consensus", "median", "mean")
+    choice("steal_state", "decision", "window")
     choice("init", "safe", "random", "zero")
     cfg["learn"] = _as_bool("learn", cfg["learn"])
     cfg["capacity_prior"] = _as_bool("capacity_prior", cfg["capacity_prior"])

@@ -20,12 +20,10 @@ migration/steal counts and critic parameters. A lost heartbeat only leaves a sta
 Threads: everything here runs on the policy thread; the gateway thread's ``decide_*`` are in
 ``gateway_rules.pyx``. The driver (simulator or runtime) owns ``Policy.migrations`` and
 ``Policy.steals``: the tasks that actually moved, which the heartbeats report and the payoff
-charges for.
-
-This module holds how the agent learns, agrees, guards itself and publishes; its memory and
-what it observes (loads, heartbeats, sorted loads, features, advantages) are ``AgentState``
-in ``agent_state.pyx``; its parameters and their validation are in ``ac_params.py``. The
-design and the reasons for the feature vector are in ``docs/policy.md``.
+charges for. This module holds how the agent learns, agrees, guards itself and publishes;
+its memory and observations (loads, heartbeats, sorted loads, features, advantages) are
+``AgentState`` (``agent_state.pyx``), its parameters ``ac_params.py``; the design, with the
+reasons for the feature vector, is in ``docs/policy.md``.
 """
 import numpy as np
 
@@ -164,6 +162,8 @@ cdef class MalcolmPolicy(GatewayRules):
         than a hop + the peers' load (< 0, the default: off; ``GatewayRules``).
     steal_idle : bool
         Live gate only: steal into an open gate, or from a peer above the mean (default on).
+    steal_state : str
+        Live gate: a steal's own load where it went ahead (``"decision"``) or at the window end.
     mask_factor : float
         Never migrate to a peer whose load is above ours and above ``mask_factor`` times the
         rack's mean plus one task; never steal from a peer not busier than us. 0 disables.

@@ -178,6 +178,15 @@ cdef class AgentState(Policy):
     cdef uint64_t* seen_mig              # snapshot at the last end_window (policy thread)
     cdef uint64_t* seen_stl
     cdef uint64_t own_mig_seen, own_stl_seen   # Policy.migrations/steals at the last window
+    # steal_state="decision": where the gateway's steals went ahead. Sums of (arrivals kept -
+    # completions since the publish), the live gate's own-queue change, at each steal that
+    # went ahead, and their count (gateway writes only); their snapshots at the last window;
+    # the own queue at the last publish (policy thread)
+    cdef readonly str steal_state
+    cdef bint stl_at_decision
+    cdef uint64_t stl_dq, stl_dn
+    cdef uint64_t stl_dq_seen, stl_dn_seen
+    cdef double q_gate
 
     # peers, from heartbeats only
     cdef uint32_t hb_seq
@@ -212,6 +221,7 @@ cdef class AgentState(Policy):
     cdef void _rescale(self) noexcept nogil
     cdef double _hop_units(self) noexcept nogil
     cdef void _decisions_counted(self) noexcept nogil
+    cdef double _steal_load(self, double vme, double sme) noexcept nogil
     cdef void _learned_logits(self) noexcept nogil
     cdef void _tilt_logits(self) noexcept nogil
     cdef void _migrate_weights(self, double* w) noexcept nogil

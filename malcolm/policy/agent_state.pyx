@@ -272,7 +272,7 @@ cdef class AgentState(Policy):
         cdef double* am = self.adv
         cdef double* st = self.adv + n
         cdef const double* rate = self.adv + 2 * n
-        cdef double sme, si, vi, vme, di, norm, inv = 1.0 / self.load_scale, fme, fme_up
+        cdef double sme, si, vi, vme, vs, di, norm, inv = 1.0 / self.load_scale, fme, fme_up
         cdef double hop = self._hop_units() * self.hop_weight
         cdef double hc = self.hop_cap if self.hop_cap > 0.0 else INFINITY
         cdef double cmig = self.migration_cost + hop, cstl = self.steal_cost + hop
@@ -313,8 +313,19 @@ cdef class AgentState(Policy):
             if not self.known[i]:
                 am[i] = am[me] - cmig      # no information: accepting, plus the cost
         # steal: one task moves from i to me (i = me: nothing moves). Over k != i, me:
-        # sum |a - vk| = F(a) - |a - vi| - |a - vme|.
+        # sum |a - vk| = F(a) - |a - vi| - |a - vme|. Our own terms at vs, our load where the
+        # steals went ahead (steal_state="decision"; vme otherwise): with steal_idle a steal
+        # goes ahead after a completion that left a worker idle, a state the window's end
+        # does not sample. Credited at the end, a many-worker server's steals from one-worker
+        # servers looked like adding to a queue, and its actor learnt to stop stealing
+        # (docs/policy.md, "The default policy", item 12).
         st[me] = 0.0
+        vs = self._steal_load(vme, sme)
+        if vs != vme:
+            # F at vs and vs + sme with the sorted loads' own term |a - vme| swapped for the
+            # |a - vs| (= sme at a = vs + sme) that the loop takes off as k = me's
+            fme = mc_absdev64(srt, pre, k, vs) - fabs(vs - vme)
+            fme_up = mc_absdev64(srt, pre, k, vs + sme) - fabs(vs + sme - vme) + sme
         for i in range(n):
             if i == me:
                 continue
@@ -328,10 +339,10 @@ cdef class AgentState(Policy):
             vi = self.x[i] * inv
             di = ((mc_absdev64(srt, pre, k, vi - si) - si - fabs(vi - si - vme))
                   - (fv[self.pos[i]] - fabs(vi - vme)))
-            di += ((fme_up - fabs(vme + sme - vi) - sme)
-                   - (fme - fabs(vme - vi)))
+            di += ((fme_up - fabs(vs + sme - vi) - sme)
+                   - (fme - fabs(vs - vi)))
             # the pair (i, me) itself
-            di += fabs((vi - si) - (vme + sme)) - fabs(vi - vme)
+            di += fabs((vi - si) - (vs + sme)) - fabs(vi - vs)
             st[i] = -norm * di - (self.steal_cost + min(hop, hc * (si + sme)))
 
     cdef void _fold_gdiag(self, double* g, bint clear) noexcept nogil:
@@ -352,6 +363,20 @@ cdef class AgentState(Policy):
         for j in range(self.n):
             self.seen_mig[j] = mc_load_relaxed(&self.cnt_mig[j])
             self.seen_stl[j] = mc_load_relaxed(&self.cnt_stl[j])
+        self.stl_dq_seen = mc_load_relaxed(&self.stl_dq)
+        self.stl_dn_seen = mc_load_relaxed(&self.stl_dn)
+
+    cdef double _steal_load(self, double vme, double sme) noexcept nogil:
+        """The own load the window's steals are credited at: vme, the window's end, or with
+        ``steal_state="decision"`` and the live gate the mean own queue where the steals
+        went ahead (the tasks at the publish + the mean of used - done), in tasks of sme."""
+        cdef uint64_t m = mc_load_relaxed(&self.stl_dn) - self.stl_dn_seen
+        cdef double q
+        if m == 0 or not (self.stl_at_decision and self.live):
+            return vme
+        q = self.q_gate + (<double>(<int64_t>(mc_load_relaxed(&self.stl_dq) - self.stl_dq_seen))
+                           / <double>m)
+        return (q if q > 0.0 else 0.0) * sme
 
     cdef void _set_load(self, int j, double load) noexcept nogil:
         cdef double v

@@ -114,6 +114,12 @@ cdef class GatewayRules(AgentState):
                     _low32(g) + self.gate_done - <int64_t>self.gate_used
                     < _low32(mc_load_relaxed(&self.steal_pub[a]))):
                 a = self.me
+            if a != self.me:
+                # the own queue here, for this steal's advantage (steal_state="decision"):
+                # q + used - done, q the tasks at the publish
+                mc_store_relaxed(&self.stl_dq, self.stl_dq
+                                 + <uint64_t>(<int64_t>self.gate_used - self.gate_done))
+                mc_store_relaxed(&self.stl_dn, self.stl_dn + 1)
         mc_store_relaxed(&self.cnt_stl[a], self.cnt_stl[a] + 1)
         return -1 if a == self.me else a
 
@@ -163,6 +169,7 @@ cdef class GatewayRules(AgentState):
             if self.steal_idle:
                 self._steal_thresholds(r)
             self.gate_seq += 1
+            self.q_gate = self.x[self.me] * r      # q, what used - done counts from
             mc_store_relaxed(&self.gate_pub, ((self.gate_seq & LOW32) << 32) | _low32_of(kf))
             return
         if k >= 1.0:
@@ -236,6 +243,8 @@ cdef class GatewayRules(AgentState):
         self.gate_live = cfg["gate_live"]
         self.shed = cfg["shed"]
         self.steal_idle = cfg["steal_idle"]
+        self.steal_state = cfg["steal_state"]
+        self.stl_at_decision = self.steal_state == "decision"
         mc_store_relaxed(&self.shed_pub, _low32_of(SHED_NEVER))
         for j in range(self.n):
             mc_store_relaxed(&self.steal_pub[j], _low32_of(1.0))     # the open gate's bar
