@@ -21,7 +21,8 @@ SCRIPTS = sorted(
                                                "handler_accuracy.py", "fuzz_wire.py",
                                                "learn_vs_frozen.py", "longrun.py",
                                                "gate_activity.py", "room_bound.py",
-                                               "tiny_racks.py")])
+                                               "tiny_racks.py", "big_and_tiny.py",
+                                               "bias_drift.py")])
 
 
 def _run(*args, cwd=ROOT, timeout=120):
