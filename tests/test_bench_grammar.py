@@ -22,7 +22,9 @@ SCRIPTS = sorted(
                                                "learn_vs_frozen.py", "longrun.py",
                                                "gate_activity.py", "room_bound.py",
                                                "tiny_racks.py", "big_and_tiny.py",
-                                               "bias_drift.py")])
+                                               "bias_drift.py", "conditions.py",
+                                               "light_load.py", "policy_room.py",
+                                               "rocksdb_pad.py", "verbs_first_batch.py")])
 
 
 def _run(*args, cwd=ROOT, timeout=120):
