@@ -464,6 +464,29 @@ def test_rack_steals_from_the_busy_server(tmp_path, kind):
     assert st[0]["stolen_out"] > 0 and st[0]["steal_req_recv"] > 0
 
 
+@pytest.mark.parametrize("grant", [0.0, 1000.0])
+def test_the_victims_steal_bar_runs_in_the_gateway(tmp_path, grant):
+    """``steal_grant`` decides in the runtime's gateway as in the simulator: with a bar no
+    queue reaches (1000 hops of waiting work) every steal request is answered empty."""
+    if _policy_with_theta() != "malcolm":
+        pytest.skip("the malcolm policy is not built")
+    path = _rack_file(tmp_path, "udp", f'name = "malcolm"\nsteal_grant = {grant}', workers=1)
+    with LocalRack(path) as lr:
+        with Client("udp", lr.cfg.addresses) as c:
+            acc = c.run(480, service_ns=200_000, rate=8000, servers=[0, 0, 0, 0, 0, 0, 1, 2],
+                        timeout=15)
+        codes = lr.down()
+    assert set(codes.values()) == {0}
+    s = acc.summary()
+    assert s["answered"] == 480 and s["lost"] == 0, s
+    st = _final_stats(lr)
+    assert st[0]["steal_req_recv"] > 0
+    if grant:
+        assert sum(x["stolen_out"] for x in st) == 0 and s["stolen"] == 0, s
+    else:
+        assert st[0]["stolen_out"] > 0 and s["stolen"] > 0, s
+
+
 @pytest.mark.parametrize("kind", LOCAL)
 def test_rack_runs_malcolm_and_its_critics_travel(tmp_path, kind):
     if _policy_with_theta() != "malcolm":

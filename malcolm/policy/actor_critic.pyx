@@ -142,11 +142,9 @@ cdef class MalcolmPolicy(GatewayRules):
     features : {"symmetric", "per_server"}
         Critic features: permutation-symmetric summaries of the loads (default), or one
         load and one deviation feature per server (see docs/policy.md for why the default).
-    init : {"safe", "random", "zero"}
+    init, init_scale : {"safe", "random", "zero"}, float
         ``"safe"`` (default): all parameters 0 but the accept bias, log n (see
         ``capacity_prior``); ``"random"``: uniform in ``[-init_scale, init_scale]``.
-    init_scale : float
-        Half-width of the random initialisation.
     capacity_prior : bool
         Add the capacity prior to the migrate logits (rates from heartbeats): accepting
         log(r_me / mean rate), a peer the log of its share of the spare capacity, so that
@@ -164,9 +162,11 @@ cdef class MalcolmPolicy(GatewayRules):
         Live gate only: steal into an open gate, or from a peer above the mean (default on).
     steal_state : str
         Live gate: a steal's own load where it went ahead (``"decision"``) or at the window end.
+    steal_grant : float
+        Hop gate: as a victim, answer a steal only while waiting work >= this many hops (0 off).
     mask_factor : float
-        Never migrate to a peer whose load is above ours and above ``mask_factor`` times the
-        rack's mean plus one task; never steal from a peer not busier than us. 0 disables.
+        Never migrate to a peer above ours and above ``mask_factor`` x the rack's mean + one
+        task; never steal from a peer not busier than us. 0 disables.
     trust : float
         Actor parameters stay within ``trust`` (biases; the accept bias may exceed its start
         by ``trust + log n`` but never fall below it, the no-steal bias never rises above

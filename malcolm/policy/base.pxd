@@ -67,6 +67,7 @@ cdef class Policy:
 
     cdef int decide_arrival(self, int64_t now, int task_type) noexcept nogil
     cdef int decide_steal(self, int64_t now) noexcept nogil
+    cdef bint grant_steal(self, int64_t now, double waiting, double rate) noexcept nogil
     cdef void observe_local(self, int64_t now, double load, double queue_len,
                             double rate) noexcept nogil
     cdef void observe_peer(self, int64_t now, const Heartbeat* hb) noexcept nogil

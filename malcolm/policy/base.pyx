@@ -68,6 +68,13 @@ cdef class Policy:
     cdef int decide_steal(self, int64_t now) noexcept nogil:
         return -1
 
+    cdef bint grant_steal(self, int64_t now, double waiting, double rate) noexcept nogil:
+        """A peer asks this server for a waiting task: give one (True) or answer empty.
+
+        ``waiting`` tasks wait here and the server serves ``rate`` tasks per ns. The
+        gateway asks only while a task waits; the default gives one."""
+        return True
+
     cdef void observe_local(self, int64_t now, double load, double queue_len,
                             double rate) noexcept nogil:
         pass
@@ -104,6 +111,10 @@ cdef class Policy:
     def py_decide_steal(self, int64_t now=0):
         """Return the victim to steal from after a completion, or -1."""
         return self.decide_steal(now)
+
+    def py_grant_steal(self, double waiting, double rate, int64_t now=0):
+        """``grant_steal`` from Python (tests)."""
+        return bool(self.grant_steal(now, waiting, rate))
 
     def py_observe_local(self, int64_t now, double load, double queue_len, double rate):
         self.observe_local(now, load, queue_len, rate)

@@ -15,3 +15,4 @@ cdef class GatewayRules(AgentState):
     cdef void _shed_threshold(self, double r) noexcept nogil
     cdef void _steal_thresholds(self, double r) noexcept nogil
     cdef int _unshared_config(self, dict cfg) except -1
+    cdef void _grant_bar(self, double h) noexcept nogil

@@ -155,6 +155,7 @@ cdef class GatewayRules(AgentState):
         cdef double c = <double>(self.n_workers if self.n_workers > 1 else 1)
         cdef double k = 0.0, kf
         cdef uint64_t kb = 0
+        self._grant_bar(h)
         if h > 0.0 and r > 0.0:
             # q = x_me r: the driver observes load = queue / rate with one read of the rate
             k = c - self.x[self.me] * r + h * r
@@ -237,6 +238,24 @@ cdef class GatewayRules(AgentState):
                 t = t if t > -1e9 else -1e9
             mc_store_relaxed(&self.steal_pub[j], _low32_of(t))
 
+    cdef bint grant_steal(self, int64_t now, double waiting, double rate) noexcept nogil:
+        """The victim's side of a steal (``steal_grant`` > 0): give the oldest waiting task
+        only if the waiting work, ``waiting / rate``, is at least ``steal_grant`` one-way
+        hops. Below it the task would start here before it could reach the thief, so the
+        move saves less than its transfer costs, and the thief, a server that just went
+        idle, takes on a task its own next arrivals will then queue behind (docs/policy.md,
+        "Where the steal actor's gains went"). Refusals are counted in ``grant_refused``."""
+        cdef uint64_t bar = mc_load_relaxed(&self.grant_pub)
+        if bar == 0 or waiting >= <double>bar * rate:
+            return True
+        mc_store_relaxed(&self.grant_refused, self.grant_refused + 1)
+        return False
+
+    cdef void _grant_bar(self, double h) noexcept nogil:
+        """Publish ``steal_grant`` hops of ``h`` ns for ``grant_steal`` (0: none known)."""
+        cdef double b = self.steal_grant * h if h > 0.0 else 0.0
+        mc_store_relaxed(&self.grant_pub, <uint64_t>(b if b < 1e15 else 1e15))
+
     cdef int _unshared_config(self, dict cfg) except -1:
         """The parameters of the decisions from state the agents do not share (``__init__``)."""
         cdef int j
@@ -245,6 +264,8 @@ cdef class GatewayRules(AgentState):
         self.steal_idle = cfg["steal_idle"]
         self.steal_state = cfg["steal_state"]
         self.stl_at_decision = self.steal_state == "decision"
+        self.steal_grant = cfg["steal_grant"]
+        mc_store_relaxed(&self.grant_pub, 0)        # no hop known yet: every steal granted
         mc_store_relaxed(&self.shed_pub, _low32_of(SHED_NEVER))
         for j in range(self.n):
             mc_store_relaxed(&self.steal_pub[j], _low32_of(1.0))     # the open gate's bar

@@ -422,7 +422,10 @@ cdef class Gateway:
             self.bad(m, rc)
             return
         self.count.steal_req_recv += 1
-        if not self.draining and mpmc_pop(self.pool.runq, &idx):
+        cdef double waiting = <double>mpmc_size(self.pool.runq)
+        if (not self.draining and waiting > 0
+                and self.policy.grant_steal(mc_now_ns(), waiting, est_rate(&self.pool.est))
+                and mpmc_pop(self.pool.runq, &idx)):
             slot_to_task(&self.pool.slots[idx], &t, self.pool.slots[idx].flags | F_STOLEN, seq)
             # what is left of the deadline travels with the task
             t.budget_us = budget_left_us(self.pool.slots[idx].deadline_ns, mc_now_ns())

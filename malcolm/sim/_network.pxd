@@ -11,7 +11,7 @@ event kind.
 """
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 
-from malcolm._core cimport rng_uniform
+from malcolm._core cimport est_rate, rng_uniform
 from malcolm.policy.base cimport Heartbeat, Policy
 from malcolm.policy.driver cimport (
     drv_observe_peer, drv_stole, steal_gate_open, steal_gate_reply,
@@ -128,7 +128,9 @@ cdef inline void steal_request(Engine e, int victim, int thief, double seq) noex
     """A steal request reaches its victim: the oldest waiting task, if any, goes back."""
     cdef Server* v = &e.servers[victim]
     cdef int32_t slot = -1
-    if e.sched != SCHED_PS:      # under ideal PS no task is waiting
+    # under ideal PS no task is waiting; the victim's policy may keep its waiting tasks
+    if e.sched != SCHED_PS and v.queue.count > 0 and (<Policy>e.pol[victim]).grant_steal(
+            e.now, <double>v.queue.count, est_rate(&v.est)):
         slot = ring_pop(&v.queue)
     if slot >= 0:
         v.ntasks -= 1
