@@ -119,7 +119,7 @@ cdef class Gateway:
     cdef bint from_member(self, MsgBuf* m, int src, uint64_t ep, uint64_t aseq,
                           int64_t now) noexcept nogil
     cdef int on_forward(self, MsgBuf* m, uint32_t blen, int64_t now) noexcept nogil
-    cdef void on_steal_req(self, MsgBuf* m, int src, uint32_t blen) noexcept nogil
+    cdef void on_steal_req(self, MsgBuf* m, int src, uint32_t blen, int64_t now) noexcept nogil
     cdef int on_steal_reply(self, MsgBuf* m, uint32_t blen, int64_t now) noexcept nogil
     cdef void on_heartbeat(self, MsgBuf* m, int src, uint32_t blen,
                            uint64_t aseq) noexcept nogil

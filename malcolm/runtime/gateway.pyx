@@ -301,7 +301,7 @@ cdef class Gateway:
         if kind == K_FORWARD:
             return self.on_forward(m, blen, now)
         elif kind == K_STEAL_REQ:
-            self.on_steal_req(m, h.src, blen)
+            self.on_steal_req(m, h.src, blen, now)
         elif kind == K_STEAL_REPLY:
             return self.on_steal_reply(m, blen, now)
         elif kind == K_HEARTBEAT:
@@ -410,7 +410,7 @@ cdef class Gateway:
             self.count.forwarded_in += 1
         return 1
 
-    cdef void on_steal_req(self, MsgBuf* m, int src, uint32_t blen) noexcept nogil:
+    cdef void on_steal_req(self, MsgBuf* m, int src, uint32_t blen, int64_t now) noexcept nogil:
         """A peer asks for work: the oldest waiting task (the central queue is FIFO)."""
         cdef WireTask t
         cdef MsgBuf* b
@@ -422,9 +422,10 @@ cdef class Gateway:
             self.bad(m, rc)
             return
         self.count.steal_req_recv += 1
+        # the batch's rate (adm_rate, read once per batch before its messages are handled)
         cdef double waiting = <double>mpmc_size(self.pool.runq)
         if (not self.draining and waiting > 0
-                and self.policy.grant_steal(mc_now_ns(), waiting, est_rate(&self.pool.est))
+                and self.policy.grant_steal(now, waiting, self.adm_rate)
                 and mpmc_pop(self.pool.runq, &idx)):
             slot_to_task(&self.pool.slots[idx], &t, self.pool.slots[idx].flags | F_STOLEN, seq)
             # what is left of the deadline travels with the task
