@@ -13,8 +13,8 @@ RACK = dict(rack="3x11,3x1", workload="rocksdb2", load=0.891, tasks=40_000, seed
 
 
 def test_the_parameter_is_checked():
-    assert make_policy("malcolm", 4, 0, 1).steal_grant == 0.0       # off by default
-    assert make_policy("malcolm", 4, 0, 1, steal_grant=2).steal_grant == 2.0
+    assert make_policy("malcolm", 4, 0, 1).steal_grant == 2.0       # the default
+    assert make_policy("malcolm", 4, 0, 1, steal_grant=0).steal_grant == 0.0
     for bad, err in ((-1.0, ValueError), (1e4, ValueError), (float("nan"), ValueError),
                      ("2", ValueError)):      # the registry reports a TypeError as a bad parameter
         with pytest.raises(err):
@@ -27,14 +27,16 @@ def test_every_steal_is_granted_before_a_hop_is_known():
     assert make_policy("jsq", 4, 0, 1).py_grant_steal(0.5, 1.0)     # other policies: always
 
 
-def test_off_is_the_default_bit_for_bit():
+def test_two_hops_is_the_default_bit_for_bit():
     a = simulate(policy="malcolm", **RACK)
-    b = simulate(policy="malcolm:steal_grant=0", **RACK)
+    b = simulate(policy="malcolm:steal_grant=2", **RACK)
+    c = simulate(policy="malcolm:steal_grant=0", **RACK)
     assert (a.p99_us, a.steals, a.migrations) == (b.p99_us, b.steals, b.migrations)
+    assert c.steals > a.steals          # 0 turns the bar off: every steal granted
 
 
 def test_the_bar_refuses_steals_that_would_not_pay_for_their_hop():
-    base = simulate(policy="malcolm", **RACK)
+    base = simulate(policy="malcolm:steal_grant=0", **RACK)
     some = simulate(policy="malcolm:steal_grant=2", **RACK)
     none = simulate(policy="malcolm:steal_grant=1000", **RACK)
     assert base.steals > 0 and none.steal_requests > 0
@@ -46,6 +48,6 @@ def test_the_bar_refuses_steals_that_would_not_pay_for_their_hop():
 
 
 def test_frozen_start_has_the_rule_too():
-    base = simulate(policy="malcolm:learn=0", **RACK)
+    base = simulate(policy="malcolm:learn=0,steal_grant=0", **RACK)
     some = simulate(policy="malcolm:learn=0,steal_grant=2", **RACK)
     assert some.steals < base.steals

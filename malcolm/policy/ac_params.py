@@ -55,7 +55,8 @@ DEFAULTS = dict(
     shed=-1.0,                  # >= 0: send an arrival away while keeping waits this many
     #                             own task times longer than a hop plus a peer's wait (off)
     steal_idle=True,            # steal only into an open gate, or from a peer above the mean
-    steal_grant=0.0,            # victim: give a task only if its waiting work >= this many hops
+    steal_grant=2.0,            # victim: give a task only if its waiting work >= this many hops;
+    #                             0: every steal granted (the sixteenth session's)
     steal_state="decision",     # a steal's advantage at the own queue where it went ahead;
     #                             "window": at the window's end (the fourteenth session's)
     trust=8.0,                  # 0 disables the trust region around the initial actors

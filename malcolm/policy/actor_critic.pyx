@@ -163,7 +163,7 @@ cdef class MalcolmPolicy(GatewayRules):
     steal_state : str
         Live gate: a steal's own load where it went ahead (``"decision"``) or at the window end.
     steal_grant : float
-        Hop gate: as a victim, answer a steal only while waiting work >= this many hops (0 off).
+        Hop gate: as a victim, answer a steal only while waiting work >= this many hops (2).
     mask_factor : float
         Never migrate to a peer above ours and above ``mask_factor`` x the rack's mean + one
         task; never steal from a peer not busier than us. 0 disables.
