@@ -12,7 +12,6 @@ batch arrived before the introduction and was dropped as ``unknown_src``. Prints
 per failed round and a total; exits 1 when any message was lost.
 """
 
-import argparse
 import os
 import sys
 import threading
@@ -41,28 +40,19 @@ def one_round(open_transport, transport_echo, host, batch):
         b.close()
 
 
-def _count(text):
-    """An argparse ``type``: a whole number >= 1."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
-
-
 def main(argv=None):
     ap = g.parser(__doc__, examples="""
   scripts/rdma-vm -- python3 bench/verbs_first_batch.py --rounds 200
   scripts/rdma-vm -- python3 bench/verbs_first_batch.py --rounds 50 --batch 64""")
-    ap.add_argument("--rounds", type=_count, default=200,
+    ap.add_argument("--rounds", type=int, default=200,
                     help="fresh endpoint pairs to try (200)")
-    ap.add_argument("--batch", type=_count, default=20,
+    ap.add_argument("--batch", type=int, default=20,
                     help="messages in each first batch (20)")
     ap.add_argument("--host", default=os.environ.get("MALCOLM_RDMA_HOST", "10.77.0.1"),
                     help="the RDMA device's address ($MALCOLM_RDMA_HOST, else 10.77.0.1)")
     args = ap.parse_args(argv)
+    if args.rounds < 1 or args.batch < 1:
+        ap.error("--rounds and --batch must be >= 1")
     from malcolm.bench.transport import transport_echo
     from malcolm.net.transport import open_transport
 
