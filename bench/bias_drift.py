@@ -88,21 +88,18 @@ def main(argv=None):
     ap.add_argument("--delay-us", type=float, default=2.0, help="one-way delay in µs (2)")
     ap.add_argument("--seed", type=int, default=2, help="simulation seed (2)")
     ap.add_argument("--at", default="20,50,100,200,400,1200", metavar="MS,...",
+                    type=g.numbers(float, "times in ms"),
                     help="times after the cold start, in ms of arrivals")
     ap.add_argument("--malcolm", default="", metavar="KEY=VAL,...",
                     help="extra Malcolm parameters")
     a = ap.parse_args(argv)
-    try:
-        times = [float(x) for x in a.at.split(",")]
-        if not times or min(times) <= 0:
-            raise ValueError
-    except ValueError:
-        ap.error(f"argument --at: expected positive times in ms, got {a.at!r}")
+    if min(a.at) <= 0:
+        ap.error("argument --at: times must be > 0, got " + ",".join(f"{t:g}" for t in a.at))
     print(f"{a.servers} {a.workload} load {a.load} delay {a.delay_us} µs seed {a.seed}"
           f"{' malcolm:' + a.malcolm if a.malcolm else ''}: mean biases (small = fewer workers)")
     print(f"{'ms':>6} {'p99 µs':>8} {'Bm s->b':>8} {'s->s':>6} {'b->s':>6} "
           f"{'Bs b<-s':>8} {'s<-b':>6} {'migr':>6} {'steals':>6}")
-    for row in drift(a.servers, a.workload, a.load, a.delay_us, a.seed, times, a.malcolm):
+    for row in drift(a.servers, a.workload, a.load, a.delay_us, a.seed, a.at, a.malcolm):
         print("{:6.0f} {:8.1f} {:8.2f} {:6.2f} {:6.2f} {:8.2f} {:6.2f} {:6.3f} {:6.3f}"
               .format(*row))
 
