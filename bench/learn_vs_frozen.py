@@ -11,7 +11,9 @@ processes on an idle 2-core machine.
 its tuning runs 7 and 777), each with its own task count scaled by ``--tasks-mult``;
 ``--seeds`` sets the simulation seeds. ``--max-servers`` skips larger racks (they are slow).
 ``--scenario RACK/WORKLOAD/LOAD/DELAY`` (repeatable) runs the racks given instead, each with
-``--tasks`` tasks.
+``--tasks`` tasks. ``--window`` sets every server's policy window (default 100 µs, the
+runtime's) and ``--phase`` the windows' phases (default random, as servers started one by one
+have; ``aligned``: every server's window ends at the same instant).
 """
 import os
 import sys
@@ -28,15 +30,16 @@ SCENARIOS = [("1x1,1x8,1x12,1x15", "exp:50", 0.9, 9.0), ("1x9,1x10,1x8", "rocksd
              ("1x16,7x2", "rocksdb1", 0.85, 4.0), ("3x10,3x4", "exp:50", 0.6, 5.0)]
 SEEDS = (11, 12, 13, 14, 15)
 TASKS = 150_000
+WINDOW_US = 100.0
 
 
 def _run(job):
     from malcolm.sim import simulate
 
-    sc, i, pol, seed = job
+    sc, i, pol, seed, window, phase = job
     rack, wl, load, delay, tasks = sc
     r = simulate(rack=rack, policy=pol, workload=wl, load=load, tasks=tasks, seed=seed,
-                 delay_us=delay, warmup=0.3)
+                 delay_us=delay, warmup=0.3, window_us=window, phase=phase)
     return i, pol, seed, r.p99_us
 
 
@@ -79,6 +82,11 @@ def main(argv=None):
                          "1x12,1x4/hyperexp2/0.95/4.7 (delay in µs)")
     ap.add_argument("--tasks", type=int, default=TASKS,
                     help=f"tasks per run of the six racks or --scenario (default {TASKS})")
+    ap.add_argument("--window", type=g.duration("us", positive=True), default=WINDOW_US,
+                    metavar="DURATION", help="every server's policy window (bare number: µs; "
+                    "default 100us)")
+    ap.add_argument("--phase", choices=("random", "staggered", "aligned"), default="random",
+                    help="the servers' window phases (default random)")
     g.add_json(ap, "every scenario's p99s")
     a = ap.parse_args(argv)
     g.json_stdout(a)
@@ -109,8 +117,8 @@ def main(argv=None):
     learnt = "malcolm" + (":" + extra if extra else "")
     frozen = "malcolm:learn=0" + ("," + extra if extra else "")
     others = ("jsq", "jbt", "po2", "cfcfs") if a.room else ()
-    jobs = [(sc, i, p, s) for i, sc in enumerate(scen) for p in (learnt, frozen, *others)
-            for s in seeds]
+    jobs = [(sc, i, p, s, a.window, a.phase) for i, sc in enumerate(scen)
+            for p in (learnt, frozen, *others) for s in seeds]
     with Pool(a.procs) as pool:
         res = pool.map(_run, jobs)
     p99 = {}
@@ -139,7 +147,7 @@ def main(argv=None):
           f"median {np.median(r):.4f}")
     if a.json:
         g.write_json(a, dict(seeds=list(seeds), draw=a.draw, learnt=learnt, frozen=frozen,
-                             scenarios=out))
+                             window_us=a.window, phase=a.phase, scenarios=out))
 
 
 if __name__ == "__main__":

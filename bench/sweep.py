@@ -2,7 +2,9 @@
 
 Draws ``--scenarios`` scenarios from a fixed ``--seed`` (2-64 servers, 1-16 workers each,
 capacity skew up to 16:1, every thesis workload, loads 0.3-0.95, one-way delays 2-10 µs;
-``--load-range`` and ``--delay-range`` change those two ranges) and
+``--load-range`` and ``--delay-range`` change those two ranges; ``--window`` sets every
+server's policy window, default the runtime's 100 µs, and ``--phase`` the windows' phases,
+default random) and
 simulates each with every policy of ``POLICIES``: default Malcolm, the same Malcolm frozen at
 its initial policy (``learn=0``), JSQ, JBT, client power-of-2, and the ideal centralized FCFS
 (a reference, not deployable). It reports, per policy,
@@ -53,6 +55,7 @@ BASELINES = ("jsq", "jbt", "po2")
 # draw_scenarios and of --load-range / --delay-range
 LOAD_RANGE = (0.3, 0.95)
 DELAY_RANGE = (2.0, 10.0)
+WINDOW_US = 100.0           # the runtime's and the simulator's default window
 
 
 def draw_scenarios(count, seed, quick=False, loads=LOAD_RANGE, delays=DELAY_RANGE):
@@ -98,7 +101,8 @@ def _run(job):
     sc, label, spec, seed = job
     t0 = time.time()
     r = simulate(rack=sc["rack"], policy=spec, workload=sc["workload"], load=sc["load"],
-                 tasks=sc["tasks"], seed=seed, delay_us=sc["delay_us"], warmup=0.3)
+                 tasks=sc["tasks"], seed=seed, delay_us=sc["delay_us"], warmup=0.3,
+                 window_us=sc.get("window_us", WINDOW_US), phase=sc.get("phase", "random"))
     return dict(id=sc["id"], policy=label, p50_us=r.p50_us, p99_us=r.p99_us,
                 mean_us=r.mean_us, migrations=r.migrations, generated=r.generated,
                 wall_s=time.time() - t0)
@@ -166,6 +170,12 @@ def main(argv=None):
                     default=",".join(map(str, DELAY_RANGE)),
                     help="range of the drawn one-way delays, µs (default 2,10): beyond the "
                          "issue's range with the same racks and workloads")
+    ap.add_argument("--window", type=g.duration("us", positive=True), default=WINDOW_US,
+                    metavar="DURATION", help="every server's policy window (bare number: µs; "
+                    "default 100us): the same draws at another window")
+    ap.add_argument("--phase", choices=("random", "staggered", "aligned"), default="random",
+                    help="the servers' window phases (default random; aligned: every window "
+                         "ends at the same instant)")
     ap.add_argument("--hetero-seeds", type=int, default=1,
                     help="simulation seeds for Malcolm and frozen on heterogeneous racks; the "
                          "learnt-vs-frozen comparison uses the median p99 over them")
@@ -180,6 +190,8 @@ def main(argv=None):
     scen = draw_scenarios(6 if a.quick else a.scenarios, a.seed, a.quick, a.loads, a.delays)
     for sc in scen:
         sc["tasks"] = int(sc["tasks"] * a.tasks_mult)
+        sc["window_us"] = a.window
+        sc["phase"] = a.phase
     extra = a.malcolm.strip().strip(",")
     pols = [(label, (spec + ("," if ":" in spec else ":") + extra)
              if extra and spec.startswith("malcolm") else spec) for label, spec in POLICIES]
@@ -220,6 +232,10 @@ def write_outputs(a, scen, res, wall):
                         f"{r['malcolm']['migrations'] / max(1, r['malcolm']['generated']):.3f}"])
     ranges = "" if (tuple(a.loads), tuple(a.delays)) == (LOAD_RANGE, DELAY_RANGE) else \
         f", loads {a.loads[0]:g}-{a.loads[1]:g}, delays {a.delays[0]:g}-{a.delays[1]:g} µs"
+    if a.window != WINDOW_US:
+        ranges += f", window {a.window:g} µs"
+    if a.phase != "random":
+        ranges += f", {a.phase} window phases"
     lines = [f"Sweep: {len(scen)} scenarios from seed {a.seed}{ranges}, simulation seed "
              f"{a.sim_seed}{' (--quick)' if a.quick else ''}; {wall:.0f} s wall with "
              f"{a.procs} processes.",

@@ -61,3 +61,30 @@ def test_learnt_vs_frozen_counts_exact_ties_apart():
     lf = sweep.summarize(scen, res)["learn_vs_frozen"]
     assert lf["wins"] == 0.25 and lf["exact"] == 1 and lf["ties"] == 2
     assert lf["not_higher"] == 0.5 and lf["worst_ratio"] == 1.1
+
+
+def test_window_reaches_every_simulation(monkeypatch):
+    """--window and --phase reach every run (the defaults: the runtime's 100 µs, random)."""
+    import malcolm.sim
+
+    seen = []
+
+    class R:
+        p50_us = p99_us = mean_us = 1.0
+        migrations = generated = 1
+
+    def fake(**kw):
+        seen.append((kw["window_us"], kw["phase"]))
+        return R()
+
+    monkeypatch.setattr(malcolm.sim, "simulate", fake)
+    sc = sweep.draw_scenarios(1, 2026)[0]
+    sweep._run((sc, "malcolm", "malcolm", 1))
+    sweep._run((dict(sc, window_us=500.0, phase="aligned"), "malcolm", "malcolm", 1))
+    assert seen == [(100.0, "random"), (500.0, "aligned")] and sweep.WINDOW_US == 100.0
+
+
+def test_window_must_be_positive(capsys):
+    with pytest.raises(SystemExit) as e:
+        sweep.main(["--window", "0"])
+    assert e.value.code == 2 and "--window" in capsys.readouterr().err
