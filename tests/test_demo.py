@@ -86,6 +86,7 @@ def test_demo_compare_sim_and_json_to_stdout(tmp_path):
     data = json.loads(r.stdout)
     (row,) = data["rows"]
     assert row["sim_p99_us"] > 0 and row["sim_ratio"] > 0
+    assert row["sim_saturated"] is (max(row["server_util"]) >= 0.99)
     assert row["sim"]["costs"]["service_samples"] > 0
     assert "sim p99" in r.stderr
     assert not _demo_servers(tmp_path)

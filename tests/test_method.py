@@ -296,7 +296,20 @@ def test_the_demo_verdict_names_only_separated_intervals_and_their_coverage():
     assert "95% CI" not in HEADER and " cov " in HEADER
     r = dict(row("malcolm", 390, 380, 400), effective_load=0.85, used=2, late_fraction=0.0,
              migrations_per_task=0.5, steals_per_task=0.1, server_util=[0.5])
-    assert "[   380,   400]  50%   2" in format_row(r)
+    assert "[   380,   400]  50%   2" in format_row(r) and "saturated" not in format_row(r)
+    r.update(sim_p99_us=700.0, sim_ratio=0.56, sim_saturated=True)
+    assert "0.56" in format_row(r) and "a server saturated" in format_row(r)
+
+
+def test_a_saturated_server_is_named_so_its_sim_ratio_is_no_test():
+    """A server that never idles has a queue that grows with the run, and so does its p99:
+    the twin's far longer run is then not comparable (loadgen.table.saturated)."""
+    from malcolm.loadgen.table import SATURATED, saturated
+    assert SATURATED == 0.99
+    assert saturated({"server_util": [0.5, None, 1.01]})
+    assert saturated({"server_util": [0.99]})
+    assert not saturated({"server_util": [0.5, 0.985]})
+    assert not saturated({"server_util": [None]}) and not saturated({"server_util": []})
 
 
 def test_headroom_runs_one_rung_above_the_calibrated_k():

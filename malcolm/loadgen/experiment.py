@@ -45,7 +45,7 @@ import tempfile
 import threading
 import time
 
-from malcolm.loadgen import method
+from malcolm.loadgen import method, table
 from malcolm.loadgen.table import HEADER, format_row, format_run  # noqa: F401 (re-exported)
 from malcolm.net.ports import free_udp_ports
 from malcolm.runtime.launcher import LocalRack, ServerExited
@@ -793,6 +793,7 @@ class Experiment:
                 continue
             row["sim_p99_us"] = tw["p99_us"]
             row["sim_ratio"] = row["p99_us"] / tw["p99_us"] if tw["p99_us"] else float("nan")
+            row["sim_saturated"] = table.saturated(row)       # then the ratio tests nothing
             row["sim"] = {k: tw[k] for k in ("p50_us", "p99_us", "migrations_per_task",
                                               "steals_per_task", "mean_load_us", "costs")}
 

@@ -5,6 +5,16 @@ from __future__ import annotations
 
 import math
 
+# A server whose measured utilisation reaches this is saturated: its workers never idle, its
+# queue grows for as long as the run lasts, and so does a p99. Against the simulator's twin
+# (sim_tasks, far more tasks than a run measures) the ratio then tests nothing.
+SATURATED = 0.99
+
+
+def saturated(row):
+    """Whether some server of the row ran saturated (``server_util`` >= :data:`SATURATED`)."""
+    return max((u for u in row["server_util"] if u is not None), default=0.0) >= SATURATED
+
 
 def _f(v, w, d=0):
     return f"{v:{w}.{d}f}" if isinstance(v, (int, float)) and math.isfinite(v) else f"{'-':>{w}}"
@@ -39,6 +49,8 @@ def format_row(row):
     cis = f"[{_f(ci[0], 6)},{_f(ci[1], 6)}]"
     util = " ".join(_f(u, 4, 2) if u is not None else "   -" for u in row["server_util"])
     mark = "" if row["valid"] else "  (no clean run: median of flagged runs)"
+    if row.get("sim_saturated"):
+        mark += "  (a server saturated: p99 grows with run length, the ratio is no test)"
     return (f"{row['policy']:<16} {row['load']:4.2f} {row['effective_load']:5.3f} "
             f"{_f(row['p99_us'], 7)} {cis:>15} {_cov(row.get('ci_coverage'))} {row['used']:>3} "
             f"{100 * row['late_fraction']:5.2f}% {row['migrations_per_task']:5.2f} "
