@@ -30,7 +30,6 @@ SCENARIOS = [("1x1,1x8,1x12,1x15", "exp:50", 0.9, 9.0), ("1x9,1x10,1x8", "rocksd
              ("1x16,7x2", "rocksdb1", 0.85, 4.0), ("3x10,3x4", "exp:50", 0.6, 5.0)]
 SEEDS = (11, 12, 13, 14, 15)
 TASKS = 150_000
-WINDOW_US = 100.0
 
 
 def _run(job):
@@ -82,11 +81,7 @@ def main(argv=None):
                          "1x12,1x4/hyperexp2/0.95/4.7 (delay in µs)")
     ap.add_argument("--tasks", type=int, default=TASKS,
                     help=f"tasks per run of the six racks or --scenario (default {TASKS})")
-    ap.add_argument("--window", type=g.duration("us", positive=True), default=WINDOW_US,
-                    metavar="DURATION", help="every server's policy window (bare number: µs; "
-                    "default 100us)")
-    ap.add_argument("--phase", choices=("random", "staggered", "aligned"), default="random",
-                    help="the servers' window phases (default random)")
+    g.add_window_phase(ap)
     g.add_json(ap, "every scenario's p99s")
     a = ap.parse_args(argv)
     g.json_stdout(a)

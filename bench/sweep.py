@@ -55,7 +55,6 @@ BASELINES = ("jsq", "jbt", "po2")
 # draw_scenarios and of --load-range / --delay-range
 LOAD_RANGE = (0.3, 0.95)
 DELAY_RANGE = (2.0, 10.0)
-WINDOW_US = 100.0           # the runtime's and the simulator's default window
 
 
 def draw_scenarios(count, seed, quick=False, loads=LOAD_RANGE, delays=DELAY_RANGE):
@@ -102,7 +101,7 @@ def _run(job):
     t0 = time.time()
     r = simulate(rack=sc["rack"], policy=spec, workload=sc["workload"], load=sc["load"],
                  tasks=sc["tasks"], seed=seed, delay_us=sc["delay_us"], warmup=0.3,
-                 window_us=sc.get("window_us", WINDOW_US), phase=sc.get("phase", "random"))
+                 window_us=sc.get("window_us", g.SIM_WINDOW_US), phase=sc.get("phase", "random"))
     return dict(id=sc["id"], policy=label, p50_us=r.p50_us, p99_us=r.p99_us,
                 mean_us=r.mean_us, migrations=r.migrations, generated=r.generated,
                 wall_s=time.time() - t0)
@@ -170,12 +169,7 @@ def main(argv=None):
                     default=",".join(map(str, DELAY_RANGE)),
                     help="range of the drawn one-way delays, µs (default 2,10): beyond the "
                          "issue's range with the same racks and workloads")
-    ap.add_argument("--window", type=g.duration("us", positive=True), default=WINDOW_US,
-                    metavar="DURATION", help="every server's policy window (bare number: µs; "
-                    "default 100us): the same draws at another window")
-    ap.add_argument("--phase", choices=("random", "staggered", "aligned"), default="random",
-                    help="the servers' window phases (default random; aligned: every window "
-                         "ends at the same instant)")
+    g.add_window_phase(ap)
     ap.add_argument("--hetero-seeds", type=int, default=1,
                     help="simulation seeds for Malcolm and frozen on heterogeneous racks; the "
                          "learnt-vs-frozen comparison uses the median p99 over them")
@@ -232,7 +226,7 @@ def write_outputs(a, scen, res, wall):
                         f"{r['malcolm']['migrations'] / max(1, r['malcolm']['generated']):.3f}"])
     ranges = "" if (tuple(a.loads), tuple(a.delays)) == (LOAD_RANGE, DELAY_RANGE) else \
         f", loads {a.loads[0]:g}-{a.loads[1]:g}, delays {a.delays[0]:g}-{a.delays[1]:g} µs"
-    if a.window != WINDOW_US:
+    if a.window != g.SIM_WINDOW_US:
         ranges += f", window {a.window:g} µs"
     if a.phase != "random":
         ranges += f", {a.phase} window phases"

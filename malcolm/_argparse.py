@@ -6,6 +6,7 @@
 * :func:`loads`: ``0.5,0.7`` or ``0.5:0.95:0.05`` (START:STOP:STEP, STOP included).
 * :func:`servers`: a servers spec (``2x14,9x4``) or a named preset (``homo``, ``hetero``).
 * :func:`add_json`: ``--json [FILE|-]``; :func:`write_json` adds the run metadata.
+* :func:`add_window_phase`: the simulator's ``--window`` and ``--phase``.
 * :func:`parser`: an ``ArgumentParser`` whose ``--help`` ends with ``Examples:``.
 
 A bad value is argparse's one-line usage error naming the option (exit status 2).
@@ -22,11 +23,16 @@ import sys
 
 from malcolm._units import parse_duration, parse_rate
 
-__all__ = ["PRESETS", "add_json", "duration", "hidden_alias", "json_stdout", "loads",
-           "parser", "rate", "servers", "write_json"]
+__all__ = ["PRESETS", "SIM_PHASES", "SIM_WINDOW_US", "add_json", "add_window_phase",
+           "duration", "hidden_alias", "json_stdout", "loads", "parser", "rate", "servers",
+           "write_json"]
 
 # The racks of the thesis's evaluation (Ch. 7), by name.
 PRESETS = {"homo": "8x8", "hetero": "2x14,9x4"}
+# The simulator's window phases (malcolm.sim.simulate's ``phase``) and its default window,
+# which is the runtime's too
+SIM_PHASES = ("random", "staggered", "aligned")
+SIM_WINDOW_US = 100.0
 _SPEC = re.compile(r"\d+x\d+(@[0-9.]+)?(,\d+x\d+(@[0-9.]+)?)*")
 
 
@@ -131,6 +137,17 @@ def hidden_alias(ap: argparse.ArgumentParser, old: str, dest: str, **kw) -> None
     """The first release's spelling ``old`` of the option stored in ``dest``, kept working
     but left out of ``--help``."""
     ap.add_argument(old, dest=dest, help=argparse.SUPPRESS, default=argparse.SUPPRESS, **kw)
+
+
+def add_window_phase(ap: argparse.ArgumentParser) -> None:
+    """``--window DURATION`` (µs, default :data:`SIM_WINDOW_US`) and ``--phase`` (one of
+    :data:`SIM_PHASES`, default random): every simulated server's policy window and phase."""
+    ap.add_argument("--window", type=duration("us", positive=True), default=SIM_WINDOW_US,
+                    metavar="DURATION", help="every server's policy window (bare number: µs; "
+                    "default 100us, the runtime's)")
+    ap.add_argument("--phase", choices=SIM_PHASES, default="random",
+                    help="the servers' window phases (default random; aligned: every window "
+                         "ends at the same instant)")
 
 
 def add_json(ap: argparse.ArgumentParser, what: str = "the results") -> None:

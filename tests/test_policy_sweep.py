@@ -81,7 +81,7 @@ def test_window_reaches_every_simulation(monkeypatch):
     sc = sweep.draw_scenarios(1, 2026)[0]
     sweep._run((sc, "malcolm", "malcolm", 1))
     sweep._run((dict(sc, window_us=500.0, phase="aligned"), "malcolm", "malcolm", 1))
-    assert seen == [(100.0, "random"), (500.0, "aligned")] and sweep.WINDOW_US == 100.0
+    assert seen == [(100.0, "random"), (500.0, "aligned")] and sweep.g.SIM_WINDOW_US == 100.0
 
 
 def test_window_must_be_positive(capsys):
