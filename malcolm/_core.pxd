@@ -28,7 +28,7 @@ from malcolm._native cimport (
 )
 from malcolm._estimator cimport (
     EST_INVERSE, EST_MEAN, Estimator, est_free, est_init, est_load, est_note_arrival,
-    est_observe, est_rate, est_set_mode, est_worker_rate,
+    est_observe, est_rate, est_set_mode, est_totals, est_worker_rate,
 )
 from malcolm._lockfree cimport (
     Mpmc, MpmcCell, Spsc, mpmc_bytes, mpmc_init, mpmc_pop, mpmc_push, mpmc_size, spsc_bytes,

@@ -1,7 +1,7 @@
 # cython: language_level=3
 """The load estimator of one server (thesis §3.2 "Load estimation"): the ``cdef`` functions of
 ``_estimator.pxd`` and their Python wrapper :class:`LoadEstimator`."""
-from libc.math cimport isfinite
+from libc.math cimport isfinite, log
 from libc.stdint cimport uint64_t
 from libc.stdlib cimport free
 from libc.string cimport memset
@@ -11,7 +11,8 @@ import numpy as np
 cimport numpy as cnp
 
 from malcolm._native cimport (
-    CACHELINE, mc_aligned_alloc, mc_assert, mc_load_f64, mc_store_f64,
+    CACHELINE, mc_aligned_alloc, mc_assert, mc_load_f64, mc_load_relaxed, mc_store_f64,
+    mc_store_relaxed,
 )
 
 cnp.import_array()
@@ -24,8 +25,9 @@ cdef int est_init(Estimator* e, int n_workers, int n_types, double alpha,
         return -1
     e.n_workers = n_workers
     e.n_types = n_types
-    # A whole number of cache lines per worker row, so workers never share a line.
-    e.stride = ((n_types + 7) // 8) * 8
+    # A whole number of cache lines per worker row, so workers never share a line: the
+    # n_types EWMAs, then the sums of log S and of S over all the worker's completions.
+    e.stride = ((n_types + 2 + 7) // 8) * 8
     e.alpha = alpha
     e.prior_rate = 1.0 / prior_service_ns
     e.ew = <double*>mc_aligned_alloc(CACHELINE, sizeof(double) * n_workers * e.stride)
@@ -75,6 +77,11 @@ cdef void est_observe(Estimator* e, int worker, int task_type, double service_ns
     else:
         mc_store_f64(&e.ew[k], e.ew[k] + e.alpha * (v - e.ew[k]))
     e.count[k] += 1
+    # the speed statistics (est_totals): whatever the type
+    k = <Py_ssize_t>worker * e.stride + e.n_types
+    mc_store_f64(&e.ew[k], e.ew[k] + log(service_ns))
+    mc_store_f64(&e.ew[k + 1], e.ew[k + 1] + service_ns)
+    mc_store_relaxed(&e.count[k], e.count[k] + 1)
 
 
 cdef void est_note_arrival(Estimator* e, int task_type) noexcept nogil:
@@ -124,6 +131,29 @@ cdef double est_rate(Estimator* e) noexcept nogil:
 cdef double est_load(Estimator* e, double queue_len) noexcept nogil:
     """Load = queue length / service rate: the expected wait of the last task, in ns."""
     return queue_len / est_rate(e)
+
+
+cdef uint64_t est_totals(Estimator* e, double* log_sum, double* sum_ns) noexcept nogil:
+    """The server's completions so far: their count (returned), the sum of their log service
+    times (ln ns) and of their service times (ns), over all workers and types.
+
+    The policy compares servers' speeds with these (``AgentState.observe_local``): the mean
+    log service time is the log of the geometric mean, which a speed factor shifts by its log
+    whatever the task mix, and which heavy-tailed service moves far less than the mean (the
+    rate's EWMA moves by half its value after one long task under HyperExp-2). Read with
+    relaxed loads, each worker's three values a few completions apart at worst."""
+    cdef int w
+    cdef Py_ssize_t k
+    cdef uint64_t n = 0
+    cdef double ls = 0.0, ss = 0.0
+    for w in range(e.n_workers):
+        k = <Py_ssize_t>w * e.stride + e.n_types
+        n += mc_load_relaxed(&e.count[k])
+        ls += mc_load_f64(&e.ew[k])
+        ss += mc_load_f64(&e.ew[k + 1])
+    log_sum[0] = ls
+    sum_ns[0] = ss
+    return n
 
 
 cdef class LoadEstimator:
@@ -213,6 +243,13 @@ cdef class LoadEstimator:
     def load(self, double queue_len):
         """Expected wait of the last queued task, in ns."""
         return est_load(&self.e, queue_len)
+
+    def totals(self):
+        """``(n, log_sum, sum_ns)``: the completions so far, the sum of their log service
+        times (ln ns) and of their service times (ns), over all workers and types."""
+        cdef double ls, ss
+        cdef uint64_t n = est_totals(&self.e, &ls, &ss)
+        return int(n), ls, ss
 
     def ewma(self):
         """The EWMA per worker and type, shape (n_workers, n_types): of service times (ns)

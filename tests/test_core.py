@@ -215,6 +215,27 @@ def test_estimator_deterministic_service_and_load():
     assert est.load(8) == pytest.approx(100_000.0, rel=1e-12)
 
 
+@pytest.mark.parametrize("n_types", [1, 6, 8])
+def test_estimator_totals_sum_every_completion(n_types):
+    """``totals``: the count, sum of ln S and sum of S over every worker and type (the speed
+    the heartbeat carries); the per-type EWMAs beside them in each row are untouched."""
+    rng = np.random.default_rng(5)
+    est = _estimator.LoadEstimator(3, n_types, alpha=0.05)
+    w = rng.integers(0, 3, 500)
+    t = rng.integers(0, n_types, 500)
+    s = rng.exponential(50_000.0, 500)
+    est.observe_many(w, t, s)
+    n, log_sum, sum_ns = est.totals()
+    s1 = np.maximum(s, 1.0)           # a zero-length task counts as 1 ns, as for the rate
+    assert n == 500
+    assert log_sum == pytest.approx(np.log(s1).sum(), rel=1e-12)
+    assert sum_ns == pytest.approx(s1.sum(), rel=1e-12)
+    ref = _estimator.LoadEstimator(3, n_types, alpha=0.05)
+    for k in range(500):
+        ref.observe(int(w[k]), int(t[k]), float(s[k]))
+    assert np.array_equal(est.ewma(), ref.ewma()) and est.totals() == ref.totals()
+
+
 def test_estimator_mix_weights_types_by_expected_service_time():
     # One worker, types of 10 µs and 90 µs arriving half and half: a random task takes 50 µs.
     est = _estimator.LoadEstimator(1, 2, alpha=0.01)

@@ -139,3 +139,80 @@ def test_rules_run_in_the_simulator_and_lose_no_task():
                      load=0.9, tasks=20_000, seed=1, delay_us=5.0)
     assert r.completed == r.generated and r.measured > 0
     assert 0 < r.migrations < r.generated
+
+
+# ---------------------------------------------------------------- speed_band (item 14)
+def slow_and_fast(band=1.5, peer_tasks=0.0, peer_lg_factor=0.25, **kw):
+    """Server 0 (one worker) runs tasks in 4 T; its peers report speed codes of
+    ``peer_lg_factor`` x 4 T (default T: four times faster), ``peer_tasks`` per worker."""
+    import math
+    p = MalcolmPolicy(N, 0, seed=4, hop_ns=HOP, learn=False, speed_band=band, **kw)
+    t_me = 4 * T
+    p.py_completions(1000, 1000 * math.log(t_me), 1000 * t_me)
+    lg = round(256 * math.log2(t_me * peer_lg_factor))
+    for now in (0, 100_000):
+        p.py_observe_local(now, 0.0, 0.0, 1.0 / t_me)
+        for j in range(1, N):
+            t_j = t_me * peer_lg_factor
+            p.py_observe_peer(now, j, peer_tasks * t_j, rate=1.0 / t_j, svc_lg=lg)
+        p.py_end_window(now)
+    return p
+
+
+def test_the_own_speed_code_comes_from_the_completions():
+    import math
+    p = slow_and_fast()
+    assert p.svc_lg == round(256 * math.log2(4 * T))
+    assert p.svc_mean_ns == pytest.approx(4 * T)
+    assert p.py_heartbeat()["svc_lg"] == p.svc_lg
+    fresh = MalcolmPolicy(N, 0, seed=4)
+    fresh.py_completions(10, 10 * math.log(T), 10 * T)      # too few completions: not sent
+    fresh.py_observe_local(0, 0.0, 0.0, 1.0 / T)
+    assert fresh.svc_lg == 0 and fresh.py_heartbeat()["svc_lg"] == 0
+
+
+def test_a_slow_server_keeps_nothing_outright_while_faster_peers_are_idle():
+    """Idle here, idle peers four times faster: a kept task takes 4 T = 200 µs, a migrated
+    one 10 + 50 µs, so the gate keeps none outright and every arrival follows the table.
+    With speed_band=0 (the rule off), or peers of the same speed, the idle worker keeps
+    the first arrival of each window, as the hop gate always did."""
+    p = slow_and_fast()
+    hooks.sample_many(p, "arrival", 2000)
+    assert p.gated == 0 and p.speed_slower >= 1
+    for q in (slow_and_fast(band=0.0), slow_and_fast(peer_lg_factor=1.0),
+              slow_and_fast(peer_lg_factor=0.8)):          # 1.25x: within the band
+        hooks.sample_many(q, "arrival", 2000)
+        assert q.gated >= 1 and q.speed_slower == 0
+
+
+def test_the_speed_rule_leaves_busy_peers_alone():
+    """Peers with a task per worker (more than half busy) are not sent more: the gate is
+    the hop gate's, and so it is for a server faster than its peers."""
+    busy = slow_and_fast(peer_tasks=1.0)
+    hooks.sample_many(busy, "arrival", 2000)
+    assert busy.gated >= 1 and busy.speed_slower == 0
+    fast = slow_and_fast(peer_lg_factor=4.0)
+    hooks.sample_many(fast, "arrival", 2000)
+    assert fast.gated >= 1 and fast.speed_slower == 0
+
+
+def test_speed_band_is_checked():
+    assert MalcolmPolicy(N, 0).speed_band == 1.5
+    with pytest.raises(ValueError, match="speed_band"):
+        MalcolmPolicy(N, 0, speed_band=0.5)
+    with pytest.raises(ValueError, match="speed_band"):
+        MalcolmPolicy(N, 0, speed_band=-1.0)
+
+
+def test_a_slow_server_at_light_load_sends_its_work_to_a_fast_one():
+    """The held-out rack of docs/policy.md, item 14: two 16-worker servers at speeds 0.5 and
+    2.0 at 0.18 load. Without the rule each kept its own arrivals (0.1% migrated) and the
+    p99 was 1.6x po2's; with it the slow server's work moves and the p99 falls."""
+    from malcolm.sim import simulate
+
+    kw = dict(rack="1x16@0.5,1x16@2.0", workload="fig2.1b", load=0.181, delay_us=5.0,
+              tasks=60_000, seed=1)
+    on = simulate(policy="malcolm", **kw).summary()
+    off = simulate(policy="malcolm", policy_params=dict(speed_band=0.0), **kw).summary()
+    assert on["migrations"] > 10 * max(off["migrations"], 1)
+    assert on["p99_us"] < 0.8 * off["p99_us"]

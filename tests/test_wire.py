@@ -31,6 +31,7 @@ SAMPLES = [
     ("heartbeat", dict(src=5, seq=9, sent_ns=10, load=1.5, queue_len=2.0, rate=1e-4,
                        migrations=11, steals=12, theta=[0.5, -1.25, 3.0])),
     ("heartbeat", dict(src=0, theta=[float(i) for i in range(256)])),
+    ("heartbeat", dict(src=2, seq=1, load=0.5, rate=2e-5, svc_lg=wire.MAX_SVC_LG)),
 ]
 
 
@@ -143,6 +144,10 @@ def test_specific_rejections_have_reasons():
     hb = bytearray(native.encode_heartbeat(1))
     struct.pack_into("<H", hb, 12, 300)
     assert _code(_reseal(hb))[1] == "too many critic parameters"
+    hb = bytearray(native.encode_heartbeat(1, svc_lg=12))
+    assert native.decode(bytes(hb))["svc_lg"] == 12
+    struct.pack_into("<H", hb, 14, wire.MAX_SVC_LG + 1)              # a speed code too large
+    assert _code(_reseal(hb))[1] == _code_py(_reseal(hb))[1] == "field out of range"
     resp = bytearray(native.encode_response(1, 2, 3))
     resp[54] = 9                                                       # no such status
     assert _code(_reseal(resp))[1] == "field out of range"
@@ -155,6 +160,9 @@ def test_encoders_refuse_oversized_input():
         wire.encode_task(1, 1, payload=b"x" * 1025)
     with pytest.raises(ValueError):
         native.encode_heartbeat(1, theta=[0.0] * 257)
+    for enc in (native.encode_heartbeat, wire.encode_heartbeat):
+        with pytest.raises(ValueError, match="svc_lg"):
+            enc(1, svc_lg=wire.MAX_SVC_LG + 1)
 
 
 def test_fuzzed_input_is_rejected_identically_and_never_crashes():

@@ -4,7 +4,7 @@ from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
 
 from malcolm._system cimport CLOCK_REALTIME, clock_gettime, getrandom, timespec
-from malcolm.policy.base cimport MAX_THETA, Heartbeat, heartbeat_init
+from malcolm.policy.base cimport MAX_SVC_LG, MAX_THETA, Heartbeat, heartbeat_init
 
 
 cdef const char* _ERRNAMES[16]
@@ -247,7 +247,7 @@ cdef int wire_get_heartbeat(const uint8_t* buf, uint32_t n, Heartbeat* hb) noexc
     hb.src = mc_ld16(buf + 4)
     hb.seq = mc_ld32(buf + 8)
     hb.n_theta = nt
-    hb._pad = 0
+    hb.svc_lg = mc_ld16(buf + 14)       # 0: not known (and from a sender before the field)
     hb.sent_ns = <int64_t>mc_ld64(buf + 16)
     hb.load = mc_ldf64(buf + 24)
     hb.queue_len = mc_ldf64(buf + 32)
@@ -256,7 +256,7 @@ cdef int wire_get_heartbeat(const uint8_t* buf, uint32_t n, Heartbeat* hb) noexc
     hb.steals = mc_ld64(buf + 56)
     if not (mc_isfinite(hb.load) and mc_isfinite(hb.queue_len) and mc_isfinite(hb.rate)):
         return E_FIELD
-    if hb.load < 0 or hb.queue_len < 0 or hb.rate < 0:
+    if hb.load < 0 or hb.queue_len < 0 or hb.rate < 0 or hb.svc_lg > MAX_SVC_LG:
         return E_FIELD
     for k in range(nt):
         hb.theta[k] = mc_ldf64(buf + HB_LEN + 8 * k)
@@ -352,7 +352,7 @@ cdef uint32_t wire_put_heartbeat(uint8_t* buf, uint32_t cap, uint16_t src,
     _put_hdr(buf, K_HEARTBEAT, src, n)
     mc_st32(buf + 8, hb.seq)
     mc_st16(buf + 12, <uint16_t>nt)
-    mc_st16(buf + 14, 0)
+    mc_st16(buf + 14, <uint16_t>(hb.svc_lg if 0 < hb.svc_lg <= MAX_SVC_LG else 0))
     mc_st64(buf + 16, <uint64_t>hb.sent_ns)
     mc_stf64(buf + 24, hb.load)
     mc_stf64(buf + 32, hb.queue_len)
@@ -552,10 +552,11 @@ def encode_response(uint16_t src, uint32_t client_id, uint64_t request_id,
 def encode_heartbeat(uint16_t src, uint32_t seq=0, int64_t sent_ns=0, double load=0.0,
                      double queue_len=0.0, double rate=0.0, uint64_t migrations=0,
                      uint64_t steals=0, theta=(), key=None, uint64_t epoch=1,
-                     auth_seq=None):
+                     auth_seq=None, int svc_lg=0):
     cdef uint8_t buf[MAX_MSG]
     cdef Heartbeat hb
-    heartbeat_init(&hb, src, seq, sent_ns, load, queue_len, rate, migrations, steals, theta)
+    heartbeat_init(&hb, src, seq, sent_ns, load, queue_len, rate, migrations, steals, theta,
+                   svc_lg)
     cdef uint32_t n = wire_put_heartbeat(buf, MAX_MSG, src, &hb)
     return _sealed(buf, n, key, epoch, auth_seq)
 
@@ -629,7 +630,7 @@ def decode(const uint8_t[::1] data not None, key=None):
         if rc < 0:
             _raise(rc)
         out.update(seq=hb.seq, sent_ns=hb.sent_ns, load=hb.load, queue_len=hb.queue_len,
-                   rate=hb.rate, migrations=hb.migrations, steals=hb.steals,
+                   rate=hb.rate, migrations=hb.migrations, steals=hb.steals, svc_lg=hb.svc_lg,
                    theta=[hb.theta[k] for k in range(hb.n_theta)])
     return out
 

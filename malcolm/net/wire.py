@@ -42,8 +42,10 @@ Kinds (offsets from the start of the message)::
      24 i64 send_ns (echoed)   32 i64 service_ns (measured)   40 f64 load (ns)
      48 u32 queue_len   52 u16 server   54 u8 status   55 u8 flags   56 payload
     HEARTBEAT (64 + 8 * n_theta)   server -> server, once per window
-      8 u32 seq   12 u16 n_theta (<= 256)   14 u16 0   16 i64 sent_ns   24 f64 load
-     32 f64 queue_len   40 f64 rate   48 u64 migrations   56 u64 steals   64 f64 theta[n_theta]
+      8 u32 seq   12 u16 n_theta (<= 256)   14 u16 svc_lg (<= 12288; 0: not known)
+     16 i64 sent_ns   24 f64 load   32 f64 queue_len   40 f64 rate   48 u64 migrations
+     56 u64 steals   64 f64 theta[n_theta]
+    (svc_lg: 256 log2 of the sender's geometric-mean service time in ns, for the hop gate)
 
 An address (``reply``) is 24 bytes: u16 family (2 IPv4, 10 IPv6, 0x5348 shm), u16 port,
 u32 extra (IPv6 scope id), 16 bytes of address (IPv4 in the first 4; an shm endpoint name).
@@ -83,6 +85,7 @@ CLIENT_SRC = 0xFFFF
 MAX_PAYLOAD = 1024
 MAX_MSG = 4032
 MAX_THETA = 256
+MAX_SVC_LG = 12288      # a heartbeat's speed code: 256 log2 of the service time in ns
 FAM_SHM = 0x5348
 
 
@@ -237,12 +240,14 @@ def encode_response(src, client_id, request_id, task_type=0, send_ns=0, service_
 
 
 def encode_heartbeat(src, seq=0, sent_ns=0, load=0.0, queue_len=0.0, rate=0.0, migrations=0,
-                     steals=0, theta=(), key=None, epoch=1, auth_seq=None):
+                     steals=0, theta=(), key=None, epoch=1, auth_seq=None, svc_lg=0):
     if len(theta) > MAX_THETA:
         raise ValueError(f"at most {MAX_THETA} critic parameters")
+    if not 0 <= svc_lg <= MAX_SVC_LG:
+        raise ValueError(f"svc_lg={svc_lg} must be in 0..{MAX_SVC_LG}")
     n = 64 + 8 * len(theta)
     return seal(_hdr(Kind.HEARTBEAT, src, n)
-                + _HB.pack(seq, len(theta), 0, sent_ns, load, queue_len, rate, migrations,
+                + _HB.pack(seq, len(theta), svc_lg, sent_ns, load, queue_len, rate, migrations,
                            steals)
                 + struct.pack(f"<{len(theta)}d", *theta), key, epoch, auth_seq)
 
@@ -322,16 +327,17 @@ def decode(data: bytes, key=None) -> dict:
     else:
         if n < 64:
             bad(-5)
-        seq, nt, _, sent, load, ql, rate, mig, st = _HB.unpack_from(data, 8)
+        seq, nt, svc_lg, sent, load, ql, rate, mig, st = _HB.unpack_from(data, 8)
         if nt > MAX_THETA:
             bad(-8)
         if n != 64 + 8 * nt:
             bad(-5)
         theta = list(struct.unpack_from(f"<{nt}d", data, 64))
-        if not all(math.isfinite(v) and v >= 0 for v in (load, ql, rate)):
+        if svc_lg > MAX_SVC_LG or not all(math.isfinite(v) and v >= 0
+                                           for v in (load, ql, rate)):
             bad(-7)
         if not all(math.isfinite(v) for v in theta):
             bad(-7)
         out.update(seq=seq, sent_ns=sent, load=load, queue_len=ql, rate=rate, migrations=mig,
-                   steals=st, theta=theta)
+                   steals=st, svc_lg=svc_lg, theta=theta)
     return out

@@ -54,6 +54,8 @@ DEFAULTS = dict(
     gate_live=True,             # the hop gate follows the own queue between publishes
     shed=-1.0,                  # >= 0: send an arrival away while keeping waits this many
     #                             own task times longer than a hop plus a peer's wait (off)
+    speed_band=1.5,             # the gate weighs a per-task speed differing by more than this
+    #                             factor from the peers' (their worker counts in heartbeats); 0: off
     steal_idle=True,            # steal only into an open gate, or from a peer above the mean
     steal_grant=2.0,            # victim: give a task only if its waiting work >= this many hops;
     #                             0: every steal granted (the sixteenth session's)
@@ -155,6 +157,9 @@ def check_params(params):
     num("shed")
     num("mask_factor", 0.0)
     num("steal_grant", 0.0, 1000.0)
+    num("speed_band", 0.0)
+    if 0.0 < cfg["speed_band"] < 1.0:
+        raise ValueError(f"MalcolmPolicy: speed_band={cfg['speed_band']} must be 0 (off) or >= 1")
     num("trust", 0.0)
     num("theta_bound", 0.0, lo_open=True)
     integer("runaway_windows", 0)

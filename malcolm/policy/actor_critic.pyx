@@ -149,21 +149,21 @@ cdef class MalcolmPolicy(GatewayRules):
         Add the capacity prior to the migrate logits (rates from heartbeats): accepting
         log(r_me / mean rate), a peer the log of its share of the spare capacity, so that
         the start routes every server its capacity share (see ``__init__``).
-    hop_gate : bool
-        Accept outright the arrivals that would wait here no longer than one hop, the least
-        a migration costs (see ``GatewayRules._gate_accept``). Default True.
-    gate_live : bool
-        The hop gate follows the own queue between publishes, state the agents do not share
-        (default True, with ``hop_gate``; ``GatewayRules._decide_live``; docs/policy.md).
+    hop_gate, gate_live : bool
+        Accept outright the arrivals that would wait here no longer than one hop, the least a
+        migration costs (``GatewayRules._gate_accept``), a budget that follows the own queue
+        between publishes (``_decide_live``), state the agents do not share. Both True.
     shed : float
         Live gate only: send an arrival away while keeping it waits ``shed`` task times more
         than a hop + the peers' load (< 0, the default: off; ``GatewayRules``).
-    steal_idle : bool
-        Live gate only: steal into an open gate, or from a peer above the mean (default on).
-    steal_state : str
-        Live gate: a steal's own load where it went ahead (``"decision"``) or at the window end.
+    steal_idle, steal_state : bool, str
+        Live gate: steal into an open gate or from a peer above the mean (default on); a
+        steal's own load where it went ahead (``"decision"``) or at the window end.
     steal_grant : float
         Hop gate: as a victim, answer a steal only while waiting work >= this many hops (2).
+    speed_band : float
+        Live gate: slower than its idle migration targets beyond this factor (heartbeats'
+        speeds), keep no arrival outright (1.5; 0: off; ``GatewayRules._speed_shift``).
     mask_factor : float
         Never migrate to a peer above ours and above ``mask_factor`` x the rack's mean + one
         task; never steal from a peer not busier than us. 0 disables.

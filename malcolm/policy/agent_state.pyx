@@ -12,8 +12,8 @@ itself and publishes is in ``actor_critic.pyx``. ``GatewayRules`` is the only su
 Threads: everything here runs on the policy thread, except the fields the gateway owns
 (``gateway_rules.pyx`` says which).
 """
-from libc.math cimport INFINITY, fabs, log, sqrt
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
+from libc.math cimport INFINITY, exp, fabs, log, sqrt
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t
 from libc.stdlib cimport free
 from libc.string cimport memcpy, memset
 
@@ -21,7 +21,7 @@ from malcolm._core cimport (
     cat_free, cat_init, cat_set_inputs, cat_set_params, cat_update, mc_aligned_alloc,
     mc_load_relaxed,
 )
-from malcolm.policy.base cimport MAX_THETA, Heartbeat, Policy
+from malcolm.policy.base cimport MAX_SVC_LG, MAX_THETA, Heartbeat, Policy
 from malcolm.policy._pub_kernels cimport (
     mc_pub_actor_inputs, mc_pub_count_known, mc_pub_count_pos, mc_pub_learned_logits,
     mc_pub_migrate_weights, mc_pub_steal_weights,
@@ -40,6 +40,10 @@ cdef extern from "policy/_sort_kernels.h" nogil:
 cdef double LOAD_MAX_NS = 1e12
 cdef double QUEUE_MAX = 1e9
 cdef double RATE_MAX = 1.0
+# the own speed (_own_speed): completions its sums weigh (1/e decay), and the least sent
+cdef double SPEED_TASKS = 512.0
+cdef double SPEED_MIN = 64.0
+cdef double LN2 = 0.6931471805599453
 cdef enum:
     COUNT_JUMP_MAX = 1000000    # a constant (not a global): an immediate in observe_peer
 
@@ -490,7 +494,42 @@ cdef class AgentState(Policy):
         self.rate = rate
         self.adv[2 * self.n + self.me] = rate
         self.last_now = now
+        self._own_speed()
         self._set_load(self.me, load)
+
+    cdef void _own_speed(self) noexcept nogil:
+        """The own speed from the driver's completion totals (``svc_n``, ``svc_log_sum``,
+        ``svc_sum_ns``): ``svc_lg`` = 256 log2 of the geometric-mean service time (ns) over
+        the last SPEED_TASKS or so completions, and ``svc_mean_ns`` their mean.
+
+        The geometric mean, not the rate: a server's speed factor moves every task's log
+        time by its log, so two servers of one workload compare by their mean logs whatever
+        the distribution, and one long task moves the mean log by its log over a few hundred
+        (under HyperExp-2 the rate's EWMA halves after one 5 ms task, and on a homogeneous
+        rack half the windows saw a peer 1.5x faster or slower). Sent once SPEED_MIN
+        completions are in (0 before: not known).
+        """
+        cdef uint64_t dn
+        cdef double f, g
+        if self.svc_n < self.sp_n_seen:     # new totals (a driver restarted): start again
+            self.sp_n_seen = 0
+            self.sp_l_seen = self.sp_s_seen = 0.0
+            self.sp_w = self.sp_l = self.sp_s = 0.0
+        dn = self.svc_n - self.sp_n_seen
+        if dn == 0:
+            return
+        f = exp(-<double>dn / SPEED_TASKS)
+        self.sp_w = f * self.sp_w + <double>dn
+        self.sp_l = f * self.sp_l + (self.svc_log_sum - self.sp_l_seen)
+        self.sp_s = f * self.sp_s + (self.svc_sum_ns - self.sp_s_seen)
+        self.sp_n_seen = self.svc_n
+        self.sp_l_seen = self.svc_log_sum
+        self.sp_s_seen = self.svc_sum_ns
+        if self.sp_w >= SPEED_MIN and self.sp_l >= 0.0 and self.sp_s > 0.0:
+            g = 256.0 * self.sp_l / (self.sp_w * LN2) + 0.5
+            g = g if g >= 1.0 else 1.0
+            self.svc_lg = <int>(g if g <= <double>MAX_SVC_LG else <double>MAX_SVC_LG)
+            self.svc_mean_ns = self.sp_s / self.sp_w
 
     cdef void observe_peer(self, int64_t now, const Heartbeat* hb) noexcept nogil:
         cdef int src = hb.src
@@ -519,6 +558,8 @@ cdef class AgentState(Policy):
             self.win_peer_stl += ds
         pr.seen = 1
         pr.seq = hb.seq
+        # its speed, for the hop gate (_speed_shift); 0: not known
+        pr.svc_lg = <uint16_t>(hb.svc_lg if 0 < hb.svc_lg <= MAX_SVC_LG else 0)
         pr.mig = hb.migrations
         pr.stl = hb.steals
         # Every heartbeat-derived input within sane bounds: a NaN or absurd rate or load from
@@ -599,6 +640,7 @@ cdef class AgentState(Policy):
         hb.rate = self.rate
         hb.migrations = mc_load_relaxed(&self.migrations)
         hb.steals = mc_load_relaxed(&self.steals)
+        hb.svc_lg = self.svc_lg
         hb.n_theta = self.n_theta
         memcpy(hb.theta, self.P, sizeof(double) * self.n_theta)
         # the unused tail too: whatever the transport copies must not be stale memory

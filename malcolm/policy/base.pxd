@@ -33,6 +33,9 @@ from malcolm._core cimport Rng
 cpdef enum:
     MAX_SERVERS = 64
     MAX_THETA = 256
+    # the largest speed code a heartbeat may carry (256 log2 of the service time in ns;
+    # 2^48 ns is three days)
+    MAX_SVC_LG = 12288
 
 
 ctypedef struct Heartbeat:
@@ -45,13 +48,14 @@ ctypedef struct Heartbeat:
     uint64_t migrations         # cumulative tasks this server migrated away
     uint64_t steals             # cumulative tasks this server stole
     int32_t n_theta             # critic parameters carried (0 for baselines)
-    int32_t _pad
+    int32_t svc_lg              # the sender's speed: 256 log2 of its geometric-mean service
+    #                             time in ns, rounded (0: not known; on the wire a u16)
     double theta[MAX_THETA]
 
 
 cdef int heartbeat_init(Heartbeat* hb, int src, uint32_t seq, int64_t sent_ns, double load,
                         double queue_len, double rate, uint64_t migrations, uint64_t steals,
-                        object theta) except -1
+                        object theta, int svc_lg=*) except -1
 
 
 cdef class Policy:
@@ -64,6 +68,11 @@ cdef class Policy:
     # from its estimator at every own observation (driver.pxd), so both clocks pass it the
     # same way; 1 until then. Python reads and sets it as ``workers``.
     cdef int n_workers
+    # This server's completions so far, their summed log service times (ln ns) and service
+    # times (ns): the driver sets them with n_workers (est_totals), for the speed the
+    # heartbeat carries (svc_lg); policies that compare no speeds ignore them.
+    cdef uint64_t svc_n
+    cdef double svc_log_sum, svc_sum_ns
 
     cdef int decide_arrival(self, int64_t now, int task_type) noexcept nogil
     cdef int decide_steal(self, int64_t now) noexcept nogil

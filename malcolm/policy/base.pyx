@@ -8,15 +8,19 @@ from malcolm._core cimport rng_below, rng_seed
 
 cdef int heartbeat_init(Heartbeat* hb, int src, uint32_t seq, int64_t sent_ns, double load,
                         double queue_len, double rate, uint64_t migrations, uint64_t steals,
-                        object theta) except -1:
+                        object theta, int svc_lg=0) except -1:
     """Fill ``hb`` from its fields (the one place a heartbeat is built from values).
 
     ``theta``: the critic parameters (any sequence of numbers), or None for none; raises
-    ValueError over ``MAX_THETA``. Everything else, the unused theta tail included, is zero.
+    ValueError over ``MAX_THETA``. ``svc_lg``: the speed code (0: not known; raises
+    ValueError outside 0..``MAX_SVC_LG``). Everything else, the unused theta tail included,
+    is zero.
     """
     cdef int k, nt = 0 if theta is None else len(theta)
     if nt > MAX_THETA:
         raise ValueError(f"at most {MAX_THETA} critic parameters, got {nt}")
+    if not 0 <= svc_lg <= MAX_SVC_LG:
+        raise ValueError(f"svc_lg={svc_lg} must be in 0..{MAX_SVC_LG}")
     memset(hb, 0, sizeof(Heartbeat))
     hb.src = src
     hb.seq = seq
@@ -27,6 +31,7 @@ cdef int heartbeat_init(Heartbeat* hb, int src, uint32_t seq, int64_t sent_ns, d
     hb.migrations = migrations
     hb.steals = steals
     hb.n_theta = nt
+    hb.svc_lg = svc_lg
     for k in range(nt):
         hb.theta[k] = theta[k]
     return 0
@@ -121,7 +126,7 @@ cdef class Policy:
 
     def py_observe_peer(self, int64_t now, int src, double load, double queue_len=0.0,
                         double rate=0.0, theta=None, migrations=0, steals=0, seq=None,
-                        sent_ns=None):
+                        sent_ns=None, int svc_lg=0):
         """Deliver a heartbeat from peer ``src`` at ``now``, as the transport would.
 
         It was sent at ``sent_ns`` (default ``now``) with sequence number ``seq`` (default:
@@ -137,7 +142,7 @@ cdef class Policy:
         elif <int32_t>(<uint32_t>seq - _py_seq) > 0:
             _py_seq = seq
         heartbeat_init(&hb, src, seq, now if sent_ns is None else sent_ns, load, queue_len,
-                       rate, migrations, steals, theta)
+                       rate, migrations, steals, theta, svc_lg)
         self.observe_peer(now, &hb)
 
     def py_end_window(self, int64_t now):
@@ -148,8 +153,15 @@ cdef class Policy:
         cdef Heartbeat hb
         self.fill_heartbeat(&hb)
         return dict(src=hb.src, load=hb.load, queue_len=hb.queue_len, rate=hb.rate,
-                    migrations=hb.migrations, steals=hb.steals,
+                    migrations=hb.migrations, steals=hb.steals, svc_lg=hb.svc_lg,
                     theta=[hb.theta[k] for k in range(hb.n_theta)])
+
+    def py_completions(self, uint64_t n, double log_sum, double sum_ns):
+        """Set this server's completion totals as the window driver does before each own
+        observation (``est_totals``: the count, the sums of ln service ns and of ns)."""
+        self.svc_n = n
+        self.svc_log_sum = log_sum
+        self.svc_sum_ns = sum_ns
 
 
 cdef class ClientPolicy:

@@ -33,7 +33,7 @@ The defaults both clocks share (the estimator's weight and prior, steals in flig
 """
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 
-from malcolm._core cimport Estimator, est_rate
+from malcolm._core cimport Estimator, est_rate, est_totals
 from malcolm.policy.base cimport Heartbeat, Policy
 
 
@@ -73,6 +73,7 @@ cdef inline void drv_observe_local(WindowState* w, Policy p, Estimator* est, int
                                    double queue_len) noexcept nogil:
     cdef double rate = est_rate(est)
     p.n_workers = est.n_workers     # local knowledge (the hop gate counts idle workers)
+    p.svc_n = est_totals(est, &p.svc_log_sum, &p.svc_sum_ns)    # ... and compares speeds
     w.queue_len = queue_len
     w.rate = rate
     w.load = queue_len / rate
