@@ -31,3 +31,8 @@ def test_distribution(benchmark, op, n):
 @pytest.mark.parametrize("op", ["mpmc", "spsc"])
 def test_queue_pushpop(benchmark, op):
     _run(benchmark, op, 0)
+
+
+def test_estimator_observe(benchmark):
+    """One completion recorded by the load estimator (four workers, one type)."""
+    _run(benchmark, "estimator", 4)

@@ -8,9 +8,10 @@ from libc.stdint cimport int64_t, uint64_t
 from libc.stdlib cimport free
 
 from malcolm._core cimport (
-    Categorical, Mpmc, Rng, cat_free, cat_init, cat_publish, cat_recompute, cat_sample,
-    cat_update, mc_aligned_alloc, mc_now_ns, mpmc_bytes, mpmc_init, mpmc_pop, mpmc_push,
-    rng_seed, Spsc, spsc_bytes, spsc_init, spsc_pop, spsc_push,
+    Categorical, Estimator, Mpmc, Rng, cat_free, cat_init, cat_publish, cat_recompute,
+    cat_sample, cat_update, est_free, est_init, est_observe, mc_aligned_alloc, mc_now_ns,
+    mpmc_bytes, mpmc_init, mpmc_pop, mpmc_push, rng_seed, Spsc, spsc_bytes, spsc_init,
+    spsc_pop, spsc_push,
 )
 
 cdef volatile double _sink_f = 0.0
@@ -86,6 +87,20 @@ cdef double _bench_spsc(Spsc* q, long iters) noexcept nogil:
     return <double>(t1 - t0) / iters
 
 
+cdef double _bench_estimator(Estimator* e, long iters) noexcept nogil:
+    # What a worker does after each task: est_observe on its own row (one type here), with
+    # service times that vary so that nothing is folded away
+    cdef long k
+    cdef int mask = e.n_workers - 1
+    cdef int64_t t0 = mc_now_ns()
+    for k in range(iters):
+        est_observe(e, <int>(k & mask), 0, 40_000.0 + <double>(k & 1023) * 20.0)
+    cdef int64_t t1 = mc_now_ns()
+    global _sink_f
+    _sink_f = e.ew[0]
+    return <double>(t1 - t0) / iters
+
+
 cdef int _setup(Categorical* c, int n) except -1:
     cdef int i
     if cat_init(c, n, n) != 0:
@@ -106,7 +121,8 @@ def core(sizes=(4, 8, 16, 32), long iters=2_000_000, long rebuild_iters=500_000,
     ``repeats`` runs of ``single``).
 
     Keys: ``sample_ns.N``, ``incremental_ns.N``, ``rebuild_ns.N`` for each N in ``sizes``,
-    and ``queue_pushpop_ns`` (MPMC push + pop, one thread), ``spsc_pushpop_ns``.
+    and ``queue_pushpop_ns`` (MPMC push + pop, one thread), ``spsc_pushpop_ns``,
+    ``estimator_observe_ns`` (one completion recorded by the load estimator).
     """
     out = {}
     for n in sizes:
@@ -115,16 +131,18 @@ def core(sizes=(4, 8, 16, 32), long iters=2_000_000, long rebuild_iters=500_000,
             out[f"{op}_ns.{n}"] = min(single(op, n, it) for _ in range(repeats))
     out["queue_pushpop_ns"] = min(single("mpmc", 0, iters) for _ in range(repeats))
     out["spsc_pushpop_ns"] = min(single("spsc", 0, iters) for _ in range(repeats))
+    out["estimator_observe_ns"] = min(single("estimator", 4, iters) for _ in range(repeats))
     return out
 
 
 def single(str op, int n=8, long iters=200_000):
     """Run one benchmark loop once; returns ns per operation. ``op`` is one of ``sample``,
-    ``incremental``, ``rebuild``, ``mpmc`` or ``spsc``."""
+    ``incremental``, ``rebuild``, ``mpmc``, ``spsc`` or ``estimator`` (``n`` workers)."""
     cdef Categorical c
     cdef Rng r
     cdef Mpmc* q
     cdef Spsc* s
+    cdef Estimator e
     cdef double v
     cdef int which = {"sample": 0, "incremental": 1, "rebuild": 2}.get(op, -1)
     rng_seed(&r, 1, 0)
@@ -152,6 +170,14 @@ def single(str op, int n=8, long iters=200_000):
         with nogil:
             v = _bench_spsc(s, iters)
         free(s)
+    elif op == "estimator":
+        if n < 1 or n > 64 or n & (n - 1):
+            raise ValueError("n must be a power of two in 1..64")
+        if est_init(&e, n, 1, 0.05, 50_000.0) != 0:
+            raise MemoryError
+        with nogil:
+            v = _bench_estimator(&e, iters)
+        est_free(&e)
     else:
         raise ValueError(f"unknown benchmark {op!r}")
     return v

@@ -69,7 +69,7 @@ def _table(res, floor):
                 continue
             f = floor.get(k) if floor else None
             rows.append((k, res[k], f, THESIS.get(key, {}).get(n)))
-    for k in ("queue_pushpop_ns", "spsc_pushpop_ns"):
+    for k in ("queue_pushpop_ns", "spsc_pushpop_ns", "estimator_observe_ns"):
         if k in res:
             rows.append((k, res[k], None, None))
     lines = [f"{'operation':<22}{'malcolm ns':>12}{'C floor ns':>12}{'ratio':>8}{'thesis ns':>11}"]

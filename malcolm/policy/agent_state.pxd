@@ -22,7 +22,6 @@ ctypedef struct PeerRec:
     uint64_t mig                         # cumulative migrations and steals it reported
     uint64_t stl
     uint32_t seq
-    uint16_t svc_lg                      # its speed code (0: not known)
     uint8_t seen
 
 
@@ -166,15 +165,6 @@ cdef class AgentState(Policy):
     # the shed rule and idle-only steals (gate_live only; both off by default): the policy
     # publishes the threshold T, the gateway sends an arrival away while the budget is <= T
     cdef readonly double shed            # its margin, in own task times (< 0: off)
-    cdef readonly double speed_band      # the gate weighs per-task speeds beyond this ratio
-    cdef int speed_band_lg               # the band in speed-code units (< 0: off)
-    # the own speed (_own_speed): sums over the last SPEED_TASKS or so completions, each
-    # older one decayed, and the totals they were taken from
-    cdef uint64_t sp_n_seen
-    cdef double sp_l_seen, sp_s_seen, sp_w, sp_l, sp_s
-    cdef readonly int svc_lg             # the speed code the heartbeat carries (0: not yet)
-    cdef readonly double svc_mean_ns     # the mean service time over the same completions
-    cdef readonly uint64_t speed_slower      # publishes whose gate the peers' speeds lowered
     cdef uint64_t shed_pub               # T as a signed 32-bit number in the low half
     cdef readonly uint64_t shed_count    # arrivals the rule sent to a peer (gateway)
     cdef readonly bint steal_idle        # steal only while the budget is >= 1 ...
@@ -222,6 +212,20 @@ cdef class AgentState(Policy):
     cdef int batch_clock                 # windows since the last AdamW step
     cdef int learn_clock                 # windows since the last sampled one
 
+    # speeds (speed_band; last, after the fields the hot paths read together): the own
+    # speed (observe_completions) as sums over the last SPEED_TASKS or so completions, each
+    # older one decayed, and the totals they were taken from
+    cdef readonly double speed_band      # the gate weighs per-task speeds beyond this ratio
+    cdef int speed_band_lg               # the band in speed-code units (< 0: off)
+    # n: each peer's speed code (0: not known, and at me), apart from PeerRec so that the
+    # publish's scan reads two cache lines on 64 servers, not one per peer
+    cdef uint16_t* pcode
+    cdef uint64_t sp_n_seen
+    cdef double sp_l_seen, sp_s_seen, sp_w, sp_l, sp_s
+    cdef readonly int svc_lg             # the speed code the heartbeat carries (0: not yet)
+    cdef readonly double svc_mean_ns     # the mean service time over the same completions
+    cdef readonly uint64_t speed_slower      # publishes whose gate the peers' speeds lowered
+
     cdef int _alloc(self, int d) except -1
     cdef void _release(self) noexcept
     cdef void _set_load(self, int j, double load) noexcept nogil
@@ -233,7 +237,6 @@ cdef class AgentState(Policy):
     cdef void _peer_critics_checked(self) noexcept nogil
     cdef void _push_params(self) noexcept nogil
     cdef void _rescale(self) noexcept nogil
-    cdef void _own_speed(self) noexcept nogil
     cdef double _hop_units(self) noexcept nogil
     cdef void _decisions_counted(self) noexcept nogil
     cdef double _steal_load(self, double vme, double sme) noexcept nogil

@@ -13,7 +13,7 @@ Threads: everything here runs on the policy thread, except the fields the gatewa
 (``gateway_rules.pyx`` says which).
 """
 from libc.math cimport INFINITY, exp, fabs, log, sqrt
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free
 from libc.string cimport memcpy, memset
 
@@ -40,7 +40,7 @@ cdef extern from "policy/_sort_kernels.h" nogil:
 cdef double LOAD_MAX_NS = 1e12
 cdef double QUEUE_MAX = 1e9
 cdef double RATE_MAX = 1.0
-# the own speed (_own_speed): completions its sums weigh (1/e decay), and the least sent
+# the own speed (observe_completions): completions its sums weigh (1/e decay), and the least sent
 cdef double SPEED_TASKS = 512.0
 cdef double SPEED_MIN = 64.0
 cdef double LN2 = 0.6931471805599453
@@ -119,6 +119,7 @@ cdef class AgentState(Policy):
         self.adv = _dalloc(3 * n)
         self.peer_theta = _dalloc(n * d)
         self.known = <uint8_t*>_zalloc(n)
+        self.pcode = <uint16_t*>_zalloc(sizeof(uint16_t) * n)
         self.peer_theta_ok = <uint8_t*>_zalloc(n)
         self.peers = <PeerRec*>_zalloc(sizeof(PeerRec) * n)
         self.cnt_mig = <uint64_t*>_zalloc(8 * n)
@@ -135,7 +136,7 @@ cdef class AgentState(Policy):
                 or self.feat_prev == NULL or self.feat_cur == NULL or self.pm_pub == NULL
                 or self.ps_pub == NULL or self.coef == NULL or self.adv == NULL
                 or self.peer_theta == NULL or self.known == NULL
-                or self.peer_theta_ok == NULL or self.peers == NULL
+                or self.peer_theta_ok == NULL or self.peers == NULL or self.pcode == NULL
                 or self.cnt_mig == NULL or self.cnt_stl == NULL or self.seen_mig == NULL
                 or self.seen_stl == NULL):
             self._release()
@@ -189,6 +190,7 @@ cdef class AgentState(Policy):
         free(self.adv)
         free(self.peer_theta)
         free(self.known)
+        free(self.pcode)
         free(self.peer_theta_ok)
         free(self.peers)
         free(self.cnt_mig)
@@ -202,6 +204,7 @@ cdef class AgentState(Policy):
         self.pm_pub = self.ps_pub = self.coef = self.adv = self.peer_theta = NULL
         self.known = self.peer_theta_ok = NULL
         self.peers = NULL
+        self.pcode = NULL
         self.cnt_mig = self.cnt_stl = self.seen_mig = self.seen_stl = NULL
 
     # ------------------------------------------------------------ policy thread
@@ -494,13 +497,14 @@ cdef class AgentState(Policy):
         self.rate = rate
         self.adv[2 * self.n + self.me] = rate
         self.last_now = now
-        self._own_speed()
         self._set_load(self.me, load)
 
-    cdef void _own_speed(self) noexcept nogil:
-        """The own speed from the driver's completion totals (``svc_n``, ``svc_log_sum``,
-        ``svc_sum_ns``): ``svc_lg`` = 256 log2 of the geometric-mean service time (ns) over
-        the last SPEED_TASKS or so completions, and ``svc_mean_ns`` their mean.
+    cdef void observe_completions(self, uint64_t n, double log_sum,
+                                  double sum_ns) noexcept nogil:
+        """The own speed from the driver's completion totals (``n`` completions so far, the
+        sums of their ln service ns and ns): ``svc_lg`` = 256 log2 of the geometric-mean
+        service time (ns) over the last SPEED_TASKS or so completions, and ``svc_mean_ns``
+        their mean.
 
         The geometric mean, not the rate: a server's speed factor moves every task's log
         time by its log, so two servers of one workload compare by their mean logs whatever
@@ -511,20 +515,20 @@ cdef class AgentState(Policy):
         """
         cdef uint64_t dn
         cdef double f, g
-        if self.svc_n < self.sp_n_seen:     # new totals (a driver restarted): start again
+        if n < self.sp_n_seen:              # new totals (a driver restarted): start again
             self.sp_n_seen = 0
             self.sp_l_seen = self.sp_s_seen = 0.0
             self.sp_w = self.sp_l = self.sp_s = 0.0
-        dn = self.svc_n - self.sp_n_seen
+        dn = n - self.sp_n_seen
         if dn == 0:
             return
         f = exp(-<double>dn / SPEED_TASKS)
         self.sp_w = f * self.sp_w + <double>dn
-        self.sp_l = f * self.sp_l + (self.svc_log_sum - self.sp_l_seen)
-        self.sp_s = f * self.sp_s + (self.svc_sum_ns - self.sp_s_seen)
-        self.sp_n_seen = self.svc_n
-        self.sp_l_seen = self.svc_log_sum
-        self.sp_s_seen = self.svc_sum_ns
+        self.sp_l = f * self.sp_l + (log_sum - self.sp_l_seen)
+        self.sp_s = f * self.sp_s + (sum_ns - self.sp_s_seen)
+        self.sp_n_seen = n
+        self.sp_l_seen = log_sum
+        self.sp_s_seen = sum_ns
         if self.sp_w >= SPEED_MIN and self.sp_l >= 0.0 and self.sp_s > 0.0:
             g = 256.0 * self.sp_l / (self.sp_w * LN2) + 0.5
             g = g if g >= 1.0 else 1.0
@@ -559,7 +563,7 @@ cdef class AgentState(Policy):
         pr.seen = 1
         pr.seq = hb.seq
         # its speed, for the hop gate (_speed_shift); 0: not known
-        pr.svc_lg = <uint16_t>(hb.svc_lg if 0 < hb.svc_lg <= MAX_SVC_LG else 0)
+        self.pcode[src] = <uint16_t>(hb.svc_lg if <uint32_t>hb.svc_lg <= MAX_SVC_LG else 0)
         pr.mig = hb.migrations
         pr.stl = hb.steals
         # Every heartbeat-derived input within sane bounds: a NaN or absurd rate or load from

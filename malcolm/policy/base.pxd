@@ -12,6 +12,8 @@ gateway thread (hot path, tens of ns):
                         index of the peer to migrate it to.
     ``decide_steal``    after each task completes: return a victim's index, or -1.
 policy thread (once per window, default 100 µs):
+    ``observe_completions`` this server's completions so far (count, sums of ln ns and
+                        of ns), just before each ``observe_local``: its speed.
     ``observe_local``   this server's own load at the start of the window.
     ``observe_peer``    each heartbeat from a peer, as it arrives.
     ``end_window``      end of the window: learn, then publish the new distributions.
@@ -68,17 +70,14 @@ cdef class Policy:
     # from its estimator at every own observation (driver.pxd), so both clocks pass it the
     # same way; 1 until then. Python reads and sets it as ``workers``.
     cdef int n_workers
-    # This server's completions so far, their summed log service times (ln ns) and service
-    # times (ns): the driver sets them with n_workers (est_totals), for the speed the
-    # heartbeat carries (svc_lg); policies that compare no speeds ignore them.
-    cdef uint64_t svc_n
-    cdef double svc_log_sum, svc_sum_ns
 
     cdef int decide_arrival(self, int64_t now, int task_type) noexcept nogil
     cdef int decide_steal(self, int64_t now) noexcept nogil
     cdef bint grant_steal(self, int64_t now, double waiting, double rate) noexcept nogil
     cdef void observe_local(self, int64_t now, double load, double queue_len,
                             double rate) noexcept nogil
+    cdef void observe_completions(self, uint64_t n, double log_sum,
+                                  double sum_ns) noexcept nogil
     cdef void observe_peer(self, int64_t now, const Heartbeat* hb) noexcept nogil
     cdef void end_window(self, int64_t now) noexcept nogil
     cdef void fill_heartbeat(self, Heartbeat* hb) noexcept nogil

@@ -84,6 +84,10 @@ cdef class Policy:
                             double rate) noexcept nogil:
         pass
 
+    cdef void observe_completions(self, uint64_t n, double log_sum,
+                                  double sum_ns) noexcept nogil:
+        pass        # only a policy that compares speeds keeps them (AgentState)
+
     cdef void observe_peer(self, int64_t now, const Heartbeat* hb) noexcept nogil:
         pass
 
@@ -157,11 +161,10 @@ cdef class Policy:
                     theta=[hb.theta[k] for k in range(hb.n_theta)])
 
     def py_completions(self, uint64_t n, double log_sum, double sum_ns):
-        """Set this server's completion totals as the window driver does before each own
-        observation (``est_totals``: the count, the sums of ln service ns and of ns)."""
-        self.svc_n = n
-        self.svc_log_sum = log_sum
-        self.svc_sum_ns = sum_ns
+        """``observe_completions``: this server's completion totals, as the window driver
+        passes them before each own observation (``est_totals``: the count, the sums of ln
+        service ns and of ns)."""
+        self.observe_completions(n, log_sum, sum_ns)
 
 
 cdef class ClientPolicy:

@@ -71,9 +71,10 @@ ctypedef struct StealGate:
 # ---------------------------------------------------------------- window protocol
 cdef inline void drv_observe_local(WindowState* w, Policy p, Estimator* est, int64_t now,
                                    double queue_len) noexcept nogil:
-    cdef double rate = est_rate(est)
+    cdef double rate = est_rate(est), log_sum, sum_ns
+    cdef uint64_t done = est_totals(est, &log_sum, &sum_ns)
     p.n_workers = est.n_workers     # local knowledge (the hop gate counts idle workers)
-    p.svc_n = est_totals(est, &p.svc_log_sum, &p.svc_sum_ns)    # ... and compares speeds
+    p.observe_completions(done, log_sum, sum_ns)        # ... and compares speeds
     w.queue_len = queue_len
     w.rate = rate
     w.load = queue_len / rate

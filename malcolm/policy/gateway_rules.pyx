@@ -11,7 +11,7 @@ docs/policy.md, "The default policy" items 7, 8 and 10, "Tiny racks: the shed ru
 steals" and "Twelfth session".
 """
 from libc.math cimport ceil, exp2, floor, log2
-from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t, uint64_t
 
 from malcolm._core cimport cat_sample, cat_sample_except, mc_load_relaxed, mc_store_relaxed
 from malcolm.policy.agent_state cimport AgentState
@@ -212,7 +212,7 @@ cdef class GatewayRules(AgentState):
         A kept task runs here in t (``svc_mean_ns``); a migrated one waits the hop, then
         w_j = max(0, x_j + 1 / r_j - t_j) at peer j (the M/M/c wait of one more task, from
         its reported load and rate), then runs in t_j = t g_j / g_me (g the geometric-mean
-        service times the heartbeats carry, ``_own_speed``). With rho and w the means of
+        service times the heartbeats carry, ``observe_completions``). With rho and w the means of
         g_j / g_me and w_j weighted by the published probabilities, the j-th arrival is no
         worse off kept while its wait is at most h + D, D = t (rho b - 1) + w, b =
         ``speed_band`` (ratios within b of 1 are taken as noise, and the shrink keeps D
@@ -222,26 +222,27 @@ cdef class GatewayRules(AgentState):
         closes its gate on busy peers, herds the rack's work onto them on reports a window
         old (on 60 random racks of mixed speeds that cost up to 1.6x the p99 without the
         limit, and the light-load gains are what this is for). 0 with b = 0 or no speed
-        known. While every peer's code is within the band of the own (one integer test
-        each), so is their mean: no exp2.
+        known. While no known code is below the own by more than the band (their least, one
+        pass the compiler vectorizes), no weighted mean of the ratios is below 1 / b: no exp2.
         """
-        cdef int j, n = self.n, me = self.me, lg = self.svc_lg, bl = self.speed_band_lg, dl
-        cdef bint beyond = False
+        cdef int j, n = self.n, me = self.me, lg = self.svc_lg, bl = self.speed_band_lg
+        cdef uint16_t c, lo = 0xFFFF
+        cdef const uint16_t* pc = self.pcode
         cdef double b = self.speed_band, pw = 0.0, rw = 0.0, ww = 0.0, uw = 0.0, p, rho, rj, wj
         cdef double t = self.svc_mean_ns
         cdef const double* rate = self.adv + 2 * n
         if bl < 0 or lg == 0:
             return 0.0
         for j in range(n):
-            dl = <int>self.peers[j].svc_lg - lg
-            beyond |= (j != me and self.peers[j].svc_lg != 0 and self.pm_pub[j] > 0.0
-                       and (dl > bl or dl < -bl))
-        if not beyond:
+            c = pc[j]
+            c = c if c else 0xFFFF      # not known (and pc[me], 0): never the least
+            lo = c if c < lo else lo
+        if lg - <int>lo <= bl:
             return 0.0
         for j in range(n):
             p = self.pm_pub[j]
-            if j != me and self.peers[j].svc_lg != 0 and p > 0.0:
-                rj = exp2(<double>(<int>self.peers[j].svc_lg - lg) * (1.0 / 256.0))
+            if j != me and pc[j] != 0 and p > 0.0:
+                rj = exp2(<double>(<int>pc[j] - lg) * (1.0 / 256.0))
                 pw += p
                 rw += p * rj
                 # the wait there: (q_j + 1 - c_j) / r_j = x_j + 1 / r_j - t_j, t_j = t rj
@@ -249,6 +250,8 @@ cdef class GatewayRules(AgentState):
                 ww += p * (wj if wj > 0.0 else 0.0)
                 wj = self.x[j] / (t * rj)
                 uw += p * (wj if wj < 1.0 else 1.0)
+        if not (pw > 0.0):
+            return 0.0      # the codes beyond the band are of peers the table never picks
         rho = rw / pw
         if rho * b < 1.0 and uw < SPEED_UMAX * pw:
             rho = t * (rho * b - 1.0) + ww / pw
