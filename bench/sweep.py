@@ -2,7 +2,9 @@
 
 Draws ``--scenarios`` scenarios from a fixed ``--seed`` (2-64 servers, 1-16 workers each,
 capacity skew up to 16:1, every thesis workload, loads 0.3-0.95, one-way delays 2-10 µs;
-``--load-range`` and ``--delay-range`` change those two ranges; ``--window`` sets every
+``--load-range`` and ``--delay-range`` change those two ranges; ``--speeds LO,HI`` gives
+each server a speed factor drawn log-uniformly from LO-HI, from a stream of its own, so the
+same racks, workloads, loads and delays are drawn as without it; ``--window`` sets every
 server's policy window, default the runtime's 100 µs, and ``--phase`` the windows' phases,
 default random) and
 simulates each with every policy of ``POLICIES``: default Malcolm, the same Malcolm frozen at
@@ -18,13 +20,19 @@ its initial policy (``learn=0``), JSQ, JBT, client power-of-2, and the ideal cen
 and, for the learnt policy against its frozen start on heterogeneous racks, the fraction of
 scenarios where learning wins and the worst loss.
 
+``--reference POLICY`` (repeatable) runs one more policy, ``sed`` say, with the same figures
+and a line against Malcolm; it enters neither the best of the deployable policies nor the
+baselines, so the sweep's own figures stay as they were.
+
 Not part of CI (the full sweep takes 7-14 minutes on 2 shared cores); ``--quick`` runs a
 handful of small scenarios as a smoke test (< 60 s). Writes ``DIR/sweep.csv``,
 ``DIR/sweep.txt`` (the markdown table; not ``.md``, which the docs site would take for a page)
-and ``DIR/sweep.png`` (``--outdir DIR``), and with ``--json [FILE|-]`` every run and the run
-metadata::
+and ``DIR/sweep.png`` (``--outdir DIR``; ``--name STEM`` for other names), and with ``--json
+[FILE|-]`` every run and the run metadata::
 
     python3 bench/sweep.py --tasks-mult 2 --hetero-seeds 3 --outdir docs/figures   # committed
+    python3 bench/sweep.py --tasks-mult 2 --hetero-seeds 3 --speeds 0.25,4 \
+        --outdir docs/figures --name sweep_speeds                              # committed
     python3 bench/sweep.py --quick --outdir /tmp/sweep       # smoke test
 """
 
@@ -57,12 +65,17 @@ LOAD_RANGE = (0.3, 0.95)
 DELAY_RANGE = (2.0, 10.0)
 
 
-def draw_scenarios(count, seed, quick=False, loads=LOAD_RANGE, delays=DELAY_RANGE):
+def draw_scenarios(count, seed, quick=False, loads=LOAD_RANGE, delays=DELAY_RANGE, speeds=None):
     """``count`` scenarios drawn from ``seed``: a list of dicts (simulate() arguments + id).
 
     ``loads`` and ``delays`` (one-way, µs) are the uniform draws' ranges; the defaults are the
-    issue's, and other ranges reuse the same racks and workloads (the same draws in order)."""
+    issue's, and other ranges reuse the same racks and workloads (the same draws in order).
+    ``speeds`` (LO, HI) gives every server a speed factor, log-uniform in LO-HI to two
+    significant digits, from a second stream: the other draws are the same with or without
+    it. ``skew`` is then the capacity skew, workers x speed."""
     rng = np.random.default_rng([seed, 0x5EE9])
+    # a stream of its own, so that --speeds leaves every other draw as it was
+    rng_speed = np.random.default_rng([seed, 0x5BEED])
     out = []
     for i in range(count):
         hi_n = 8 if quick else 64
@@ -80,15 +93,21 @@ def draw_scenarios(count, seed, quick=False, loads=LOAD_RANGE, delays=DELAY_RANG
             workers = [int(w) for w in rng.integers(1, 17, n)]
         if quick:
             workers = [min(w, 4) for w in workers]
-        rack = ",".join(f"1x{w}" for w in workers)
+        spd = [1.0] * n
+        if speeds is not None:
+            spd = [float(f"{v:.2g}") for v in
+                   np.exp(rng_speed.uniform(math.log(speeds[0]), math.log(speeds[1]), n))]
+        rack = ",".join(f"1x{w}" if v == 1.0 else f"1x{w}@{v:g}"
+                        for w, v in zip(workers, spd, strict=True))
         wl = WORKLOADS[int(rng.integers(0, len(WORKLOADS)))] if not quick else \
             WORKLOADS[i % len(WORKLOADS)]
         load = float(round(rng.uniform(loads[0], loads[1]), 3))
         delay = float(round(rng.uniform(delays[0], delays[1]), 2))
         # enough tasks for a stable p99 and ~0.2 s or more of learning at the heavier workloads
-        cap_w = sum(workers)
+        caps = [w * v for w, v in zip(workers, spd, strict=True)]
+        cap_w = sum(caps)
         tasks = int(min(400_000, max(80_000, 6_000 * cap_w))) if not quick else 20_000
-        out.append(dict(id=i, rack=rack, n=n, kind=str(kind), skew=max(workers) / min(workers),
+        out.append(dict(id=i, rack=rack, n=n, kind=str(kind), skew=max(caps) / min(caps),
                         workers=sum(workers), workload=wl, load=load, delay_us=delay,
                         tasks=tasks))
     return out
@@ -107,16 +126,18 @@ def _run(job):
                 wall_s=time.time() - t0)
 
 
-def summarize(scen, res):
-    """Per-policy acceptance figures from ``res[(id, policy)] = row``."""
+def summarize(scen, res, policies=POLICIES):
+    """Per-policy acceptance figures from ``res[(id, policy)] = row``. ``policies`` may add
+    references (``--reference``) to ``POLICIES``: they get the same figures, measured against
+    the same best (of ``DEPLOYABLE``) and baselines, which they do not enter."""
     summ = {}
-    for label, _ in POLICIES:
+    for label, _ in policies:
         if label == "cfcfs":
             continue
         best5 = c2 = c2_den = 0
         worst = 0.0
         for sc in scen:
-            p = {k: res[(sc["id"], k)]["p99_us"] for k, _ in POLICIES}
+            p = {k: res[(sc["id"], k)]["p99_us"] for k, _ in policies}
             best = min(p[k] for k in DEPLOYABLE)
             if p[label] <= 1.05 * best:
                 best5 += 1
@@ -158,6 +179,8 @@ def main(argv=None):
     ap.add_argument("--outdir", default=os.path.join("out", "sweep"), metavar="DIR",
                     help="directory of sweep.txt, sweep.csv and sweep.png (default out/sweep)")
     g.hidden_alias(ap, "--out", "outdir")
+    ap.add_argument("--name", default="sweep", metavar="STEM",
+                    help="file names STEM.txt, STEM.csv and STEM.png (default sweep)")
     g.add_json(ap, "every scenario and run")
     ap.add_argument("--malcolm", default="",
                     help="extra parameters for Malcolm (and its frozen copy), k=v,...")
@@ -169,6 +192,13 @@ def main(argv=None):
                     default=",".join(map(str, DELAY_RANGE)),
                     help="range of the drawn one-way delays, µs (default 2,10): beyond the "
                          "issue's range with the same racks and workloads")
+    ap.add_argument("--reference", action="append", default=[], metavar="POLICY",
+                    help="also run POLICY (repeatable, e.g. sed): reported beside the others "
+                         "and against Malcolm, but not in the best of the deployable policies "
+                         "or the baselines")
+    ap.add_argument("--speeds", type=g.numbers(float), metavar="LO,HI", default=None,
+                    help="give each server a speed factor drawn log-uniformly from LO-HI "
+                         "(e.g. 0.25,4; default: every server at speed 1)")
     g.add_window_phase(ap)
     ap.add_argument("--hetero-seeds", type=int, default=1,
                     help="simulation seeds for Malcolm and frozen on heterogeneous racks; the "
@@ -181,7 +211,13 @@ def main(argv=None):
             or not (0.0 <= a.delays[0] <= a.delays[1]):
         ap.error("--load-range needs LO,HI with 0 < LO <= HI <= 2, and --delay-range LO,HI "
                  "with 0 <= LO <= HI")
-    scen = draw_scenarios(6 if a.quick else a.scenarios, a.seed, a.quick, a.loads, a.delays)
+    if not a.name or os.sep in a.name or a.name.startswith("."):
+        ap.error(f"--name must be a plain file stem, got {a.name!r}")
+    if a.speeds is not None and (len(a.speeds) != 2 or not 0.01 <= a.speeds[0] <= a.speeds[1]
+                                 <= 100):
+        ap.error("--speeds needs LO,HI with 0.01 <= LO <= HI <= 100")
+    scen = draw_scenarios(6 if a.quick else a.scenarios, a.seed, a.quick, a.loads, a.delays,
+                          a.speeds)
     for sc in scen:
         sc["tasks"] = int(sc["tasks"] * a.tasks_mult)
         sc["window_us"] = a.window
@@ -189,6 +225,11 @@ def main(argv=None):
     extra = a.malcolm.strip().strip(",")
     pols = [(label, (spec + ("," if ":" in spec else ":") + extra)
              if extra and spec.startswith("malcolm") else spec) for label, spec in POLICIES]
+    refs = [(_label(spec), spec) for spec in a.reference]
+    if len({lab for lab, _ in pols + refs}) != len(pols) + len(refs):
+        ap.error("--reference: each policy once, and none of the sweep's own")
+    pols += refs
+    a.policies = [lab for lab, _ in pols]
     jobs = [(sc, label, spec, a.sim_seed) for sc in scen for label, spec in pols]
     if a.hetero_seeds < 1:
         ap.error("--hetero-seeds must be >= 1")
@@ -210,19 +251,28 @@ def main(argv=None):
     g.write_json(a, {"scenarios": scen, "runs": list(res.values())})
 
 
+def _label(spec):
+    """A column name for a policy spec: ``sed`` -> ``sed``, ``jbt:threshold=4`` ->
+    ``jbt_threshold_4``."""
+    return "".join(ch if ch.isalnum() else "_" for ch in spec.strip())
+
+
 def write_outputs(a, scen, res, wall):
-    summ = summarize(scen, res)
-    with open(os.path.join(a.outdir, "sweep.csv"), "w", newline="") as f:
+    labels = a.policies
+    pols = [(lab, lab) for lab in labels]
+    refs = labels[len(POLICIES):]
+    summ = summarize(scen, res, pols)
+    with open(os.path.join(a.outdir, a.name + ".csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["id", "rack", "n", "kind", "skew", "workload", "load", "delay_us", "tasks",
-                    *[f"p99_{k}" for k, _ in POLICIES], *[f"p50_{k}" for k, _ in POLICIES],
+                    *[f"p99_{k}" for k in labels], *[f"p50_{k}" for k in labels],
                     "mig_frac_malcolm"])
         for sc in scen:
-            r = {k: res[(sc["id"], k)] for k, _ in POLICIES}
+            r = {k: res[(sc["id"], k)] for k in labels}
             w.writerow([sc["id"], sc["rack"], sc["n"], sc["kind"], f"{sc['skew']:.2f}",
                         sc["workload"], sc["load"], sc["delay_us"], sc["tasks"],
-                        *[f"{r[k]['p99_us']:.1f}" for k, _ in POLICIES],
-                        *[f"{r[k]['p50_us']:.1f}" for k, _ in POLICIES],
+                        *[f"{r[k]['p99_us']:.1f}" for k in labels],
+                        *[f"{r[k]['p50_us']:.1f}" for k in labels],
                         f"{r['malcolm']['migrations'] / max(1, r['malcolm']['generated']):.3f}"])
     ranges = "" if (tuple(a.loads), tuple(a.delays)) == (LOAD_RANGE, DELAY_RANGE) else \
         f", loads {a.loads[0]:g}-{a.loads[1]:g}, delays {a.delays[0]:g}-{a.delays[1]:g} µs"
@@ -230,6 +280,8 @@ def write_outputs(a, scen, res, wall):
         ranges += f", window {a.window:g} µs"
     if a.phase != "random":
         ranges += f", {a.phase} window phases"
+    if a.speeds is not None:
+        ranges += f", server speeds {a.speeds[0]:g}-{a.speeds[1]:g}"
     lines = [f"Sweep: {len(scen)} scenarios from seed {a.seed}{ranges}, simulation seed "
              f"{a.sim_seed}{' (--quick)' if a.quick else ''}; {wall:.0f} s wall with "
              f"{a.procs} processes.",
@@ -237,11 +289,12 @@ def write_outputs(a, scen, res, wall):
              "| policy | best or within 5% | p99 within 2x cFCFS | worst p99 / best of "
              "JSQ, JBT, po2 |",
              "|---|---|---|---|"]
-    for label, _ in POLICIES:
+    for label in labels:
         if label == "cfcfs":
             continue
         s = summ[label]
-        lines.append(f"| {label} | {100 * s['best5']:.0f}% | {100 * s['cfcfs2']:.0f}% | "
+        name = f"{label} (reference)" if label in refs else label
+        lines.append(f"| {name} | {100 * s['best5']:.0f}% | {100 * s['cfcfs2']:.0f}% | "
                      f"{s['worst_vs_base']:.2f} |")
     lf = summ["learn_vs_frozen"]
     lines += ["", f"Learnt vs frozen initial policy on the {lf['het']} heterogeneous racks "
@@ -249,14 +302,22 @@ def write_outputs(a, scen, res, wall):
               f"{100 * lf['wins']:.0f}%, equal within 0.1% in {lf['ties']}; learnt/frozen "
               f"from {lf['best_ratio']:.3f} to {lf['worst_ratio']:.3f}. Exactly equal in "
               f"{lf['exact']}: not higher in {100 * lf['not_higher']:.0f}%."]
+    for ref in refs:
+        q = [res[(sc["id"], "malcolm")]["p99_us"] / res[(sc["id"], ref)]["p99_us"]
+             for sc in scen]
+        lines += ["", f"Malcolm against {ref} (a reference): p99 lower by more than 5% in "
+                  f"{sum(x < 1 / 1.05 for x in q)} of {len(q)}, higher by more than 5% in "
+                  f"{sum(x > 1.05 for x in q)}; malcolm / {ref} from {min(q):.2f} to "
+                  f"{max(q):.2f}, geometric mean {math.exp(np.mean(np.log(q))):.3f}."]
     text = "\n".join(lines) + "\n"
-    with open(os.path.join(a.outdir, "sweep.txt"), "w") as f:
+    with open(os.path.join(a.outdir, a.name + ".txt"), "w") as f:
         f.write(text)
     print(text)
-    _plot(scen, res, os.path.join(a.outdir, "sweep.png"))
+    _plot(scen, res, os.path.join(a.outdir, a.name + ".png"),
+          "" if a.speeds is None else f", server speeds {a.speeds[0]:g}-{a.speeds[1]:g}", refs)
 
 
-def _plot(scen, res, path):
+def _plot(scen, res, path, what="", refs=()):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -266,6 +327,7 @@ def _plot(scen, res, path):
     x = np.arange(len(scen))
     order = sorted(range(len(scen)), key=lambda i: scen[i]["load"])
     marks = {"malcolm": "o", "frozen": "x", "jsq": "s", "jbt": "^", "po2": "v"}
+    marks.update({ref: m for ref, m in zip(refs, "+d*Ph", strict=False)})
     for label, m in marks.items():
         y = [res[(scen[i]["id"], label)]["p99_us"] / res[(scen[i]["id"], "cfcfs")]["p99_us"]
              for i in order]
@@ -275,7 +337,8 @@ def _plot(scen, res, path):
     ax.set_yscale("log")
     ax.set_xlabel("scenario (sorted by load)")
     ax.set_ylabel("p99 / ideal cFCFS p99")
-    ax.set_title("Robustness sweep: p99 relative to the ideal centralized FCFS")
+    ax.set_title("Robustness sweep" + what + ": p99 relative to the ideal centralized FCFS",
+                 fontsize=10 if what else None)
     ax.legend(ncol=5, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -3,10 +3,17 @@ imported only when it is used, so ``malcolm --help`` stays fast and a broken opt
 (the RDMA transport, say) cannot take the whole CLI down."""
 
 import importlib
+import os
 
-import click
+# Malcolm does no dense linear algebra, but numpy's OpenBLAS starts a thread per core at
+# import, and they spin for ~0.1 s of CPU each before sleeping: on a 2-core machine that is a
+# core taken from the command itself, and on a server, from pinned workers. One thread, unless
+# the user asked for more. Set before any subcommand imports numpy; children inherit it.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from malcolm import __version__
+import click  # noqa: E402
+
+from malcolm import __version__  # noqa: E402
 
 # name -> (module, attribute, one-line help)
 COMMANDS = {

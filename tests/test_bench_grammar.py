@@ -24,7 +24,8 @@ SCRIPTS = sorted(
                                                "tiny_racks.py", "big_and_tiny.py",
                                                "bias_drift.py", "conditions.py",
                                                "light_load.py", "policy_room.py",
-                                               "rocksdb_pad.py", "verbs_first_batch.py")])
+                                               "rocksdb_pad.py", "verbs_first_batch.py",
+                                               "scale.py")])
 
 
 def _run(*args, cwd=ROOT, timeout=120):

@@ -3,6 +3,7 @@ no RST markup, and the run metadata in every JSON a command writes."""
 
 import json
 import math
+import os
 
 import click
 import pytest
@@ -259,3 +260,18 @@ def test_serve_stats_json_carries_the_run_metadata(tmp_path):
     d = json.loads(stats.read_text())
     assert "responses" in d and d["metadata"]["config"]["stats_json"] == str(stats)
     assert d["metadata"]["config"]["duration"] == 0.3 and d["metadata"]["host"]
+
+
+def test_the_cli_keeps_blas_to_one_thread_unless_asked():
+    """numpy's OpenBLAS threads spin at import: the CLI asks for one unless the user set it."""
+    import subprocess
+    import sys
+
+    code = ("import os; import malcolm.cli; import numpy; "
+            "print(os.environ['OPENBLAS_NUM_THREADS'])")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == "1", r.stderr
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(env, OPENBLAS_NUM_THREADS="3"))
+    assert r.stdout.strip() == "3", r.stderr

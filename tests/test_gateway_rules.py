@@ -142,19 +142,21 @@ def test_rules_run_in_the_simulator_and_lose_no_task():
 
 
 # ---------------------------------------------------------------- speed_band (item 14)
-def slow_and_fast(band=1.5, peer_tasks=0.0, peer_lg_factor=0.25, **kw):
+def slow_and_fast(band=1.5, peer_tasks=0.0, peer_lg_factor=0.25, windows=None, **kw):
     """Server 0 (one worker) runs tasks in 4 T; its peers report speed codes of
-    ``peer_lg_factor`` x 4 T (default T: four times faster), ``peer_tasks`` per worker."""
+    ``peer_lg_factor`` x 4 T (default T: four times faster), ``peer_tasks`` per worker
+    (or, per window, the values of ``windows``; default two windows of ``peer_tasks``)."""
     import math
     p = MalcolmPolicy(N, 0, seed=4, hop_ns=HOP, learn=False, speed_band=band, **kw)
     t_me = 4 * T
     p.py_completions(1000, 1000 * math.log(t_me), 1000 * t_me)
     lg = round(256 * math.log2(t_me * peer_lg_factor))
-    for now in (0, 100_000):
+    for w, tasks in enumerate(windows or (peer_tasks, peer_tasks)):
+        now = w * 100_000
         p.py_observe_local(now, 0.0, 0.0, 1.0 / t_me)
         for j in range(1, N):
             t_j = t_me * peer_lg_factor
-            p.py_observe_peer(now, j, peer_tasks * t_j, rate=1.0 / t_j, svc_lg=lg)
+            p.py_observe_peer(now, j, tasks * t_j, rate=1.0 / t_j, svc_lg=lg)
         p.py_end_window(now)
     return p
 
@@ -186,14 +188,41 @@ def test_a_slow_server_keeps_nothing_outright_while_faster_peers_are_idle():
 
 
 def test_the_speed_rule_leaves_busy_peers_alone():
-    """Peers with a task per worker (more than half busy) are not sent more: the gate is
-    the hop gate's, and so it is for a server faster than its peers."""
+    """Peers with a task per worker (every worker busy) are not sent more: the gate is the
+    hop gate's, and so it is for a server faster than its peers."""
     busy = slow_and_fast(peer_tasks=1.0)
     hooks.sample_many(busy, "arrival", 2000)
     assert busy.gated >= 1 and busy.speed_slower == 0
     fast = slow_and_fast(peer_lg_factor=4.0)
     hooks.sample_many(fast, "arrival", 2000)
     assert fast.gated >= 1 and fast.speed_slower == 0
+
+
+def test_the_speed_shift_fades_as_the_peers_fill():
+    """D = (t (rho b - 1) + w) (1 - u): here t = 4 T, rho = 1/4, b = 1.5. Idle peers (w = 0,
+    u = 0): -2.5 T. Peers with half a task per worker wait w = T / 2 for one more task and
+    are half busy: (-2.5 T + T / 2) / 2 = -T, not the cut to 0 of a busy limit at u = 0.5.
+    A task per worker: 0."""
+    got = [hooks.speed_shift(slow_and_fast(peer_tasks=u)) for u in (0.0, 0.5, 1.0)]
+    assert got[0] == pytest.approx(-2.5 * T, rel=1e-2)
+    assert got[1] == pytest.approx(-1.0 * T, rel=1e-2)
+    assert got[2] == 0.0
+    half = slow_and_fast(peer_tasks=0.5)
+    hooks.sample_many(half, "arrival", 2000)
+    assert half.speed_slower >= 1
+
+
+def test_the_speed_closure_has_hysteresis():
+    """Peers 0.6 busy: D = (-2.5 T + 0.6 T) 0.4 = -0.76 T, so h + D = -28 µs, within the
+    hysteresis band (0.2 x 4 T = 40 µs) of the point where keeping and migrating finish
+    alike. An open gate stays open there (the idle worker keeps an arrival), and a gate the
+    idle peers closed stays closed; with idle peers it closes, and with busy ones it opens."""
+    assert hooks.speed_shift(slow_and_fast(peer_tasks=0.6)) == pytest.approx(-0.76 * T, rel=1e-2)
+    for seq, keeps in (((0.6, 0.6), True), ((0.0, 0.6), False), ((0.0, 0.0), False),
+                       ((0.0, 1.0), True), ((0.6, 0.0), False)):
+        p = slow_and_fast(windows=seq)
+        hooks.sample_many(p, "arrival", 2000)
+        assert (p.gated >= 1) == keeps, seq
 
 
 def test_speed_band_is_checked():

@@ -29,6 +29,21 @@ def test_quick_sweep_writes_table_csv_and_plot(tmp_path):
     assert d["metadata"]["config"]["quick"] is True
 
 
+def test_a_reference_policy_is_reported_but_not_in_the_best(tmp_path):
+    """--reference sed: its own row and columns, a line against Malcolm, and the sweep's own
+    figures as without it (it enters neither the best nor the baselines)."""
+    sweep.main(["--quick", "--procs", "1", "--outdir", str(tmp_path / "a")])
+    sweep.main(["--quick", "--procs", "1", "--outdir", str(tmp_path / "b"), "--name", "s",
+                "--reference", "sed"])
+    a = (tmp_path / "a" / "sweep.txt").read_text().splitlines()
+    b = (tmp_path / "b" / "s.txt").read_text().splitlines()
+    assert "| sed (reference) |" in "\n".join(b) and "Malcolm against sed" in b[-1]
+    assert [ln for ln in b if ln.startswith("| ") and "sed" not in ln] == \
+        [ln for ln in a if ln.startswith("| ")]
+    head = (tmp_path / "b" / "s.csv").read_text().splitlines()[0].split(",")
+    assert "p99_sed" in head and "p50_sed" in head
+
+
 def test_scenarios_are_fixed_by_the_seed_and_cover_the_ranges():
     a = sweep.draw_scenarios(60, 2026)
     assert a == sweep.draw_scenarios(60, 2026)
@@ -46,6 +61,36 @@ def test_draw_ranges_keep_racks_and_workloads():
     assert [(s["rack"], s["workload"]) for s in a] == [(s["rack"], s["workload"]) for s in b]
     assert all(0.8 <= s["load"] <= 0.95 and 20.0 <= s["delay_us"] <= 150.0 for s in b)
     assert a == sweep.draw_scenarios(20, 2026, loads=(0.3, 0.95), delays=(2.0, 10.0))
+
+
+def test_speeds_keep_every_other_draw():
+    """--speeds draws from a stream of its own: the same worker counts, workloads, loads,
+    delays and order; every server a speed in range; skew is the capacity skew."""
+    a = sweep.draw_scenarios(30, 2026)
+    b = sweep.draw_scenarios(30, 2026, speeds=(0.25, 4.0))
+    assert b == sweep.draw_scenarios(30, 2026, speeds=(0.25, 4.0))
+    strip = [",".join(g.split("@")[0] for g in s["rack"].split(",")) for s in b]
+    assert strip == [s["rack"] for s in a]
+    for x, y in zip(a, b, strict=True):
+        assert (x["workload"], x["load"], x["delay_us"], x["n"]) == \
+            (y["workload"], y["load"], y["delay_us"], y["n"])
+        caps = []
+        for grp in y["rack"].split(","):
+            w, _, v = grp[2:].partition("@")
+            speed = float(v or 1.0)
+            assert 0.25 <= speed <= 4.0
+            caps.append(int(w) * speed)
+        assert y["skew"] == pytest.approx(max(caps) / min(caps))
+    assert any("@" in s["rack"] for s in b)
+
+
+@pytest.mark.parametrize("argv", [["--speeds", "0,4"], ["--speeds", "4,1"], ["--speeds", "1"],
+                                  ["--name", "a/b"], ["--name", ""], ["--reference", "jsq"]])
+def test_bad_speeds_or_name_is_one_line(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        sweep.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err and argv[0] in err
 
 
 def test_learnt_vs_frozen_counts_exact_ties_apart():

@@ -118,3 +118,8 @@ def set_tilt(MalcolmPolicy p, double t):
     """Set the capacity tilt (``tilt_lr`` > 0) and republish."""
     p.tilt = t
     p._publish()
+
+
+def speed_shift(MalcolmPolicy p):
+    """``GatewayRules._speed_shift`` at the policy's current state: D (ns, <= 0)."""
+    return p._speed_shift()

@@ -225,6 +225,7 @@ cdef class AgentState(Policy):
     cdef readonly int svc_lg             # the speed code the heartbeat carries (0: not yet)
     cdef readonly double svc_mean_ns     # the mean service time over the same completions
     cdef readonly uint64_t speed_slower      # publishes whose gate the peers' speeds lowered
+    cdef bint sp_closed                  # the last publish's gate was closed by the speeds
 
     cdef int _alloc(self, int d) except -1
     cdef void _release(self) noexcept

@@ -23,9 +23,9 @@ cdef double SHED_NEVER = -2147483648.0
 # the budget a server slower than its peers by more than a hop publishes (_gate_accept): far
 # below any budget completions can raise within a window, above the clamp (-1e9) plus it
 cdef int64_t SPEED_CLOSED = 100000000
-# _speed_shift: the speeds close the gate only while the peers a migrated task goes to are
-# less busy than this (their tasks per worker, weighted by the published probabilities)
-cdef double SPEED_UMAX = 0.5
+# _gate_accept: the speeds close a gate, and a closed one reopens, only past this many own
+# task times beyond the point where keeping and migrating finish alike (hysteresis)
+cdef double SPEED_HYST = 0.2
 # the steal bar no budget reaches
 cdef double STEAL_NEVER = 2147483647.0
 
@@ -161,13 +161,25 @@ cdef class GatewayRules(AgentState):
         """
         cdef double h = self._hop_units() * self.load_scale, r = self.adv[2 * self.n + self.me]
         cdef double c = <double>(self.n_workers if self.n_workers > 1 else 1)
-        cdef double k = 0.0, kf, d = 0.0
+        cdef double k = 0.0, kf, d = 0.0, e
         cdef int64_t off = 0
         cdef uint64_t kb = 0
         self._grant_bar(h)
         if h > 0.0 and r > 0.0:
             # q = x_me r: the driver observes load = queue / rate with one read of the rate
             d = self._speed_shift()
+            if d < 0.0:
+                # The closure below turns a gate that keeps while a worker is idle into one
+                # that keeps nothing, so D near -h flips it with every window's reports, and
+                # the peers' loads with it (Fig 7.9 (c): the spread's 5 ms mean crossed a 1.2x
+                # band for 50-100 ms after the change in 5 of 10 seeds). Past the point by
+                # SPEED_HYST own task times each way, or the state stays as it was.
+                e = SPEED_HYST * self.svc_mean_ns
+                if self.sp_closed and h + d < e:
+                    d = d if h + d < 0.0 else -h - 1.0
+                elif not self.sp_closed and -e < h + d < 0.0:
+                    d = -h
+            self.sp_closed = h + d < 0.0
             self.speed_slower += d < 0.0
             k = c - self.x[self.me] * r + (h + d) * r
         elif self.gate_live:
@@ -217,13 +229,16 @@ cdef class GatewayRules(AgentState):
         worse off kept while its wait is at most h + D, D = t (rho b - 1) + w, b =
         ``speed_band`` (ratios within b of 1 are taken as noise, and the shrink keeps D
         continuous at the band's edge). So a slow server sends work on even with idle
-        workers. Only D < 0 is applied, and only while the peers are less busy than
-        SPEED_UMAX tasks per worker: a faster server that keeps more, or a slow one that
-        closes its gate on busy peers, herds the rack's work onto them on reports a window
-        old (on 60 random racks of mixed speeds that cost up to 1.6x the p99 without the
-        limit, and the light-load gains are what this is for). 0 with b = 0 or no speed
-        known. While no known code is below the own by more than the band (their least, one
-        pass the compiler vectorizes), no weighted mean of the ratios is below 1 / b: no exp2.
+        workers. Only D < 0 is applied, scaled by 1 - u, u the peers' busy fraction (their
+        tasks per worker, each at most 1, weighted alike): a faster server that keeps more,
+        or a slow one that closes its gate outright on busy peers, herds the rack's work
+        onto them on reports a window old (on 60 random racks of mixed speeds that cost up
+        to 1.6x the p99). The fade, not a cut at u = 0.5 (the nineteenth session's rule),
+        keeps what a slow server gains beside half-busy peers without a step in D that the
+        peers' reports cross from one window to the next (docs/policy.md, item 14). 0 with
+        b = 0 or no speed known. While no known code is below the own by more than the band
+        (their least, one pass the compiler vectorizes), no weighted mean of the ratios is
+        below 1 / b: no exp2.
         """
         cdef int j, n = self.n, me = self.me, lg = self.svc_lg, bl = self.speed_band_lg
         cdef uint16_t c, lo = 0xFFFF
@@ -253,8 +268,8 @@ cdef class GatewayRules(AgentState):
         if not (pw > 0.0):
             return 0.0      # the codes beyond the band are of peers the table never picks
         rho = rw / pw
-        if rho * b < 1.0 and uw < SPEED_UMAX * pw:
-            rho = t * (rho * b - 1.0) + ww / pw
+        if rho * b < 1.0 and uw < pw:
+            rho = (t * (rho * b - 1.0) + ww / pw) * (1.0 - uw / pw)
             return rho if rho < 0.0 else 0.0
         return 0.0
 
