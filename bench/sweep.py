@@ -126,18 +126,19 @@ def _run(job):
                 wall_s=time.time() - t0)
 
 
-def summarize(scen, res, policies=POLICIES):
-    """Per-policy acceptance figures from ``res[(id, policy)] = row``. ``policies`` may add
-    references (``--reference``) to ``POLICIES``: they get the same figures, measured against
-    the same best (of ``DEPLOYABLE``) and baselines, which they do not enter."""
+def summarize(scen, res, labels=tuple(lab for lab, _ in POLICIES)):
+    """Per-policy acceptance figures from ``res[(id, label)] = row``. ``labels`` may add
+    references (``--reference``) to those of ``POLICIES``: they get the same figures,
+    measured against the same best (of ``DEPLOYABLE``) and baselines, which they do not
+    enter."""
     summ = {}
-    for label, _ in policies:
+    for label in labels:
         if label == "cfcfs":
             continue
         best5 = c2 = c2_den = 0
         worst = 0.0
         for sc in scen:
-            p = {k: res[(sc["id"], k)]["p99_us"] for k, _ in policies}
+            p = {k: res[(sc["id"], k)]["p99_us"] for k in labels}
             best = min(p[k] for k in DEPLOYABLE)
             if p[label] <= 1.05 * best:
                 best5 += 1
@@ -259,9 +260,8 @@ def _label(spec):
 
 def write_outputs(a, scen, res, wall):
     labels = a.policies
-    pols = [(lab, lab) for lab in labels]
     refs = labels[len(POLICIES):]
-    summ = summarize(scen, res, pols)
+    summ = summarize(scen, res, labels)
     with open(os.path.join(a.outdir, a.name + ".csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["id", "rack", "n", "kind", "skew", "workload", "load", "delay_us", "tasks",

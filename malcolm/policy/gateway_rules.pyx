@@ -171,9 +171,9 @@ cdef class GatewayRules(AgentState):
             if d < 0.0:
                 # The closure below turns a gate that keeps while a worker is idle into one
                 # that keeps nothing, so D near -h flips it with every window's reports, and
-                # the peers' loads with it (Fig 7.9 (c): the spread's 5 ms mean crossed a 1.2x
-                # band for 50-100 ms after the change in 5 of 10 seeds). Past the point by
-                # SPEED_HYST own task times each way, or the state stays as it was.
+                # the peers' loads with it (Fig 7.9 (c): the spread's 5 ms mean left a 1.2x
+                # band for 67-107 ms after the change in 4 of 10 seeds, and for good in one).
+                # Past the point by SPEED_HYST own task times each way, or the state stays.
                 e = SPEED_HYST * self.svc_mean_ns
                 if self.sp_closed and h + d < e:
                     d = d if h + d < 0.0 else -h - 1.0
