@@ -180,6 +180,36 @@ def test_overloaded_servers_are_masked_and_steals_only_from_busier_peers():
     assert q.probs_migrate[3] > 0.05
 
 
+def big_beside_small(big_tasks, codes=True):
+    """Server 0 and peers 2, 3: one worker, tasks of T, idle. Peer 1: 16 workers four times
+    faster (tasks of T / 4, rate 64 / T) with ``big_tasks`` in it. ``codes``: the speed
+    codes are known (the own from completions, the peers' from heartbeats)."""
+    import math
+    p = MalcolmPolicy(4, 0, seed=4, hop_ns=10_000.0, learn=False)
+    if codes:
+        p.py_completions(1000, 1000 * math.log(T), 1000 * T)
+    for w in range(2):
+        now = w * 100_000
+        p.py_observe_local(now, 0.0, 0.0, 1.0 / T)
+        for j in range(1, 4):
+            t_j, c_j = (T / 4, 16) if j == 1 else (T, 1)
+            tasks = big_tasks if j == 1 else 0.0
+            p.py_observe_peer(now, j, tasks * t_j / c_j, rate=c_j / t_j,
+                              svc_lg=round(256 * math.log2(t_j)) if codes else 0)
+        p.py_end_window(now)
+    return p
+
+
+def test_the_overload_mask_spares_a_server_with_idle_workers():
+    """Eight tasks on 16 workers put x = T / 8 far above the idle peers' 0, which the
+    overload mask read as overload; with the speed codes known it masks only a server with
+    a queue (x_j > t_j) whose next task would also finish later than one kept here."""
+    assert big_beside_small(8, codes=False).probs_migrate[1] == 0.0       # the rule before
+    for tasks in (8, 16, 40):      # x = T / 8, T / 4, 5 T / 8: x + t_j <= T, kept takes T
+        assert big_beside_small(tasks).probs_migrate[1] > 0.5, tasks
+    assert big_beside_small(80).probs_migrate[1] == 0.0    # x + t_j = 1.5 T > T: masked
+
+
 # ---------------------------------------------------------------- trust region and reset
 def test_trust_region_bounds_every_actor_parameter():
     n, me = 3, 0

@@ -31,6 +31,7 @@ static const double edge[] = {0.0, -0.0, 4.0, -4.0, 4.000000000000001, -4.000000
 int main(void) {
     double x[64], rate[64], w[64], A[6 * 64], z[64], g[128], p[64], u[64];
     unsigned char known[64];
+    uint16_t code[64];
     long bad = 0;
     for (long it = 0; it < 20000; it++) {
         int n = 1 + rint_(64), me = rint_(n);
@@ -40,13 +41,15 @@ int main(void) {
             x[j] = known[j] && rint_(8) ? rnd() * 1e6 * (1 + rint_(4)) : 0.0;
             rate[j] = known[j] && rint_(6) ? rnd() * 1e-4 * (1 + rint_(16)) : 0.0;
             z[j] = (rnd() - 0.5) * 8;
+            code[j] = rint_(5) ? (uint16_t)(4096 + rint_(2048)) : 0;
             u[j] = rint_(4) ? (rnd() - 0.5) * 20 : edge[rint_(12)] + ub;
         }
         if (it % 3 == 0) memset(known, 1, (size_t)n);
         for (int j = 0; j < 6 * n; j++) A[j] = (rnd() - 0.5) * 3;
         /* the AVX-cloned kernels: hashed, compared between the two builds */
         int nm = mc_pub_migrate_weights(x, rate, known, w, n, me, 5e4 * (0.5 + rnd()),
-                                        rint_(4) != 0, rint_(3) ? 1.5 : 0.0);
+                                        rint_(4) != 0, rint_(3) ? 1.5 : 0.0, code,
+                                        rint_(4) ? 4096 + rint_(2048) : 0, 1e4 * rnd());
         mix(&nm, sizeof nm);
         mix(w, sizeof(double) * n);
         mc_pub_steal_weights(x, known, w, n, me, rint_(4) != 0);

@@ -3,6 +3,7 @@
  * Plain C so that GCC vectorizes them (see _ac_kernels.h for the same pattern). */
 #ifndef MALCOLM_PUB_KERNELS_H
 #define MALCOLM_PUB_KERNELS_H
+#include <math.h>
 #include "_native.h"
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(MALCOLM_DEBUG)
 #define MC_PUB_CLONES __attribute__((target_clones("arch=x86-64-v3", "default"), unused))
@@ -156,7 +157,9 @@ static MC_PUB_AVX int mc_pub_migrate_weights(const double *restrict x,
                                              const double *restrict rate,
                                              const unsigned char *restrict known,
                                              double *restrict w, int n, int me, double ls,
-                                             int capacity_prior, double mask_factor) {
+                                             int capacity_prior, double mask_factor,
+                                             const uint16_t *restrict code, int lg,
+                                             double t) {
     double rbar, vbar = 0.0, vme, lim, rsum = 0.0, spare = 0.0, c, km1;
     int j, k, kr, flow, prior;
     long long nm = 0;
@@ -204,7 +207,17 @@ static MC_PUB_AVX int mc_pub_migrate_weights(const double *restrict x,
         for (j = 0; j < n; j++) {
             if ((v[j] > vme) & (v[j] > lim)) {
                 double s = rate[j] > 0.0 ? 1.0 / (rate[j] * ls) : 1.0;
-                if (v[j] > lim + s) {
+                /* and not while j has a worker idle: its load x_j = tasks / rate is
+                   then at most one task time there, t_j = t 2^((code_j - lg) / 256) (t
+                   the own mean, code the geometric means' logs), and a task sent now
+                   starts at once. Tasks in service count in x_j, so a many-worker
+                   server with no queue stood far above peers left empty and was masked
+                   (a 16-worker server at half load, beside slow servers that keep
+                   nothing: p99 3x SED's; docs/policy.md, item 15). Unknown speed codes:
+                   the rule before. */
+                double tj = (lg > 0 && t > 0.0 && code[j] != 0)
+                            ? t * exp2((double)((int)code[j] - lg) * (1.0 / 256.0)) : 0.0;
+                if (v[j] > lim + s && (tj == 0.0 || (x[j] > tj && x[j] + tj > x[me] + t))) {
                     w[j] = 0.0;
                     nm++;
                 }

@@ -1,13 +1,14 @@
 # cython: language_level=3
 """The publish kernels of ``_pub_kernels.h``, declared once for the modules that call them
 (``agent_state``, ``gateway_rules``, ``actor_critic``): branch-free C loops that vectorize."""
-from libc.stdint cimport uint8_t
+from libc.stdint cimport uint8_t, uint16_t
 
 
 cdef extern from "policy/_pub_kernels.h" nogil:
     int mc_pub_migrate_weights(const double* x, const double* rate, const uint8_t* known,
                                double* w, int n, int me, double ls, int capacity_prior,
-                               double mask_factor) noexcept nogil
+                               double mask_factor, const uint16_t* code, int lg,
+                               double t) noexcept nogil
     void mc_pub_steal_weights(const double* x, const uint8_t* known, double* w, int n, int me,
                               int mask) noexcept nogil
     void mc_pub_actor_inputs(const double* u, const uint8_t* known, double* z, int n,

@@ -466,12 +466,18 @@ cdef class AgentState(Policy):
         Accepting weighs r_me / mean rate (with the start's accept bias log n: n r_me), the
         peers together sum_{j != me} r_j, shared in proportion to the capacity each has left
         after keeping its own accepted arrivals, s_j ~ r_j^2 / (R + (k-1) r_j) (see
-        ``MalcolmPolicy.__init__``).
+        ``MalcolmPolicy.__init__``). With the speed codes known (the own ``svc_lg`` and
+        j's), the mask spares a peer with a worker idle (x_j at most its task time, ``t_j``
+        = ``svc_mean_ns`` scaled by the codes) and one whose next task would finish no later
+        than one kept here (x_j + t_j <= x_me + t_me): tasks in service count in x, so a
+        many-worker server with no queue stood far above peers left empty (docs/policy.md,
+        "The default policy", item 15).
         """
         # in C (_pub_kernels.h): the same operations, branch-free so that they vectorize
         self.masked += mc_pub_migrate_weights(self.x, self.adv + 2 * self.n, self.known, w,
                                               self.n, self.me, self.load_scale,
-                                              self.capacity_prior, self.mask_factor)
+                                              self.capacity_prior, self.mask_factor,
+                                              self.pcode, self.svc_lg, self.svc_mean_ns)
 
     cdef void _steal_weights(self, double* w) noexcept nogil:
         """w <- 1 for the steal outcomes, 0 for the peers not busier than us (the mask)."""
