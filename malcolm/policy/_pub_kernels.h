@@ -207,14 +207,15 @@ static MC_PUB_AVX int mc_pub_migrate_weights(const double *restrict x,
         for (j = 0; j < n; j++) {
             if ((v[j] > vme) & (v[j] > lim)) {
                 double s = rate[j] > 0.0 ? 1.0 / (rate[j] * ls) : 1.0;
-                /* and not while j has a worker idle: its load x_j = tasks / rate is
-                   then at most one task time there, t_j = t 2^((code_j - lg) / 256) (t
-                   the own mean, code the geometric means' logs), and a task sent now
-                   starts at once. Tasks in service count in x_j, so a many-worker
-                   server with no queue stood far above peers left empty and was masked
-                   (a 16-worker server at half load, beside slow servers that keep
-                   nothing: p99 3x SED's; docs/policy.md, item 15). Unknown speed codes:
-                   the rule before. */
+                /* With the speed codes known, not while j has a worker idle (its load
+                   x_j = tasks / rate is then at most one task time there, t_j = t
+                   2^((code_j - lg) / 256), t the own mean and the codes the geometric
+                   means' logs: a task sent now starts at once), nor while a task sent
+                   there would finish no later than one kept here (x_j + t_j <= x_me + t).
+                   Tasks in service count in x_j, so a many-worker server with no queue
+                   stood far above peers left empty and was masked (a 16-worker server at
+                   half load beside slow servers that keep nothing: p99 2-3.6x SED's;
+                   docs/policy.md, item 15). Unknown codes: the rule before. */
                 double tj = (lg > 0 && t > 0.0 && code[j] != 0)
                             ? t * exp2((double)((int)code[j] - lg) * (1.0 / 256.0)) : 0.0;
                 if (v[j] > lim + s && (tj == 0.0 || (x[j] > tj && x[j] + tj > x[me] + t))) {
