@@ -146,6 +146,13 @@ static inline int mc_pub_count_known(const unsigned char *restrict known, int n)
     return k;
 }
 
+/* A peer's task time over the own, from the two speed codes (256 log2 of each server's
+   geometric-mean service time in ns, as heartbeats carry them): the one reading of a code,
+   for the overload mask here and the hop gate's speed shift (gateway_rules.pyx). */
+static inline double mc_speed_ratio(int code, int lg) {
+    return exp2((double)(code - lg) * (1.0 / 256.0));
+}
+
 /* The migrate outcomes' weights (AgentState._migrate_weights, whose docstring says what
    they are); returns how many peers the overload mask zeroed. The same values as the
    Cython loops this replaced (each sum in its order; a build with FMA, MALCOLM_NATIVE=1,
@@ -217,7 +224,7 @@ static MC_PUB_AVX int mc_pub_migrate_weights(const double *restrict x,
                    half load beside slow servers that keep nothing: p99 2-3.6x SED's;
                    docs/policy.md, item 15). Unknown codes: the rule before. */
                 double tj = (lg > 0 && t > 0.0 && code[j] != 0)
-                            ? t * exp2((double)((int)code[j] - lg) * (1.0 / 256.0)) : 0.0;
+                            ? t * mc_speed_ratio((int)code[j], lg) : 0.0;
                 if (v[j] > lim + s && (tj == 0.0 || (x[j] > tj && x[j] + tj > x[me] + t))) {
                     w[j] = 0.0;
                     nm++;
