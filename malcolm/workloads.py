@@ -52,6 +52,9 @@ and ``DIST`` is one of
 * ``lognormal:MEAN:SIGMA``  lognormal with mean MEAN µs and shape SIGMA.
 
 Example: ``mix:90:const:50,10:exp:500``. At most 16 components.
+
+Every time given (V, MEAN, HI, a measured sample) is at most 1 s, and every V, MEAN or HI at
+least 1 ns (0.001 µs); SIGMA is at most 3; weights are at most 1e9.
 """
 
 from __future__ import annotations
@@ -67,6 +70,16 @@ MAX_COMPONENTS = 16
 KINDS = ("const", "exp", "uniform", "lognormal", "empirical")
 #: Quantiles kept of an empirical distribution (must match WL_EMP_N in _workload.pxd).
 EMP_QUANTILES = 2048
+#: The range of a service time (µs). The simulator and the runtime count time in integer ns:
+#: below 1 ns a task takes no time at all, and a task of more than a second is no longer
+#: microsecond-scale work (a longer one made ``malcolm sim`` run for hours, or overflow its
+#: 64-bit clock and report negative latencies).
+MIN_TIME_US, MAX_TIME_US = 0.001, 1e6
+#: A lognormal's shape: beyond it the median is a few thousandths of the mean, which rests on
+#: samples so rare that a run's mean service time (and so its load) is far from MEAN.
+MAX_SIGMA = 3.0
+#: A mixture weight (weights are normalised; a sum beyond the float range would be inf).
+MAX_WEIGHT = 1e9
 
 
 @dataclass(frozen=True)
@@ -161,11 +174,15 @@ class Workload:
                              f"got {x.size}")
         if not np.all(np.isfinite(x)) or np.any(x < 0):
             raise ValueError(f"workload {name!r}: service times must be finite and >= 0")
+        if np.any(x > MAX_TIME_US):
+            raise ValueError(f"workload {name!r}: service times must be at most "
+                             f"{MAX_TIME_US:g} µs (1 s), got {float(x.max()):g}")
         q = np.quantile(x, np.linspace(0.0, 1.0, EMP_QUANTILES))
         q = np.maximum.accumulate(q)        # rounding must not make it decrease
         mean = float((q.sum() - 0.5 * (q[0] + q[-1])) / (EMP_QUANTILES - 1))
-        if not mean > 0:
-            raise ValueError(f"workload {name!r}: service times must not all be 0")
+        if not mean >= MIN_TIME_US:
+            raise ValueError(f"workload {name!r}: the mean service time must be at least "
+                             f"{MIN_TIME_US:g} µs (1 ns, the clock's resolution)")
         return cls(name, (Component(1.0, "empirical", mean, 0.0, tuple(float(v) for v in q)),))
 
     @property
@@ -280,8 +297,9 @@ def read_calibration(path, clock="cpu"):
             pts = sz[clock]["quantiles"]
             ps, qs = [float(p) for p, _ in pts], [float(q) for _, q in pts]
             if (len(ps) < 2 or ps[0] != 0.0 or ps[-1] != 1.0 or np.any(np.diff(ps) <= 0)
-                    or np.any(np.diff(qs) < 0) or not qs[0] > 0 or not math.isfinite(qs[-1])):
-                raise ValueError(f"GET({sz['n']}): quantiles must rise from p=0 to p=1, > 0")
+                    or np.any(np.diff(qs) < 0) or not qs[0] > 0 or not qs[-1] <= MAX_TIME_US):
+                raise ValueError(f"GET({sz['n']}): quantiles must rise from p=0 to p=1, > 0 "
+                                 f"and at most {MAX_TIME_US:g} µs")
             out[int(sz["n"])] = (ps, qs)
     except OSError as e:
         raise ValueError(f"cannot read the calibration {path}: {e.strerror}") from None
@@ -345,7 +363,9 @@ def _read_samples(path, spec):
     return vals
 
 
-def _num(text, what, spec, positive=True):
+def _num(text, what, spec, positive=True, hi=MAX_TIME_US):
+    """A number from a workload spec: finite, > 0 (>= 0 with ``positive=False``) and at most
+    ``hi``; a positive time is also at least :data:`MIN_TIME_US`."""
     try:
         v = float(text)
     except ValueError:
@@ -353,6 +373,12 @@ def _num(text, what, spec, positive=True):
     if not math.isfinite(v) or (v <= 0 if positive else v < 0):
         raise ValueError(f"workload {spec!r}: {what} must be {'> 0' if positive else '>= 0'}"
                          f", got {text}")
+    if v > hi:
+        unit = " µs (1 s)" if hi == MAX_TIME_US else ""
+        raise ValueError(f"workload {spec!r}: {what} must be at most {hi:g}{unit}, got {text}")
+    if positive and hi == MAX_TIME_US and v < MIN_TIME_US:
+        raise ValueError(f"workload {spec!r}: {what} must be at least {MIN_TIME_US:g} µs "
+                         f"(1 ns, the clock's resolution), got {text}")
     return v
 
 
@@ -375,7 +401,7 @@ def _parse_dist(fields, spec):
         return Component(1.0, kind, lo, hi)
     if kind == "lognormal":
         return Component(1.0, kind, _num(args[0], "mean", spec),
-                         _num(args[1], "sigma", spec, positive=False))
+                         _num(args[1], "sigma", spec, positive=False, hi=MAX_SIGMA))
     return Component(1.0, kind, _num(args[0], "mean" if kind == "exp" else "value", spec))
 
 
@@ -421,7 +447,7 @@ def parse_workload(spec: str | Workload) -> Workload:
             if len(fields) < 3:
                 raise ValueError(f"workload {spec!r}: component {p!r} must look like "
                                  "W:DIST:PARAMS, e.g. 10:exp:500")
-            w = _num(fields[0], "weight", spec)
+            w = _num(fields[0], "weight", spec, hi=MAX_WEIGHT)
             c = _parse_dist(fields[1:], spec)
             comps.append(Component(w, c.kind, c.a, c.b))
         return Workload(s, tuple(comps))

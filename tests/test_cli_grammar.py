@@ -160,6 +160,56 @@ def test_sim_rack_is_a_rack_file_too(tmp_path):
     assert r.exit_code == 2 and "not both" in r.output
 
 
+@pytest.mark.parametrize("args, msg", [
+    (["--delay", "1e9"], "delay_us must be within"),
+    (["--delay", "200ms"], "1000 policy windows"),
+    (["--window", "2", "--jitter", "3ms"], "1000 policy windows"),
+    (["--window", "0.5"], "window_us must be within"),
+    (["--seed", str(2**70)], "--seed"),
+    (["--servers", "1x4@1e-9"], "must be within 0.001-1000"),
+    (["--servers", "1x4@1e9"], "must be within 0.001-1000"),
+    (["--servers", "1" + "0" * 24 + "x1"], "at most 64"),
+    (["--workload", "exp:1e300"], "at most 1e+06"),
+    (["--workload", "exp:1e-300"], "at least 0.001"),
+    (["--workload", "mix:1:lognormal:50:10"], "sigma must be at most 3"),
+    (["--workload", "mix:1e300:exp:5"], "weight must be at most"),
+    (["--load", "1e300"], "load must be at most 100"),
+    (["--load", "1e-300"], "of simulated time"),
+    (["--load", "0.1:0.9:1e-300"], "8e+299 points"),
+    (["--policy", "po2:d=" + str(2**70)], "d must be within"),
+    (["--policy", "malcolm:window_ns=" + str(2**70)], "window_ns out of range"),
+    (["--capacity", str(2**70)], "capacity must be within"),
+    (["--clients", "100000000", "--policy", "po2"], "clients must be within"),
+    (["--sched", "ps", "--quantum", "1e-6"], "at least 0.001"),
+    (["--policy", "racksched:quantum=1e-300"], "at least 0.001"),
+    (["--policy", "racksched:quantum=-1"], "quantum must be within"),
+    (["--policy", "racksched:quantum=nan"], "must be finite"),
+    (["--policy", "cfcfs:delay=1e300"], "delay must be within"),
+    (["--policy", "steal:min_victim=nan"], "must be finite"),
+    (["--policy", "jsq", "--gateway-cost", "1e12"], "gateway_ns must be within"),
+])
+def test_sim_inputs_out_of_range_fail_in_one_line(args, msg):
+    """Values the 64-bit ns clock cannot hold, or that would run for hours, are refused
+    before the run (they ran out of memory, hung, or printed negative latencies)."""
+    r = CliRunner().invoke(main, ["sim", "--tasks", "2000", *args])
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output and r.exception is None or \
+        isinstance(r.exception, SystemExit)
+    err = [ln for ln in r.output.splitlines() if ln.startswith("Error:")]
+    assert len(err) == 1 and msg in err[0], r.output
+
+
+def test_a_sweep_is_checked_before_its_first_run(tmp_path):
+    """A bad point or plot format fails at once, not after the points before it ran."""
+    r = CliRunner().invoke(main, ["sim", "--tasks", "2000", "--load", "0.5,0.6,1e300"])
+    assert r.exit_code == 2 and "load must be at most 100" in r.output
+    assert "p99_us" not in r.output and "simulating" not in r.output
+    r = CliRunner().invoke(main, ["sim", "--tasks", "2000", "--plot", str(tmp_path / "p.xyz")])
+    assert r.exit_code == 2 and "not a plot format" in r.output
+    r = CliRunner().invoke(main, ["sim", "--tasks", "2000", "--plot", str(tmp_path / "p")])
+    assert r.exit_code == 0 and (tmp_path / "p").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_unwritable_json_is_one_line(tmp_path):
     r = CliRunner().invoke(main, ["list", "workloads", "--json", str(tmp_path / "no" / "x")])
     assert r.exit_code == 1 and r.output.count("\n") == 1 and "--json" in r.output

@@ -149,3 +149,58 @@ def test_demo_killed_leaves_no_servers(sig, tmp_path):
     assert not left, "servers outlived the demo"
     if sig == signal.SIGHUP:
         assert p.returncode == 130 and "interrupted" in out and "Traceback" not in out, out
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--duration", "1e300"], "--duration must be > 0, --warmup >= 0, and the two at most"),
+    (["--warmup", "1e300"], "--duration must be > 0, --warmup >= 0, and the two at most"),
+    # dilated x50 (--quick), the mean is beyond the workloads' 1 s
+    (["--workload", "exp:1e6"], "--workload exp:1e6 at dilation K=50: workload"),
+    # 1 ns tasks: a rate no load generator sends (was a misleading "--threads must be ...")
+    (["--workload", "mix:1:const:1e-3"], "more than the load generator's 64 client threads"),
+    (["--workload", "mix:1:const:1e-3", "--dilate", "auto"], "--dilate auto: no K in 1..200"),
+    (["--repeat", str(2 ** 70)], "Invalid value for '--repeat'"),
+    (["--retries", "101"], "Invalid value for '--retries'"),
+    (["--plot", "d.xyz"], "a .xyz file is not a plot format"),
+])
+def test_demo_refuses_bad_runs_before_starting(args, msg, tmp_path, monkeypatch):
+    """One line and status 2 before any rack starts, not a traceback after it did."""
+    from click.testing import CliRunner
+
+    from malcolm.cli import main
+    if "--plot" in args:
+        pytest.importorskip("matplotlib")       # without it the plot is skipped, not checked
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(main, ["demo", "--quick", "--plot", "d.png", "--policy", "jsq",
+                                  "--load", "0.5"] + args)
+    assert r.exit_code == 2 and msg in r.output, r.output
+    assert "Traceback" not in r.output and "malcolm demo:" not in r.output, r.output
+    assert not _demo_servers(tmp_path)
+
+
+def test_experiment_bounds_and_the_auto_ladder():
+    from malcolm.loadgen.experiment import Experiment, ExperimentError
+    with pytest.raises(ExperimentError, match="--repeat must be in 1..1000"):
+        Experiment([1], policies=["jsq"], repeat=1001, echo=lambda s: None)
+    with pytest.raises(ExperimentError, match="--retries in 0..100"):
+        Experiment([1], policies=["jsq"], retries=101, echo=lambda s: None)
+    with pytest.raises(ExperimentError, match="--duration must be > 0"):
+        Experiment([1], policies=["jsq"], duration_s=float("nan"), echo=lambda s: None)
+    # 10 ms tasks: K=200 would make them 2 s, beyond the workloads' 1 s; auto leaves it out
+    exp = Experiment([1], workload="exp:10000", policies=["jsq"], echo=lambda s: None)
+    assert exp.ladder == (1, 2, 5, 10, 20, 50, 100)
+    assert Experiment([1], policies=["jsq"], dilate=50, echo=lambda s: None).ladder == (50.0,)
+
+
+def test_a_load_generator_error_in_a_run_is_one_line(monkeypatch):
+    """Whatever LoadgenError still escapes a run ends the experiment as an ExperimentError
+    (the demo prints it as one line), not a traceback."""
+    from malcolm.loadgen.experiment import Experiment, ExperimentError
+    from malcolm.loadgen.run import LoadgenError
+    exp = Experiment([1], policies=["jsq"], loads=[0.5], dilate=50, echo=lambda s: None)
+
+    def refused(r, tmp):
+        raise LoadgenError("--threads must be in 1..64")
+    monkeypatch.setattr(exp, "_repeat", refused)
+    with pytest.raises(ExperimentError, match="load generator: --threads must be in 1..64"):
+        exp.run()

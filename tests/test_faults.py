@@ -293,6 +293,13 @@ def test_survivors_stop_migrating_to_a_dead_server_within_a_few_windows(tmp_path
                    peer_timeout_ms=1000.0) as fr:
         rep = fr.load(2000, 2.5, workload="exp:500", shares=[1.0, 1.0, 0.0],
                       faults=[(1.0, kill)])
+        # The leave comes peer_timeout_ms after the kill, 0.5 s before the load ends on a
+        # quiet machine; on a loaded one it may come later: keep the rack up until both
+        # survivors' statistics (rewritten every second) show it, or 5 s have passed.
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and not all(
+                (fr.stats(k) or {}).get("peer_leaves", 0) >= 1 for k in (0, 1)):
+            time.sleep(0.2)
         codes = fr.down()
     st = [fr.stats(k) for k in (0, 1)]
     assert rep["accounted"] and rep["duplicates"] == 0, rep

@@ -164,11 +164,77 @@ def test_parsers_reject_bad_input():
     (["--server", "127.0.0.1:9", "--change", "9s:rate=2x", "--duration", "1s"], "after the end"),
     (["--server", "127.0.0.1:9", "--transport", "shm", "--server", "x" * 20], "address"),
     (["--rack", "/nonexistent.toml"], "not found"),
+    # beyond int64 ns in the native client: refused before the run, not an OverflowError,
+    # a stall of 10 s or a wrong report
+    (["--server", "127.0.0.1:9", "--timeout", "1e300"], "--timeout must be > 0 and at most"),
+    (["--server", "127.0.0.1:9", "--change", "0.1s:rate=1e300"], "must be 0 or in 0.001..1e+09"),
+    (["--server", "127.0.0.1:9", "--change", "0.1s:rate=1e300x"], "factor must be 0 or in"),
+    (["--server", "127.0.0.1:9", "--change", "0.1s:rate=infx"], "factor must be 0 or in"),
+    (["--server", "127.0.0.1:9", "--rate", "1e-12"], "rate 1e-12/s must be in 0.001..1e+09"),
+    (["--server", "127.0.0.1:9", "--change", "0.1s:rate=1e-300"], "must be 0 or in 0.001"),
+    (["--server", "127.0.0.1:9", "--change", "0.1s:rate=1e-300x"], "factor must be 0 or in"),
+    (["--server", "127.0.0.1:9", "--rate", "0.002", "--change", "0.1s:rate=0.1x"],
+     "rate 0.0002/s (base 0.002/s) must be 0 or in"),
+    (["--server", "127.0.0.1:9", "--rate", "10k,1k", "--timeout", "1e6"], "request window"),
+    (["--server", "127.0.0.1:9", "--lag-threshold", "1e16"], "--lag-threshold 1e+16 µs must"),
+    (["--server", "127.0.0.1:9", "--payload-size", "exp:100:0"], "MAX is below MEAN"),
+    (["--server", "127.0.0.1:9", "--raw", "--raw-max", "1", "--threads", "2"],
+     "--raw-max 1 must be at least --threads (2)"),
 ])
 def test_cli_errors_are_clear(args, msg):
     r = CliRunner().invoke(main, ["loadgen", "--duration", "0.2s", "--warmup", "0"] + args)
     assert r.exit_code == 2, r.output
     assert msg in r.output, r.output
+    assert "Traceback" not in r.output and "loadgen: 1 server" not in r.output   # no run
+
+
+def test_a_trace_too_slow_or_too_uneven_is_refused(tmp_path):
+    """One gap of 1e300 µs: recorded, its rate is ~1e-294/s; scaled to a slow rate, its
+    longest gap is beyond any run. Either stalled the native schedule (int64 ns)."""
+    f = tmp_path / "gaps.txt"
+    f.write_text("1e300\n" + "1\n" * 2000)
+    for extra, msg in (([], "without --rate, the trace's recorded rate"),
+                       (["--rate", "1e-3"], "longer than the longest run"),
+                       (["--rate", "1e-3", "--threads", "4"], "longer than the longest run")):
+        r = CliRunner().invoke(main, ["loadgen", "--server", "127.0.0.1:9", "--duration", "0.2s",
+                                      "--warmup", "0", "--arrivals", f"trace:{f}"] + extra)
+        assert r.exit_code == 2 and msg in r.output, r.output
+    (tmp_path / "big.txt").write_text("1e308 1e308 1e308\n")
+    r = CliRunner().invoke(main, ["loadgen", "--server", "127.0.0.1:9", "--arrivals",
+                                  f"trace:{tmp_path / 'big.txt'}", "--rate", "1k"])
+    assert r.exit_code == 2 and "more than a float holds" in r.output, r.output
+    # the same trace at a rate whose longest gap is 0.2 s is fine
+    from malcolm.loadgen import traffic
+    spec = LoadSpec(Target("udp", ["127.0.0.1:9"], "t"), threads=2,
+                    arrivals=traffic.parse_arrivals(f"trace:{f}"))
+    spec.check_rate(1e4)
+
+
+def test_change_rates_are_bounded_like_the_base_rate():
+    assert parse_change("1s:rate=1G", 1).rate == 1e9
+    assert parse_change("1s:rate=1e-3", 1).rate == 1e-3
+    assert parse_change("1s:rate=0", 1).rate == 0
+    assert parse_change("1s:rate=0x", 1).factor == 0
+    for bad in ("1s:rate=1.1G", "1s:rate=1e-4", "1s:rate=1e13x", "1s:rate=nanx",
+                "1s:rate=1e-13x"):
+        with pytest.raises(LoadgenError, match="must be 0 or in"):
+            parse_change(bad, 1)
+    spec = LoadSpec(Target("udp", ["127.0.0.1:9"], "t"), changes=[parse_change("1s:rate=2x", 1)])
+    spec.check_rate(1e3)
+    with pytest.raises(LoadgenError, match="--change at 1 s: rate 2e"):
+        spec.check_rate(1e9)
+
+
+def test_truncated_raw_samples_are_said_in_the_text():
+    """--raw-max 1: the row's percentiles come from one sample; the text says so."""
+    from malcolm.loadgen.run import notes
+    with StubServer("udp", delay_us=100) as s:
+        rep = run_load(spec_for([s], duration_s=0.3, warmup_s=0.0, raw=True, raw_max=1), 500)
+    assert rep["raw_truncated"] and rep["raw_samples"] == 1 and rep["completed"] > 1
+    line = [ln for ln in notes(rep) if "--raw-max" in ln]
+    assert line and f"kept 1 of {rep['completed']}" in line[0], notes(rep)
+    rep["raw_truncated"] = False
+    assert not [ln for ln in notes(rep) if "--raw-max" in ln]
 
 
 def test_cli_json_against_stub():

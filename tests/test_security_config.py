@@ -228,3 +228,11 @@ def test_rack_up_keep_going_leaves_the_others_running(tmp_path):
     # server 0 served on until the rack's --duration, then stopped cleanly
     assert "server 0 stopped (SIGTERM)" in out and "exit codes {0: 0, 1: -9}" in out, out
     assert p.returncode == 1            # a server died: the rack reports failure
+
+
+@pytest.mark.parametrize("what", ["policies", "workloads", "handlers"])
+def test_json_into_a_directory_leaves_no_temporary_file(tmp_path, what):
+    d = tmp_path / "out"
+    d.mkdir()
+    _one_line_error(CliRunner().invoke(main, ["list", what, "--json", str(d)]), "--json")
+    assert os.listdir(tmp_path) == ["out"]

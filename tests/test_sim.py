@@ -439,7 +439,7 @@ def test_empirical_workload_follows_its_samples(tmp_path):
 
 @pytest.mark.parametrize("content,msg", [(None, "cannot read"), ("1 2 x", "not a number"),
                                          ("5", "at least 2"), ("1 -2", ">= 0"),
-                                         ("0 0 0", "not all be 0")])
+                                         ("0 0 0", "at least 0.001"), ("1 2e6", r"at most 1e\+06")])
 def test_empirical_workload_errors(tmp_path, content, msg):
     from malcolm.workloads import parse_workload
 

@@ -64,7 +64,8 @@ def plot(result, path, title):
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    # no extension: PNG at exactly this path (matplotlib would otherwise add ".png" to it)
+    fig.savefig(path, dpi=110, format=None if os.path.splitext(path)[1] else "png")
     plt.close(fig)
 
 
@@ -169,7 +170,9 @@ Examples:
 """)
 @click.option("--quick", is_flag=True, help="Two short loads, one repeat (for tests).")
 @click.option("--plot", "png", default="malcolm-demo.png", show_default=True, metavar="FILE",
-              type=click.Path(dir_okay=False), help="Write the plot (PNG) to FILE.")
+              type=click.Path(dir_okay=False),
+              help="Write the plot to FILE, in the format its extension names (png, pdf, "
+                   "svg, ...; none: PNG).")
 @click.option("--out", "png_old", default=None, hidden=True, type=click.Path(dir_okay=False))
 @json_option("the result (rows, every run, the run metadata)")
 @click.option("--policy", "policy_list", multiple=True,
@@ -180,12 +183,12 @@ Examples:
               help="Target loads, fractions of the rack's capacity: 0.5,0.7 or "
                    "0.5:0.9:0.1; repeatable (default 0.5,0.7,0.85).")
 @click.option("--loads", default=None, hidden=True)
-@click.option("--repeat", type=click.IntRange(1), default=None,
-              help="Runs per policy and load (default 2).")
-@click.option("--retries", type=click.IntRange(0), default=None,
+@click.option("--repeat", type=click.IntRange(1, 1000), default=None,
+              help="Runs per policy and load, 1 to 1000 (default 2).")
+@click.option("--retries", type=click.IntRange(0, 100), default=None,
               help="Run a flagged run (generator late, effective load off target) again at "
-                   "once, up to this many times; every attempt is listed in the JSON "
-                   "(default 1, --quick 0).")
+                   "once, up to this many times (at most 100); every attempt is listed in "
+                   "the JSON (default 1, --quick 0).")
 @click.option("--duration", type=Duration("s", min=0, min_open=True), default=None,
               help="Real time measured per run (bare number: seconds; default 3s, "
                    "--quick 0.6s).")
@@ -234,10 +237,11 @@ def demo(quick, png, png_old, json_out, policy_list, policies, load_list, loads,
     if loads:
         load_list = tuple(load_list) + (loads,)
     json_path = json_out
-    from malcolm.commands.types import check_writable, refuse_empty
+    from malcolm.commands.types import check_plot_format, check_writable, refuse_empty
     refuse_empty(dilate=dilate_text, logdir=logdir, workers=workers_text)
     check_writable(json_path, "--json")         # fail now, not after minutes of runs
     check_writable(png, "--plot")
+    check_plot_format(png, "--plot")
     if logdir:
         try:
             os.makedirs(logdir, exist_ok=True)
@@ -306,6 +310,8 @@ def demo(quick, png, png_old, json_out, policy_list, policies, load_list, loads,
             echo(f"plot: {png}")
         except ImportError:
             echo("plot: skipped (matplotlib is not installed)")
+        except (OSError, ValueError) as e:      # checked up front; a full disk, say
+            raise click.ClickException(f"--plot {png}: {e}") from None
     bad = [r for r in result["runs"] if not r["accounted"]]
     echo(f"malcolm demo: done in {time.monotonic() - t0:.0f} s"
          + ("" if not bad else f"; {len(bad)} run(s) did not account for every task"))

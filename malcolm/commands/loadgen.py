@@ -31,8 +31,8 @@ from malcolm.commands.types import (
                    "verbs binds --bind, else the RDMA device's first IPv4 address.")
 @click.option("--rate", "rates", type=Rate(many=True), default=None,
               show_default="10k; with a trace, its recorded rate",
-              help="Target rate, tasks/s (20000, 20k, 1.5M); a comma-separated list "
-                   "sweeps the rates one after the other.")
+              help="Target rate, tasks/s (20000, 20k, 1.5M; 0.001 to 1G); a comma-separated "
+                   "list sweeps the rates one after the other.")
 @click.option("--arrivals", default="poisson", show_default=True,
               help="Arrival process: poisson, fixed (every gap 1/rate), trace:FILE "
                    "(inter-arrival gaps) or trace-ts:FILE (timestamps), in µs; a trace "
@@ -59,7 +59,7 @@ from malcolm.commands.types import (
               help="Client threads, each with its own endpoint and an equal share of the rate.")
 @click.option("--timeout", default="1s", show_default=True, type=Duration("s"),
               help="A task with no response this long after its intended send time is "
-                   "counted as timed out (bare number: seconds).")
+                   "counted as timed out (bare number: seconds; at most 1e6 s).")
 @click.option("--shares", default=None,
               help="Per-server weights, e.g. 1,1,2,2 (default: uniform).")
 @click.option("--change", "changes", multiple=True,
@@ -80,7 +80,8 @@ from malcolm.commands.types import (
 @click.option("--raw", is_flag=True,
               help="Keep every latency sample and compute exact percentiles.")
 @click.option("--raw-max", default=10_000_000, show_default=True,
-              help="At most this many raw samples (latencies) in all.")
+              help="At most this many raw samples (latencies) in all, the first each "
+                   "thread completed; the report says when the percentiles are over those.")
 @click.option("--lag-threshold", default=50.0, show_default=True, type=Duration("us"),
               help="A send later than this behind its schedule counts as late (bare number: "
                    "µs).")
@@ -199,16 +200,23 @@ def loadgen(rack_path, servers, transport, rates, arrivals, payload_size, payloa
                     key_dist, bad_fraction)
             except apps.AppError as e:
                 raise LoadgenError(str(e)) from None
+        import numpy as np
+
         from malcolm.loadgen import traffic
         try:
-            spec.arrivals = traffic.parse_arrivals(arrivals)
+            with np.errstate(over="ignore"):    # a trace's sum beyond floats: check_rate says
+                spec.arrivals = traffic.parse_arrivals(arrivals)
             spec.payload = traffic.parse_payload(payload_size, payload_content, check_echo)
         except traffic.TrafficError as e:
             raise LoadgenError(str(e)) from None
+        recorded = None
         if rates is None:
             recorded = spec.arrivals.trace_rate()
             rates = [recorded if recorded is not None else 10_000.0]
         spec.validate()
+        for r in rates:         # every rate of the sweep, before the first runs
+            spec.check_rate(r, "rate" if recorded is None else
+                            "without --rate, the trace's recorded rate")
         if raw_out and not raw:
             raise LoadgenError("--raw-out needs --raw")
     except LoadgenError as e:

@@ -4,12 +4,16 @@ list, and the start-up check that a server really runs on the host its rank name
 Server ``k`` of the rack is the ``k``-th process the launcher starts, so the servers are
 listed in the launcher's rank order: every slot of the first host, then of the next (Slurm's
 default *block* distribution, Open MPI's and MPICH's default *by slot* mapping). Servers that
-share a host get consecutive ports.
+share a host get consecutive ports; a host listed more than once (``--hosts a,a``, a hostfile
+line repeated) gets its further servers on the ports after those it already has, in the order
+listed, so no two servers share a host:port.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import math
 import os
 import re
 import shutil
@@ -156,27 +160,116 @@ def _slots(text, path, no):
     return int(text)
 
 
+def _toml_str(text: str) -> str:
+    """A TOML basic string: JSON's escapes are TOML's, but for DEL, which TOML forbids raw."""
+    return json.dumps(text).replace("\x7f", "\\u007f")
+
+
+def _toml_value(key: str, v) -> str:
+    """A policy parameter as TOML; NaN and infinities have no TOML spelling a rack accepts."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ValueError(f"--policy: {key}={v} must be a finite number")
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return _toml_str(str(v))
+
+
+def host_key(host: str) -> str:
+    """What tells two hosts apart: an IP address in its canonical form, a name in lower case."""
+    try:
+        return ipaddress.ip_address(host).compressed
+    except ValueError:
+        return host.lower()
+
+
 def rack_toml(hosts: list[tuple[str, int]], transport: str = "udp", port: int = 7001,
               workers: int | None = None, handler: str | None = None,
               policy: str = "malcolm", name: str = "rack", seed: int = 1) -> str:
-    """The text of a rack file with ``count`` servers on each ``(host, count)``, in order."""
+    """The text of a rack file with ``count`` servers on each ``(host, count)``, in order.
+
+    The servers of a host get the ports from ``port`` up; a host named twice continues where
+    its first entry stopped.
+
+    Raises
+    ------
+    ValueError
+        A bad policy or parameter, or a host's ports past 65535.
+    """
     from malcolm.policy.registry import parse_policy
     pname, params = parse_policy(policy)
     lines = ["# Written by `malcolm rack gen`. Server k is launcher rank k "
              "(SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK).",
-             "[rack]", f"name = {json.dumps(name)}", f"transport = {json.dumps(transport)}"]
+             "[rack]", f"name = {_toml_str(name)}", f"transport = {_toml_str(transport)}"]
     if workers is not None:
         lines.append(f"workers = {workers}")
     if handler is not None:
-        lines.append(f"handler = {json.dumps(handler)}")
-    lines += ["", "[policy]", f"name = {json.dumps(pname)}", f"seed = {seed}"]
+        lines.append(f"handler = {_toml_str(handler)}")
+    lines += ["", "[policy]", f"name = {_toml_str(pname)}", f"seed = {seed}"]
     for k, v in params.items():
-        lines.append(f"{k} = {json.dumps(v)}")
+        lines.append(f"{k} = {_toml_value(k, v)}")
+    next_port: dict[str, int] = {}
     for host, count in hosts:
-        for i in range(count):
-            h = f"[{host}]" if ":" in host else host       # an IPv6 literal
-            lines += ["", "[[server]]", f"address = {json.dumps(f'{h}:{port + i}')}"]
+        first = next_port.get(host_key(host), port)
+        if first + count - 1 > 65535:
+            raise ValueError(f"the servers on {host} run past port 65535 (--port {port})")
+        next_port[host_key(host)] = first + count
+        h = f"[{host}]" if ":" in host else host           # an IPv6 literal
+        for p in range(first, first + count):
+            lines += ["", "[[server]]", f"address = {_toml_str(f'{h}:{p}')}"]
     return "\n".join(lines) + "\n"
+
+
+def _check_host(host: str) -> None:
+    """Refuse a host name no server could resolve: control characters, or a ':' outside an
+    IPv6 address (``node1:2`` is a hostfile's slot count, not a host)."""
+    if not host or any(ord(c) < 32 or ord(c) == 127 for c in host):
+        raise ValueError(f"host {host!r} is empty or holds control characters")
+    if ":" in host:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"host {host!r}: a ':' is only allowed in an IPv6 address "
+                             "(give slots with --per-host or a hostfile)") from None
+
+
+# Handlers that name something on the servers' nodes (a database, a library, a module): gen
+# checks only their form, as a login node may not have it; each server opens its own at start.
+_HANDLER_FORMS = {"so": r"(.+?):([A-Za-z_][A-Za-z0-9_]*)(?:@(.*))?",
+                  "cffi": r"([^:@]+):([A-Za-z_][A-Za-z0-9_]*)(?:@(.*))?",
+                  "python": r"(.+):([^:]+)"}
+
+
+def check_handler(spec: str) -> None:
+    """Refuse a handler spec every server would refuse: the built-in ones are built here (what
+    ``rack check`` does); ``rocksdb``, ``so``, ``cffi`` and ``python`` ones are checked for
+    their form only.
+
+    Raises
+    ------
+    ValueError
+        With the handler's own message.
+    """
+    kind, _, rest = spec.partition(":")
+    if kind in _HANDLER_FORMS:
+        if not re.fullmatch(_HANDLER_FORMS[kind], rest, re.S):
+            raise ValueError(f"handler {spec!r} must be {kind}:"
+                             f"{'PATH' if kind == 'so' else 'MODULE'}:"
+                             f"{'FUNCTION' if kind == 'python' else 'SYMBOL[@ARG]'}")
+        return
+    if kind == "rocksdb":
+        try:
+            from malcolm.workers.rocksdb import parse_spec
+        except ImportError:
+            return                      # not built here; the servers' nodes may have it
+        try:
+            parse_spec(rest)
+        except ValueError as e:
+            raise ValueError(f"handler {spec!r}: {e}") from None
+        return
+    from malcolm.workers.handlers import Handler
+    Handler(spec)
 
 
 def _split_host(address) -> str:
@@ -261,12 +354,15 @@ Examples:
               show_default=True, help="The rack's transport (shm racks are local: write "
                                       "those by hand).")
 @click.option("--port", type=click.IntRange(1, 65535), default=7001, show_default=True,
-              help="UDP port of a host's first server; the next ones count up from it.")
+              help="UDP port of a host's first server; the next ones count up from it (a host "
+                   "listed twice continues on the ports after its first servers').")
 @click.option("--workers", type=click.IntRange(0, 1024), default=None,
               help="Worker threads per server (0: the gateway runs the tasks) "
                    "[default: the rack file's default, 2].")
-@click.option("--handler", default=None, help="Task handler (see `malcolm list handlers`) "
-                                              "[default: spin].")
+@click.option("--handler", default=None,
+              help="Task handler (see `malcolm list handlers`) [default: spin]. Built-in ones "
+                   "are checked here; rocksdb, so, cffi and python ones for their form only "
+                   "(each server opens its own at start).")
 @click.option("--policy", default="malcolm", show_default=True,
               help="Server policy, NAME or NAME:key=value,... (see `malcolm list policies`).")
 @click.option("--name", default="rack", show_default=True, help="The rack's name.")
@@ -283,7 +379,8 @@ def gen(from_slurm, hostfile, hosts, per_host, transport, port, workers, handler
 
     Start every server with the same rack file and let the launcher give each its rank
     (srun malcolm serve --rack rack.toml, or mpirun); docs/deploy.md has sbatch and
-    mpirun scripts.
+    mpirun scripts. A host listed more than once gets its further servers on its next
+    ports, so no two servers share an address.
     """
     from malcolm.runtime.config import ConfigError, parse_rack
     if handler is not None and not handler.strip():
@@ -304,26 +401,40 @@ def gen(from_slurm, hostfile, hosts, per_host, transport, port, workers, handler
         env_per = os.environ.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
         default_per = int(env_per) if env_per.isdigit() and not hostfile else 1
         counts = [(h + host_suffix, per_host or slots or default_per) for h, slots in entries]
+        for h, _ in counts:
+            _check_host(h)
         if resolve:
             counts = [(_resolve(h), c) for h, c in counts]
         total = sum(c for _, c in counts)
         if total > 64:
             raise ValueError(f"{total} servers: a rack has at most 64")
-        if any(port + c - 1 > 65535 for _, c in counts):
-            raise ValueError(f"ports from {port} run past 65535")
         text = rack_toml(counts, transport, port, workers, handler, policy, name)
+        if handler is not None:
+            check_handler(handler)
     except ValueError as e:
         raise click.ClickException(str(e)) from None
-    # Validate everything but the host names with the rack file's own parser: the names are
-    # resolved by each server on its own node, and a login node may not know them.
-    data = tomllib.loads(text)
-    for i, srv in enumerate(data["server"]):
-        srv["address"] = f"127.0.0.{1 + i}:{port}"
+    # Validate everything but the host names with the rack file's own parser and the policy
+    # as serve builds it (what rack check does): the names are resolved by each server on its
+    # own node, and a login node may not know them, so each distinct host stands in as its
+    # own loopback address, with the ports as written (a host:port used twice is refused).
+    from malcolm.policy.registry import make_policy
     try:
-        parse_rack(data, "<rack gen>")
+        data = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, ValueError) as e:     # a bug here, never the input's
+        raise click.ClickException(f"rack gen wrote an unreadable rack: {e}") from None
+    stand_in: dict[str, int] = {}
+    for srv in data["server"]:
+        h, _, p = srv["address"].rpartition(":")
+        j = stand_in.setdefault(host_key(h.strip("[]")), len(stand_in) + 1)
+        srv["address"] = f"127.0.0.{j}:{p}"
+    try:
+        cfg = parse_rack(data, "<rack gen>")
+        make_policy(cfg.policy, len(cfg.servers), 0, cfg.seed, **cfg.policy_params)
     except ConfigError as e:
         raise click.ClickException(f"the generated rack is invalid: {e}") from None
-    unknown = [h for h, _ in counts if not _resolves(h)]
+    except (ValueError, TypeError, OverflowError) as e:
+        raise click.ClickException(f"--policy: {e}") from None
+    unknown = [h for h in dict.fromkeys(h for h, _ in counts) if not _resolves(h)]
     if unknown:
         click.echo(f"rack gen: note: {', '.join(unknown[:4])}{' ...' if len(unknown) > 4 else ''}"
                    " do(es) not resolve here; each server resolves its own name at start",
@@ -337,5 +448,5 @@ def gen(from_slurm, hostfile, hosts, per_host, transport, port, workers, handler
         except OSError as e:
             raise click.BadParameter(f"cannot write {output}: {e.strerror}",
                                      param_hint="--output") from None
-        click.echo(f"wrote {output}: {total} servers on {len(counts)} host(s) over "
+        click.echo(f"wrote {output}: {total} servers on {len(stand_in)} host(s) over "
                    f"{transport}", err=True)

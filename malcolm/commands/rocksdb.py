@@ -6,7 +6,14 @@ import sys
 
 import click
 
-from malcolm.commands.types import JsonArgsCommand, json_option, write_json
+from malcolm.commands.types import JsonArgsCommand, check_writable, json_option, write_json
+
+# The dictionary's limits (malcolm/workers/rocksdb_kv.h), checked here before any call into
+# the extension, whose C integers would overflow on a larger number (a traceback, not a line):
+KEY_MAX = 0xFFFFFFFF            # keys are uint32 indices
+VALUE_MAX = 1024                # MC_KV_MAX_VALUE: a value fits a response payload
+GET_MAX = 64                    # MC_KV_MAX_KEYS: the most keys in one GET
+SAMPLES_MAX = 1_000_000         # calibrate holds samples x GET-size keys in memory (256 MB)
 
 
 def _rdb():
@@ -41,15 +48,17 @@ Examples:
   malcolm rocksdb load /tmp/kv                      a million keys of 16 B
   malcolm rocksdb load /tmp/kv --keys 10000 --value-size 64 --force
 """)
-@click.option("--keys", default=1_000_000, show_default=True,
-              help="Number of keys (indices 0..keys-1).")
-@click.option("--value-size", default=16, show_default=True,
-              help="Bytes per value, 1..1024. With 16, the answer to a GET(64) is exactly "
-                   "the 1024 bytes a response payload holds.")
+@click.option("--keys", type=click.IntRange(1, KEY_MAX), default=1_000_000, show_default=True,
+              help=f"Number of keys (indices 0..keys-1), 1..{KEY_MAX}.")
+@click.option("--value-size", type=click.IntRange(1, VALUE_MAX), default=16, show_default=True,
+              help=f"Bytes per value, 1..{VALUE_MAX}. With 16, the answer to a GET(64) is "
+                   "exactly the 1024 bytes a response payload holds.")
 @click.option("--force", is_flag=True, help="Replace an existing database at PATH.")
 @click.argument("path", type=click.Path())
 def load(keys, value_size, force, path):
     """Build the dictionary at PATH: deterministic values, so clients check what they get."""
+    if not path.strip():
+        raise click.BadParameter("is empty", param_hint="PATH")
     rdb = _rdb()
 
     def progress(done, total):
@@ -75,14 +84,30 @@ Examples:
 @click.argument("keys", nargs=-1, type=int, required=True)
 def get(path, keys):
     """Look up KEYS through the handler, as a server would, and check the values."""
+    if len(keys) > GET_MAX:
+        raise click.BadParameter(f"{len(keys)} keys: one GET takes at most {GET_MAX}",
+                                 param_hint="KEYS")
+    big = [k for k in keys if not 0 <= k <= KEY_MAX]
+    if big:
+        raise click.BadParameter(f"key {big[0]} is outside 0..{KEY_MAX}", param_hint="KEYS")
     rdb = _rdb()
     from malcolm.workers.handlers import Handler
     try:
         h = Handler(f"rocksdb:path={path}")
+        st = rdb.open_handler(f"path={path}")       # the dictionary's size, for the message
     except ValueError as e:
         raise click.ClickException(str(e)) from None
+    # the handler answers a bad GET with "bad input" alone: say which part is bad
+    if len(keys) > st.max_keys:
+        raise click.BadParameter(f"{len(keys)} keys: a GET of {st.value_size}-byte values "
+                                 f"takes at most {st.max_keys}", param_hint="KEYS")
+    big = [k for k in keys if k >= st.n_keys]
+    if big:
+        raise click.BadParameter(f"key {big[0]} is outside 0..{st.n_keys - 1} (the "
+                                 f"dictionary at {path} has {st.n_keys} keys)",
+                                 param_hint="KEYS")
     payload = len(keys).to_bytes(4, "little") + b"".join(
-        (k & 0xFFFFFFFF).to_bytes(4, "little") for k in keys)
+        k.to_bytes(4, "little") for k in keys)
     rc, out = h.run(0, 0, payload)
     if rc != 0:
         raise click.ClickException(f"handler answered {'bad input' if rc == 2 else 'error'} "
@@ -103,13 +128,17 @@ Examples:
 """)
 @click.option("--sizes", default="16,64", show_default=True,
               help="GET sizes to time (keys per request).")
-@click.option("--samples", default=20000, show_default=True, help="Requests per size.")
-@click.option("--warmup-requests", "warmup", default=2000, show_default=True,
+@click.option("--samples", type=click.IntRange(100, SAMPLES_MAX), default=20000,
+              show_default=True, help=f"Requests per size, 100..{SAMPLES_MAX}.")
+@click.option("--warmup-requests", "warmup", type=click.IntRange(0, SAMPLES_MAX), default=2000,
+              show_default=True,
               help="Untimed requests per size first (fills the block cache).")
-@click.option("--warmup", "warmup_old", type=int, default=None, hidden=True)
+@click.option("--warmup", "warmup_old", type=click.IntRange(0, SAMPLES_MAX), default=None,
+              hidden=True)
 @click.option("--key-dist", default="uniform", show_default=True,
               help="uniform or zipf:S.")
-@click.option("--seed", default=1, show_default=True, help="Seed of the key choice.")
+@click.option("--seed", type=click.IntRange(0), default=1, show_default=True,
+              help="Seed of the key choice.")
 @json_option("the measurement (quantiles per size, the machine, the run metadata)")
 @click.option("--out", "out_old", type=click.Path(dir_okay=False), default=None, hidden=True)
 @click.option("--update-workloads", is_flag=True,
@@ -127,6 +156,8 @@ def calibrate(sizes, samples, warmup, warmup_old, key_dist, seed, json_out, out_
     what the simulator's rocksdb*-measured workloads sample (--update-workloads) and what a
     dilated handler with warm=FILE pads to.
     """
+    out_path = json_out or out_old
+    check_writable(out_path, "--json" if json_out else "--out")    # not after the whole run
     rdb = _rdb()
     warmup = warmup if warmup_old is None else warmup_old     # the old spelling, hidden
     from malcolm.loadgen import rocksdb_calibrate as cal
@@ -138,7 +169,14 @@ def calibrate(sizes, samples, warmup, warmup_old, key_dist, seed, json_out, out_
     try:
         ns = [int(x) for x in sizes.split(",") if x.strip()]
     except ValueError:
-        raise click.UsageError(f"--sizes {sizes!r} must be GET sizes, e.g. 16,64") from None
+        ns = []
+    if not ns:
+        raise click.BadParameter(f"{sizes!r} must be GET sizes, e.g. 16,64",
+                                 param_hint="--sizes")
+    bad = [n for n in ns if not 1 <= n <= GET_MAX]
+    if bad:
+        raise click.BadParameter(f"GET({bad[0]}) is out of range 1..{GET_MAX}",
+                                 param_hint="--sizes")
     if update_workloads and (not {16, 64} <= set(ns) or s):
         raise click.UsageError("--update-workloads needs --sizes with 16 and 64 and uniform "
                                "keys (the workloads' GET(16) and GET(64))")
@@ -150,7 +188,6 @@ def calibrate(sizes, samples, warmup, warmup_old, key_dist, seed, json_out, out_
         res = cal.calibrate(db, ns, samples, warmup, s, seed)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
-    out_path = json_out or out_old
     if update_workloads:
         from malcolm._metadata import run_metadata
         from malcolm.workloads import CALIBRATION_FILE, MEASURED_MIXES, measured_workload

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import math
+import os
 import sys
 
 import click
 
-from malcolm.commands.types import Duration, check_writable, json_option, refuse_empty, write_json
+from malcolm.commands.types import (
+    Duration,
+    check_plot_format,
+    check_writable,
+    json_option,
+    refuse_empty,
+    write_json,
+)
 
 MAX_POINTS = 1000       # values one START:STOP:STEP range may expand to
 
@@ -27,10 +35,10 @@ def _floats(values, what):
                                              param_hint=what) from None
                 if not (s > 0 and b >= a and math.isfinite(a + b + s)):
                     raise click.BadParameter(f"bad range {part!r}", param_hint=what)
-                k = int(math.floor((b - a) / s + 1e-9))
+                k = math.floor((b - a) / s + 1e-9)
                 if k >= MAX_POINTS:
-                    raise click.BadParameter(f"range {part!r} has {k + 1} points; at most "
-                                             f"{MAX_POINTS}", param_hint=what)
+                    raise click.BadParameter(f"range {part!r} has {k + 1:.3g} points; at "
+                                             f"most {MAX_POINTS}", param_hint=what)
                 out += [round(a + i * s, 10) for i in range(k + 1)]
                 continue
             try:
@@ -90,7 +98,8 @@ def plot_p99(results, path, title=None):
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    # no extension: PNG at exactly this path (matplotlib would otherwise add ".png" to it)
+    fig.savefig(path, dpi=120, format=None if os.path.splitext(path)[1] else "png")
     plt.close(fig)
 
 
@@ -143,7 +152,7 @@ Examples:
                    "(START:STOP:STEP, STOP included).")
 @click.option("--tasks", default=100_000, show_default=True, type=click.IntRange(1, 100_000_000),
               help="Tasks per run (the first --warmup-fraction is not measured).")
-@click.option("--seed", default=1, show_default=True, type=click.IntRange(0),
+@click.option("--seed", default=1, show_default=True, type=click.IntRange(0, 2**64 - 1),
               help="Seed of every random stream of a run (same seed, same result).")
 @click.option("--delay", default=2.0, show_default=True, type=Duration("us"),
               help="One-way network delay (bare number: µs; 0 allowed).")
@@ -200,6 +209,7 @@ def sim(rack, rack_file, policies, workloads, loads, tasks, seed, delay, jitter,
     refuse_empty(rack=rack_file, json=json_out, plot=plot)
     check_writable(json_out, "--json")          # fail now, not after the sweep
     check_writable(plot, "--plot")
+    check_plot_format(plot, "--plot")
     if warmup_old is not None:          # the first release's spelling, kept hidden
         warmup = warmup_old
     if gateway_ns_old is not None:      # likewise
@@ -215,7 +225,7 @@ def sim(rack, rack_file, policies, workloads, loads, tasks, seed, delay, jitter,
         if ctx.get_parameter_source("window") == default:
             window = win
     from malcolm.sim.rack import parse_rack_spec
-    from malcolm.sim.run import simulate
+    from malcolm.sim.run import check_simulate, simulate
     from malcolm.workloads import parse_workload
 
     load_list = _floats(loads, "--load")
@@ -232,15 +242,23 @@ def sim(rack, rack_file, policies, workloads, loads, tasks, seed, delay, jitter,
     runs = [(p, w, ld) for p in policies for w in workloads for ld in load_list]
     results = []
 
+    def kwargs(p, w, ld):
+        return dict(rack=rack, policy=p, workload=w, load=ld, tasks=tasks, seed=seed,
+                    delay_us=delay, jitter_us=jitter, window_us=window, sched=sched,
+                    quantum_us=quantum, shares=shares, loss=loss, clients=clients,
+                    warmup=warmup, phase=phase, gateway_ns=gateway_ns, capacity=capacity,
+                    max_steals_in_flight=steals_in_flight, steal_timeout_us=steal_timeout,
+                    **({} if ewma is None else {"ewma": ewma}))
+
+    try:
+        for run in runs:            # every point of a sweep, before its first run
+            check_simulate(**kwargs(*run))
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+
     def one(p, w, ld):
         try:
-            r = simulate(rack=rack, policy=p, workload=w, load=ld, tasks=tasks, seed=seed,
-                         delay_us=delay, jitter_us=jitter, window_us=window, sched=sched,
-                         quantum_us=quantum, shares=shares, loss=loss, clients=clients,
-                         warmup=warmup, phase=phase, gateway_ns=gateway_ns,
-                         capacity=capacity, max_steals_in_flight=steals_in_flight,
-                         steal_timeout_us=steal_timeout,
-                         **({} if ewma is None else {"ewma": ewma}))
+            r = simulate(**kwargs(p, w, ld))
         except ValueError as e:
             raise click.UsageError(str(e)) from None
         # keep the summary only: a sweep of 10^6-task runs would otherwise hold GBs
@@ -261,5 +279,8 @@ def sim(rack, rack_file, policies, workloads, loads, tasks, seed, delay, jitter,
     if json_out != "-":
         click.echo(_table([_row(r) for r in results]))
     if plot:
-        plot_p99(results, plot, title=f"rack {rack}, delay {delay:g} µs")
+        try:
+            plot_p99(results, plot, title=f"rack {rack}, delay {delay:g} µs")
+        except OSError as e:            # the disk filled up during the sweep, say
+            raise click.ClickException(f"--plot {plot}: {e.strerror or e}") from None
         click.echo(f"wrote {plot}", err=True)

@@ -150,13 +150,20 @@ def write_json(dest: str, obj, indent: int | None = None) -> None:
 
 
 def write_text(dest: str, text: str, what: str) -> None:
-    """Write ``text`` to file ``dest`` via a temporary file; a failure is one line."""
-    tmp = f"{dest}.tmp"
+    """Write ``text`` to file ``dest`` via a temporary file; a failure is one line and leaves
+    no temporary file behind (``dest`` a directory failed only at the rename)."""
+    tmp, made = f"{dest}.tmp", False
     try:
         with open(tmp, "w") as f:
+            made = True
             f.write(text)
         os.replace(tmp, dest)
     except OSError as e:
+        if made:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
         raise click.ClickException(f"{what} {dest}: {e.strerror}") from None
 
 
@@ -187,3 +194,21 @@ def check_writable(path, flag: str) -> None:
     else:
         return
     raise click.BadParameter(why, param_hint=flag)
+
+
+def check_plot_format(path, flag: str = "--plot") -> None:
+    """Refuse now, not after the runs, a plot file whose extension matplotlib cannot write (no
+    extension: PNG, matplotlib's default). Without matplotlib the plot is skipped anyway."""
+    if path is None:
+        return
+    ext = os.path.splitext(path)[1].lstrip(".").lower()
+    if not ext:
+        return
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        return
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    if ext not in kinds:
+        raise click.BadParameter(f"{path}: a .{ext} file is not a plot format matplotlib "
+                                 f"writes ({', '.join(sorted(kinds))})", param_hint=flag)

@@ -44,8 +44,10 @@ import signal
 import tempfile
 import threading
 import time
+import types
 
 from malcolm.loadgen import method, table
+from malcolm.loadgen.method import rack_toml  # its home; still importable from here
 from malcolm.loadgen.table import HEADER, format_row, format_run  # noqa: F401 (re-exported)
 from malcolm.net.ports import free_udp_ports
 from malcolm.runtime.launcher import LocalRack, ServerExited
@@ -69,6 +71,8 @@ SPIN_US = 50.0
 # simulator's default delay_us = 2.0 so that both clocks see the same network by default.
 HOP_DELAY_US = 2.0
 PORT_TRIES = 3                  # rack starts on fresh ports when a chosen port was taken
+# 1000 repeats of the demo's 12 runs are 12 hours: more is a typo (unbounded, it ran for ever)
+MAX_REPEAT, MAX_RETRIES = 1000, 100
 
 
 def raise_priority(pid):
@@ -106,37 +110,6 @@ def split_policy(spec):
         except ValueError:
             params[key.strip()] = val
     return base, params
-
-
-
-
-def rack_toml(policy, servers, *, window_us, poll="adaptive", handler="bench",
-              steal_timeout_us=2000.0, name="exp", cpus=None, spin_us=50.0,
-              hop_delay_us=0.0, max_wait_ms=200.0):
-    """A rack file: ``servers`` is a list of (address, workers); ``hop_delay_us`` (real µs)
-    is the delay every endpoint's transport adds to each message it sends; ``max_wait_ms``
-    (real) the admission limit (the rack's default 200 ms, x K when dilated)."""
-    lines = ["[rack]", f'name = "{name}"', 'transport = "udp"', f'poll = "{poll}"',
-             f"window_us = {window_us!r}", f"spin_us = {spin_us!r}",
-             f"hop_delay_us = {float(hop_delay_us)!r}",
-             f'handler = "{handler}"', "capacity = 4096",
-             f"steal_timeout_us = {steal_timeout_us!r}", f"max_wait_ms = {max_wait_ms!r}",
-             "grace_s = 1.0", "", "[policy]"]
-    for k, v in policy.items():
-        lines.append(f"{k} = {_toml(v)}")
-    for i, (addr, workers) in enumerate(servers):
-        lines += ["", "[[server]]", f'address = "{addr}"', f"workers = {workers}"]
-        if cpus:
-            lines.append(f"cpus = {list(cpus[i])}")
-    return "\n".join(lines) + "\n"
-
-
-def _toml(v):
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    return json.dumps(str(v))
 
 
 # ---------------------------------------------------------------- a rack of one policy
@@ -259,31 +232,12 @@ class PolicyRack:
         time.sleep(self.INTERVAL + 0.1)     # the servers' stats files catch up
         cur = self.read_stats()
         prev, self.last = self.last, cur
-        return [_delta(a, b) for a, b in zip(prev, cur, strict=True)]
+        return [method.stats_delta(a, b) for a, b in zip(prev, cur, strict=True)]
 
     def down(self):
         if self.paused:
             self.resume()
         return self.rack.down()
-
-
-def _delta(a, b):
-    if a is None or b is None:
-        return None
-    keys = ("rx_msgs", "responses", "gateway_busy_ns", "hb_sent", "hb_recv", "hb_observed",
-            "hb_dropped", "completed", "migrated_out", "stolen_in", "dropped_full")
-    d = {k: b.get(k, 0) - a.get(k, 0) for k in keys}
-    d["uptime_s"] = b.get("uptime_s", 0) - a.get("uptime_s", 0)
-    sa, sb = a.get("service", {}), b.get("service", {})
-    ca = {lo: c for lo, _, c in sa.get("buckets", [])}
-    d["service_buckets"] = [[lo, hi, c - ca.get(lo, 0)] for lo, hi, c in sb.get("buckets", [])
-                            if c - ca.get(lo, 0) > 0]
-    d["service_sum_ns"] = sum((lo + hi) / 2 * c for lo, hi, c in d["service_buckets"])
-    # a dilating handler's own counters (rocksdb: padded calls, overruns of their target)
-    ha, hb = a.get("handler") or {}, b.get("handler") or {}
-    for k in ("calls", "overruns", "cpu_ns", "target_ns", "wall_ns"):
-        d["pad_" + k] = hb.get(k, 0) - ha.get(k, 0)
-    return d
 
 
 # ---------------------------------------------------------------- the experiment
@@ -352,15 +306,17 @@ class Experiment:
         for p in self.policies:
             split_policy(p)
         self.loads = list(loads)
-        if repeat < 1:
-            raise ExperimentError("--repeat must be >= 1")
-        self.repeat = repeat
-        if retries < 0:
-            raise ExperimentError("--retries must be >= 0")
-        self.retries = retries
+        if not (1 <= repeat <= MAX_REPEAT and 0 <= retries <= MAX_RETRIES):
+            raise ExperimentError(f"--repeat must be in 1..{MAX_REPEAT} and --retries in "
+                                  f"0..{MAX_RETRIES}")
+        self.repeat, self.retries = repeat, retries
         # at most a quarter more runs than planned: a machine too busy to keep time gets
         # flagged rows, not a run that never ends
         self.retries_left = max(1, len(self.policies) * len(self.loads) * repeat // 4)
+        from malcolm.loadgen.run import MAX_RUN_S
+        if not (0 < duration_s and 0 <= warmup_s and duration_s + warmup_s <= MAX_RUN_S):
+            raise ExperimentError(f"--duration must be > 0, --warmup >= 0, and the two at "
+                                  f"most {MAX_RUN_S:g} s together (about 11 days)")
         self.duration_s, self.warmup_s = duration_s, warmup_s
         self.window_us = window_us
         if hop_delay_us is not None and not (math.isfinite(hop_delay_us)
@@ -390,6 +346,14 @@ class Experiment:
         self.port_retries = 0          # rack starts retried on fresh ports (EADDRINUSE)
         self.net_delay = ""
         self.prioritized = os.geteuid() == 0
+        # the dilations whose runs the load generator takes, checked now (one line) rather
+        # than by a run after the racks started: ``auto`` searches only these
+        ks = method.DILATION_LADDER if self.dilate_arg == "auto" else (self.dilate_arg,)
+        why = {k: self.check_dilation(k) for k in ks}
+        self.ladder = tuple(k for k in ks if why[k] is None)
+        if not self.ladder:
+            raise ExperimentError(why[ks[0]] if len(ks) == 1 else f"--dilate auto: no K in "
+                                  f"{ks[0]}..{ks[-1]} works: {why[ks[0]]}; {why[ks[-1]]}")
 
     # ------------------------------------------------------------ helpers
     def hop_us(self, k=None):
@@ -428,6 +392,35 @@ class Experiment:
                         spin_us=SPIN_US / k, cpus=cpus, lag_threshold_us=LAG_US * k,
                         seed=seed, crn=True,
                         nice=NICE if self.prioritized else None)
+
+    def check_dilation(self, k):
+        """None if the load generator takes this experiment's runs at dilation ``k`` (the
+        dilated workload, the highest load's rate and client threads), else why not."""
+        from malcolm.loadgen.run import MAX_THREADS, LoadgenError
+        top, rate = max(self.loads), max(self.loads) * self.capacity(k)
+        saved = self.layout
+        self.layout = lay = method.layout(self.workers, self.cpus, rate)
+        rack = types.SimpleNamespace(addresses=["127.0.0.1:20001"] * len(self.workers),
+                                     path="(check)", hop=None, client_policy=None)
+        try:
+            if lay.client_threads > MAX_THREADS:
+                return (f"load {top:g} at dilation K={k:g} is {rate:.3g} tasks/s "
+                        f"({self.wl.mean_us:g} µs tasks x{k:g} on {self.total_workers} "
+                        f"workers), more than the load generator's {MAX_THREADS} client "
+                        "threads send; give longer service times, fewer workers or a larger "
+                        "--dilate")
+            spec = self._spec(rack, k, lay.client_threads, lay.client_cpus, self.duration_s,
+                              self.warmup_s)
+            spec.validate()
+            spec.check_rate(rate)
+        except LoadgenError as e:
+            if self.app is None and "workload" in str(e):
+                return (f"--workload {self.workload} at dilation K={k:g}: {e}; give shorter "
+                        "service times or a smaller --dilate")
+            return f"at dilation K={k:g}: {e}"
+        finally:
+            self.layout = saved
+        return None
 
     # ------------------------------------------------------------ dilation
     def _calibrate(self, tmp):
@@ -475,16 +468,16 @@ class Experiment:
             return ok
 
         self._calib = {}
-        k, _ = method.search_dilation(trial)
+        k, _ = method.search_dilation(trial, self.ladder)     # starts mid-way without K=20
         if self.stop.is_set():
             return None
         if k is None:
-            k = method.DILATION_LADDER[-1]
+            k = self.ladder[-1]
             self.echo(f"dilation: no K up to {k} kept time here (the machine is busy: see the "
                       f"calibration lines); running at K={k}, expect FLAGGED runs")
             self.dilate = k
             return k
-        run_k = method.with_headroom(k)
+        run_k = method.with_headroom(k, self.ladder)
         if self.app is not None:
             # a real handler's slowness is its own, not the padding's: the calibration's
             # measurement is a better first correction than none (the runs refine it)
@@ -541,6 +534,14 @@ class Experiment:
     # ------------------------------------------------------------ running
     def run(self):
         """Run everything; return the result dict (``dilate``, ``rows``, ``runs``, ...)."""
+        from malcolm.loadgen.run import LoadgenError
+        try:
+            return self._run()
+        except LoadgenError as e:   # vetted up front (check_dilation); any other refuses
+            # every run alike: one line, not a traceback (the racks are down: finally blocks)
+            raise ExperimentError(f"load generator: {e}") from None
+
+    def _run(self):
         t_start = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="malcolm-demo-") as tmp:
             if self.dilate_arg == "auto":

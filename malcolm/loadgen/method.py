@@ -1,12 +1,14 @@
 """The measurement method of the experiment runner, as pure functions (unit-tested without a
 rack): run order, the median and its confidence interval, the flags that keep a bad run out
-of a result, the load correction, thread layout and time dilation.
+of a result, the load correction, thread layout and time dilation, the racks' files and the
+deltas of their counters.
 
 Nothing here measures; :mod:`malcolm.loadgen.experiment` feeds it real reports.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
@@ -301,3 +303,54 @@ def bucket_samples(buckets, n, k):
         m = max(0, round(c * n / total))
         out += [(lo + hi) / 2 / 1e3 / k] * m
     return out
+
+
+def rack_toml(policy, servers, *, window_us, poll="adaptive", handler="bench",
+              steal_timeout_us=2000.0, name="exp", cpus=None, spin_us=50.0,
+              hop_delay_us=0.0, max_wait_ms=200.0):
+    """A rack file: ``servers`` is a list of (address, workers); ``hop_delay_us`` (real µs)
+    is the delay every endpoint's transport adds to each message it sends; ``max_wait_ms``
+    (real) the admission limit (the rack's default 200 ms, x K when dilated)."""
+    lines = ["[rack]", f'name = "{name}"', 'transport = "udp"', f'poll = "{poll}"',
+             f"window_us = {window_us!r}", f"spin_us = {spin_us!r}",
+             f"hop_delay_us = {float(hop_delay_us)!r}",
+             f'handler = "{handler}"', "capacity = 4096",
+             f"steal_timeout_us = {steal_timeout_us!r}", f"max_wait_ms = {max_wait_ms!r}",
+             "grace_s = 1.0", "", "[policy]"]
+    for k, v in policy.items():
+        lines.append(f"{k} = {_toml(v)}")
+    for i, (addr, workers) in enumerate(servers):
+        lines += ["", "[[server]]", f'address = "{addr}"', f"workers = {workers}"]
+        if cpus:
+            lines.append(f"cpus = {list(cpus[i])}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return json.dumps(str(v))
+
+
+def stats_delta(a, b):
+    """A server's counters from its stats ``a`` to ``b`` (``--stats-json``; None if either
+    is missing): messages, heartbeats, tasks, the service-time buckets and their sum, a
+    dilating handler's own counters (``pad_*``)."""
+    if a is None or b is None:
+        return None
+    keys = ("rx_msgs", "responses", "gateway_busy_ns", "hb_sent", "hb_recv", "hb_observed",
+            "hb_dropped", "completed", "migrated_out", "stolen_in", "dropped_full")
+    d = {k: b.get(k, 0) - a.get(k, 0) for k in keys}
+    d["uptime_s"] = b.get("uptime_s", 0) - a.get("uptime_s", 0)
+    sa, sb = a.get("service", {}), b.get("service", {})
+    ca = {lo: c for lo, _, c in sa.get("buckets", [])}
+    d["service_buckets"] = [[lo, hi, c - ca.get(lo, 0)] for lo, hi, c in sb.get("buckets", [])
+                            if c - ca.get(lo, 0) > 0]
+    d["service_sum_ns"] = sum((lo + hi) / 2 * c for lo, hi, c in d["service_buckets"])
+    # a dilating handler's own counters (rocksdb: padded calls, overruns of their target)
+    ha, hb = a.get("handler") or {}, b.get("handler") or {}
+    for k in ("calls", "overruns", "cpu_ns", "target_ns", "wall_ns"):
+        d["pad_" + k] = hb.get(k, 0) - ha.get(k, 0)
+    return d

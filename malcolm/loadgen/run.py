@@ -24,6 +24,12 @@ STATUS_NAMES = {int(s): s.name.lower() for s in wire.Status}
 
 MAX_RATE = 1e9          # tasks/s: far beyond what one machine sends; keeps the arithmetic exact
 MAX_RUN_S = 1e6         # s per rate: the native schedule counts in int64 ns
+MAX_THREADS = 64        # client threads of one run
+# tasks/s, the slowest rate (one task in about 17 minutes). The native schedule adds each gap
+# to an int64 count of ns: at 1e-3/s over 64 threads a mean gap is 6.4e13 ns, so even an
+# exponential draw a thousand times the mean stays far inside int64 (9.2e18 ns); slower
+# rates overflowed it and the run never ended. No load test needs a slower one.
+MIN_RATE = 1e-3
 
 
 class LoadgenError(ValueError):
@@ -119,17 +125,44 @@ def parse_change(text: str, n: int) -> Change:
                 except ValueError:
                     raise LoadgenError(f"--change {text!r}: factor {value!r} is not a number")\
                         from None
-                if not ch.factor >= 0:
-                    raise LoadgenError(f"--change {text!r}: factor must be >= 0")
+                # beyond these, every base rate (MIN_RATE..MAX_RATE) gives one out of range;
+                # the product itself is checked against each base rate (LoadSpec.check_rate)
+                lo, hi = MIN_RATE / MAX_RATE, MAX_RATE / MIN_RATE
+                if not (ch.factor == 0 or lo <= ch.factor <= hi):     # NaN fails this too
+                    raise LoadgenError(f"--change {text!r}: factor must be 0 or in "
+                                       f"{lo:g}..{hi:g}")
             elif v in ("0", "0.0"):
                 ch.rate = 0.0
             else:
                 ch.rate = parse_rate(v)
+                if not MIN_RATE <= ch.rate <= MAX_RATE:
+                    raise LoadgenError(f"--change {text!r}: rate {ch.rate:g}/s must be 0 or "
+                                       f"in {MIN_RATE:g}..{MAX_RATE:g}")
         elif key == "shares":
             ch.shares = parse_shares(value, n)
         else:
             raise LoadgenError(f"--change {text!r}: unknown key {key!r} (rate, shares)")
     return ch
+
+
+def _longest_trace_gap(gaps_us, threads) -> float:
+    """A trace's longest gap per client thread, in units of the mean gap of the whole stream
+    (seconds at 1 task/s): thread ``i`` of ``T`` sends every T-th arrival, so its gaps are
+    the sums of T consecutive gaps (:meth:`traffic.Arrivals.for_thread`), of the trace cut
+    to a multiple of T and read in a loop. ``inf`` when its values overflow a float."""
+    import numpy as np
+    m = gaps_us.size - gaps_us.size % threads
+    if m == 0:
+        return 0.0          # too short for the threads: for_thread says so
+    g = gaps_us[:m]
+    with np.errstate(over="ignore"):        # inf: said below
+        c = np.concatenate(([0.0], np.cumsum(np.concatenate((g, g[:threads - 1])))))
+    if not math.isfinite(float(c[-1])):
+        return math.inf
+    mean = float(c[m]) / m
+    if not mean > 0:
+        return 0.0          # all zero: for_thread says so
+    return float((c[threads:] - c[:-threads]).max()) / mean
 
 
 # ---------------------------------------------------------------- targets
@@ -257,18 +290,29 @@ class LoadSpec:
             raise LoadgenError("--duration must be > 0")
         if self.warmup_s < 0:
             raise LoadgenError("--warmup must be >= 0")
-        if not 1 <= self.threads <= 64:
-            raise LoadgenError("--threads must be in 1..64")
-        if not self.timeout_s > 0:
-            raise LoadgenError("--timeout must be > 0")
+        if not 1 <= self.threads <= MAX_THREADS:
+            raise LoadgenError(f"--threads must be in 1..{MAX_THREADS}")
+        # A task's deadline is its send time plus the timeout in int64 ns, and the request
+        # window is sized 4 x rate x timeout (a C long): a timeout no longer than the longest
+        # run keeps both exact (a longer one could only wait for a task past any run's end).
+        if not 0 < self.timeout_s <= MAX_RUN_S:
+            raise LoadgenError(f"--timeout must be > 0 and at most {MAX_RUN_S:g} s "
+                               "(about 11 days)")
         if not 0 <= self.seed < 2 ** 63:
             raise LoadgenError(f"--seed {self.seed} must be in 0..2**63-1")
         if not (math.isfinite(self.spin_us) and 0 <= self.spin_us <= 1e6):
             raise LoadgenError(f"--spin {self.spin_us} must be in 0..1000000")
-        if not (math.isfinite(self.lag_threshold_us) and self.lag_threshold_us > 0):
-            raise LoadgenError(f"--lag-threshold {self.lag_threshold_us} must be > 0")
+        # the native client keeps the threshold as int64 ns; no send can be later than the
+        # longest run is long, so a larger threshold could only overflow that
+        if not 0 < self.lag_threshold_us <= MAX_RUN_S * 1e6:       # NaN fails this too
+            raise LoadgenError(f"--lag-threshold {self.lag_threshold_us:g} µs must be > 0 "
+                               f"and at most {MAX_RUN_S * 1e6:g} µs ({MAX_RUN_S:g} s)")
         if self.raw and not 1 <= self.raw_max <= 1 << 31:
             raise LoadgenError(f"--raw-max {self.raw_max} must be in 1..2**31")
+        if self.raw and self.raw_max < self.threads:
+            # each client thread keeps raw_max // threads samples: none would keep any
+            raise LoadgenError(f"--raw-max {self.raw_max} must be at least --threads "
+                               f"({self.threads}): each thread keeps an equal share")
         if not math.isfinite(self.duration_s + self.warmup_s + self.timeout_s):
             raise LoadgenError("--duration, --warmup and --timeout must be finite")
         if self.duration_s + self.warmup_s > MAX_RUN_S:
@@ -281,6 +325,11 @@ class LoadSpec:
             raise LoadgenError("--change shares=... cannot be used with a client --policy")
         if self.policy:
             self.client_policy(0)        # check it now, with a clear message
+        pl = self.payload
+        if pl is not None and pl.kind == "exp" and pl.b < pl.a:
+            # capped below its mean, the sizes' real mean is far from MEAN (all 0 at MAX 0)
+            raise LoadgenError(f"--payload-size exp:{pl.a}:{pl.b}: MAX is below MEAN; "
+                               "give MAX >= MEAN (or a fixed size)")
         if self.app and self.payload is not None and not self.payload.empty:
             raise LoadgenError("--payload-size and --app exclude each other: the application "
                                "writes its own requests")
@@ -292,6 +341,39 @@ class LoadSpec:
             if c.at_s > self.duration_s:
                 raise LoadgenError(f"--change at {c.at_s:g} s is after the end of the run "
                                    f"({self.duration_s:g} s)")
+
+    def check_rate(self, rate, what="rate"):
+        """Raise LoadgenError unless the native schedule can keep a run at ``rate`` tasks/s:
+        the rate and every ``--change``'s in MIN_RATE..MAX_RATE (a change may also pause,
+        at 0), a trace's longest gap at most MAX_RUN_S, a request window that fits.
+        ``what`` names the rate in the message."""
+        arr = self.arrivals
+        if arr is not None and arr.kind == "trace":
+            longest = _longest_trace_gap(arr.gaps_us, self.threads)
+            if math.isinf(longest):
+                raise LoadgenError(f"trace {arr.source}: its gaps add up to more than a "
+                                   "float holds; give them in smaller units")
+        if not (math.isfinite(rate) and MIN_RATE <= rate <= MAX_RATE):
+            raise LoadgenError(f"{what} {rate:g}/s must be in {MIN_RATE:g}..{MAX_RATE:g}")
+        phases = self.phases(rate)
+        for t, r, _ in phases[1:]:
+            if r != 0 and not MIN_RATE <= r <= MAX_RATE:
+                raise LoadgenError(f"--change at {t - self.warmup_s:g} s: rate {r:g}/s (base "
+                                   f"{rate:g}/s) must be 0 or in {MIN_RATE:g}..{MAX_RATE:g}")
+        if arr is not None and arr.kind == "trace":
+            slowest = min(r for _, r, _ in phases if r > 0)
+            gap = longest / slowest
+            if not gap <= MAX_RUN_S:
+                raise LoadgenError(f"trace {arr.source}: at {slowest:g}/s its longest gap "
+                                   f"(per client thread) is {gap:.3g} s, longer than the "
+                                   f"longest run ({MAX_RUN_S:g} s); the trace is too uneven "
+                                   "for this rate")
+        # the native client's request window (LoadClient), per thread: it must fit 2**26
+        peak = max(r for _, r, _ in phases) / self.threads
+        if 4 * peak * (self.timeout_s + 0.05) + 4096 > 1 << 26:
+            raise LoadgenError(f"rate {rate:g}/s: a request window of more than 2**26 tasks "
+                               "(4 x rate x --timeout per thread) is too large; lower the "
+                               "rate or the timeout, or use more client threads")
 
     def client_policy(self, stream):
         if not self.policy:
@@ -339,8 +421,7 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
     from malcolm.workloads import parse_workload
 
     spec.validate()
-    if not (math.isfinite(rate) and 0 < rate <= MAX_RATE):
-        raise LoadgenError(f"rate {rate:g}/s must be in (0, {MAX_RATE:g}]")
+    spec.check_rate(rate)
     wl = parse_workload(spec.workload)
     phases = spec.phases(rate)
     per = [(t, r / spec.threads, s) for t, r, s in phases]
@@ -667,6 +748,10 @@ def notes(rep):
         out.append(f"  {rep['timed_out']} task(s) timed out (no response within "
                    f"{rep['timeout_s']:g} s): they are not in the percentiles, so the tail "
                    "is a lower bound")
+    if rep.get("raw_truncated"):
+        out.append(f"  --raw-max: kept {rep['raw_samples']} of {rep['completed']} latency "
+                   "samples (the first each thread completed): p50..p99.9 are exact over those "
+                   "only; min, max and mean are over every task")
     for key, what in (("late_responses", "responses arrived after their task timed out"),
                       ("duplicates", "duplicate responses"),
                       ("unknown_responses", "responses to unknown requests"),

@@ -15,6 +15,7 @@ A policy spec is ``NAME`` or ``NAME:key=value,key=value``, e.g. ``jbt:threshold=
 from __future__ import annotations
 
 import importlib
+import math
 from dataclasses import dataclass, field
 
 
@@ -37,6 +38,8 @@ class PolicyInfo:
 
 
 _COUNT_OWN = (bool, True, "count tasks this gateway sent since the last heartbeat")
+#: An integer parameter fits a C int (the native policies' fields).
+INT_PARAM_MAX = 2**31 - 1
 
 POLICIES: dict[str, PolicyInfo] = {
     "random": PolicyInfo("random", "server", "malcolm.policy.baselines", "RandomPolicy",
@@ -112,10 +115,18 @@ def _convert(info: PolicyInfo, key: str, value):
             raise ValueError(f"policy {info.name}: {key} must be true/false, got {value!r}")
         return bool(value)
     try:
-        return typ(value)
-    except (TypeError, ValueError):
+        v = typ(value)
+    except (TypeError, ValueError, OverflowError):
         raise ValueError(f"policy {info.name}: {key}={value!r} is not a valid "
                          f"{typ.__name__}") from None
+    # the native policies keep these in C ints and doubles: NaN, inf or 2^70 would be
+    # read as something else there (a NaN threshold made `steal` a random policy)
+    if typ is float and not math.isfinite(v):
+        raise ValueError(f"policy {info.name}: {key} must be finite, got {value!r}")
+    if typ is int and not -INT_PARAM_MAX <= v <= INT_PARAM_MAX:
+        raise ValueError(f"policy {info.name}: {key} must be within +-{INT_PARAM_MAX}, "
+                         f"got {value!r}")
+    return v
 
 
 def check_params(name: str, params: dict) -> dict:
@@ -185,6 +196,13 @@ def _construct(info, cls, args, params):
         return cls(*args, **params)
     except TypeError as e:
         raise ValueError(f"policy {info.name}: bad parameters {params}: {e}") from None
+    except OverflowError:
+        # a class that checks its own parameters (params=None) gets them as typed: name
+        # the one that does not fit its C field
+        big = [k for k, v in params.items() if isinstance(v, int) and not isinstance(v, bool)
+               and not -INT_PARAM_MAX <= v <= INT_PARAM_MAX]
+        raise ValueError(f"policy {info.name}: {', '.join(big) or 'a parameter'} out of range "
+                         f"(integers within +-{INT_PARAM_MAX})") from None
 
 
 def make_policy(name: str, n: int, me: int, seed: int = 0, **params):

@@ -165,6 +165,75 @@ def _typed(where, key, value, typ):
     return value
 
 
+# A policy parameter is a scalar; an integer must fit the int64 the native policies and the
+# simulator's records take (a larger one failed deep inside, without the key's name).
+INT64 = (-(1 << 63), (1 << 63) - 1)
+SHM_NAME_MAX = 16              # an shm endpoint name's bytes in a wire address
+
+
+def _toml_kind(value) -> str:
+    """What a TOML value is, in the file's words (its repr may be huge, or fail)."""
+    for typ, word in ((bool, "a boolean"), (int, "an integer"), (float, "a float"),
+                      (str, "a string"), (dict, "a table"), (list, "an array")):
+        if isinstance(value, typ):
+            return word
+    return "a date or time"
+
+
+def _policy_value(path, key, value):
+    """Refuse a ``[policy]`` parameter no policy can take, naming it."""
+    where = f"{path}: [policy] {key}"
+    if isinstance(value, bool) or isinstance(value, str):
+        return
+    if isinstance(value, int):
+        if not INT64[0] <= value <= INT64[1]:
+            # (the value itself is not printed: an int of 5000 digits cannot be)
+            raise ConfigError(f"{where} is out of range (integers within -2**63..2**63-1)")
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(f"{where} = {value!r} must be a finite number")
+        return
+    raise ConfigError(f"{where} must be a number, true/false or a string, not "
+                      f"{_toml_kind(value)}")
+
+
+def _server_address(cfg, where, i, s, addr_bytes, split_host_port):
+    """Server ``i``'s address (its ``[[server]]`` table ``s``) and the key that tells two
+    addresses apart, or ConfigError."""
+    if cfg.transport == "shm" and "address" not in s:
+        addr = f"{cfg.name}-s{i}"
+        if len(addr) > SHM_NAME_MAX:
+            # cut to 16 characters, the default names of a long rack name collided
+            raise ConfigError(f"{where}: its default shm endpoint name, [rack] name + "
+                              f"'-s{i}', has {len(addr)} characters, over {SHM_NAME_MAX}: "
+                              f"shorten the name to at most {SHM_NAME_MAX - len(f'-s{i}')} "
+                              "or give the server an address")
+    else:
+        addr = s.get("address")
+    if addr is None:
+        raise ConfigError(f"{where}: needs an address (host:port)")
+    if not isinstance(addr, str):
+        raise ConfigError(f"{where}: address must be a string such as "
+                          f"\"127.0.0.1:7001\", got {addr!r}")
+    if "\0" in addr:
+        raise ConfigError(f"{where}: address {addr!r} contains NUL")
+    try:
+        if cfg.transport == "verbs":
+            # verbs names the RDMA interface, which may resolve only on its node
+            host, port = split_host_port(addr, "verbs")
+            key = (host.lower(), port)
+        else:
+            key = addr_bytes(cfg.transport, addr)
+            port = key[1]
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    if cfg.transport != "shm" and port == 0:
+        raise ConfigError(f"{where}: address {addr!r} has port 0; a server needs a fixed "
+                          "port (peers and clients send to it), 1..65535")
+    return addr, key
+
+
 def parse_rack(data: dict, path: str = "<rack>") -> RackConfig:
     """Validate a rack description already loaded from TOML."""
     from malcolm.policy import registry
@@ -206,7 +275,20 @@ def parse_rack(data: dict, path: str = "<rack>") -> RackConfig:
     if not vals["name"] or "/" in vals["name"] or "\0" in vals["name"]:
         raise ConfigError(f"{path}: [rack] name {vals['name']!r} must be non-empty, without "
                           "'/' or NUL")
-    pol = dict(data.get("policy", {"name": "random"}))
+    kf = vals["key_file"]
+    if kf is not None and (not kf.strip() or "\0" in kf):
+        # an empty key_file ("$UNSET" in a template) must not run the rack unauthenticated:
+        # only a key_file left out does (docs/runtime.md, "Authentication")
+        raise ConfigError(f"{path}: [rack] key_file {kf!r} "
+                          f"{'holds NUL' if kf.strip() else 'is empty'}; name the rack key "
+                          "(malcolm rack keygen PATH), or leave key_file out for an "
+                          "unauthenticated rack")
+    pol = data.get("policy", {"name": "random"})
+    if not isinstance(pol, dict):
+        hint = " (write [policy], not [[policy]])" if isinstance(pol, list) else ""
+        raise ConfigError(f"{path}: [policy] must be a table (name = \"...\" and the "
+                          f"policy's parameters), not {_toml_kind(pol)}{hint}")
+    pol = dict(pol)
     if "name" not in pol:
         raise ConfigError(f"{path}: [policy] needs a name "
                           f"({', '.join(registry.SERVER_POLICIES)})")
@@ -214,6 +296,8 @@ def parse_rack(data: dict, path: str = "<rack>") -> RackConfig:
     seed = pol.pop("seed", 0)
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2 ** 63:
         raise ConfigError(f"{path}: [policy] seed must be an integer in 0..2**63-1")
+    for k, v in pol.items():
+        _policy_value(path, k, v)
     try:
         info = registry.POLICIES.get(str(pname).lower())
         if info is None or info.kind != "server":
@@ -223,7 +307,10 @@ def parse_rack(data: dict, path: str = "<rack>") -> RackConfig:
     except ValueError as e:
         raise ConfigError(f"{path}: [policy] {e}") from None
     servers = data.get("server", [])
-    if not isinstance(servers, list) or not servers:
+    if not isinstance(servers, list):
+        raise ConfigError(f"{path}: server must be [[server]] tables (an array of tables), "
+                          f"not {_toml_kind(servers)}")
+    if not servers:
         raise ConfigError(f"{path}: a rack needs at least one [[server]]")
     from malcolm.policy.base import MAX_SERVERS
 
@@ -234,6 +321,7 @@ def parse_rack(data: dict, path: str = "<rack>") -> RackConfig:
     from malcolm.net.transport import (
         TransportUnavailable,  # noqa: F401 (import check)
         addr_bytes,
+        split_host_port,
     )
     seen = set()
     for i, s in enumerate(servers):
@@ -248,21 +336,10 @@ def parse_rack(data: dict, path: str = "<rack>") -> RackConfig:
         if tr != cfg.transport:
             raise ConfigError(f"{where}: transport {tr!r} differs from the rack's "
                               f"{cfg.transport!r}; all servers of a rack share one transport")
-        default_addr = f"{cfg.name}-s{i}"[:16] if cfg.transport == "shm" else None
-        addr = s.get("address", default_addr)
-        if addr is None:
-            raise ConfigError(f"{where}: needs an address (host:port)")
-        if not isinstance(addr, str):
-            raise ConfigError(f"{where}: address must be a string such as "
-                              f"\"127.0.0.1:7001\", got {addr!r}")
-        if cfg.transport != "verbs":
-            try:
-                key = addr_bytes(cfg.transport, addr)
-            except ValueError as e:
-                raise ConfigError(f"{where}: {e}") from None
-            if key in seen:
-                raise ConfigError(f"{where}: address {addr!r} used twice")
-            seen.add(key)
+        addr, key = _server_address(cfg, where, i, s, addr_bytes, split_host_port)
+        if key in seen:
+            raise ConfigError(f"{where}: address {addr!r} used twice")
+        seen.add(key)
         workers = _typed(where, "workers", s.get("workers", vals["workers"]), int)
         if not 0 <= workers <= 1024:
             raise ConfigError(f"{where}: workers must be in 0..1024 (0: the gateway runs "
@@ -297,6 +374,8 @@ def load_rack(path: str) -> RackConfig:
         raise ConfigError(f"{path}: not a rack file (not UTF-8 text)") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except ValueError as e:             # an integer of over 4300 digits (int's str limit)
+        raise ConfigError(f"{path}: not valid TOML: {str(e).split(';')[0]}") from None
     return parse_rack(data, path)
 
 
@@ -330,6 +409,8 @@ def read_key(path: str) -> bytes:
     """
     import hashlib
     import stat
+    if "\0" in path:                    # os.stat would raise ValueError
+        raise ConfigError(f"rack key {path!r}: not a file name (holds NUL)")
     try:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):

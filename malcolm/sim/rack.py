@@ -2,7 +2,8 @@
 
 Each comma-separated group is ``COUNTxWORKERS`` with an optional ``@SPEED`` factor (default
 1.0): COUNT servers, each with WORKERS workers running at SPEED times the nominal rate (a
-task of nominal service time S takes S / SPEED). Servers are numbered in spec order.
+task of nominal service time S takes S / SPEED). Servers are numbered in spec order. SPEED is
+within 0.001-1000.
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ import re
 from dataclasses import dataclass
 
 MAX_WORKERS = 4096
+#: A server's speed factor: beyond 1000x either way a task's time leaves the range the
+#: workloads allow (1 ns - 1 s, :data:`malcolm.workloads.MAX_TIME_US`) by as much, and a
+#: speed of 1e-9 made ``malcolm sim`` run for hours.
+MIN_SPEED, MAX_SPEED = 1e-3, 1e3
 
 _GROUP = re.compile(r"^(\d+)\s*[xX*]\s*(\d+)(?:\s*@\s*([0-9.eE+-]+))?$")
 
@@ -50,6 +55,9 @@ def parse_rack_spec(spec) -> Rack:
         return spec
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"rack spec must be a non-empty string like 8x8, got {spec!r}")
+    # the native layout's limit, imported here so that the parser works without a build
+    from malcolm.policy.base import MAX_SERVERS as max_servers
+
     workers, speeds = [], []
     for group in spec.split(","):
         g = group.strip()
@@ -67,13 +75,14 @@ def parse_rack_spec(spec) -> Rack:
                              "and 1 worker")
         if not (math.isfinite(speed) and speed > 0):
             raise ValueError(f"rack spec {spec!r}: speed in {g!r} must be > 0")
+        if not MIN_SPEED <= speed <= MAX_SPEED:
+            raise ValueError(f"rack spec {spec!r}: speed in {g!r} must be within "
+                             f"{MIN_SPEED:g}-{MAX_SPEED:g}")
         if w > MAX_WORKERS:
             raise ValueError(f"rack spec {spec!r}: at most {MAX_WORKERS} workers per server")
+        if len(workers) + count > max_servers:     # before building a list of COUNT items
+            raise ValueError(f"rack spec {spec!r}: {len(workers) + count} servers, at most "
+                             f"{max_servers}")
         workers += [w] * count
         speeds += [speed] * count
-    # the native layout's limit, imported here so that the parser works without a build
-    from malcolm.policy.base import MAX_SERVERS
-
-    if len(workers) > MAX_SERVERS:
-        raise ValueError(f"rack spec {spec!r}: {len(workers)} servers, at most {MAX_SERVERS}")
     return Rack(tuple(workers), tuple(speeds), spec.strip())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -15,8 +16,8 @@ from malcolm.policy.defaults import (
     STEAL_TIMEOUT_US,
     STEALS_IN_FLIGHT,
 )
-from malcolm.sim.rack import Rack, parse_rack_spec
-from malcolm.workloads import Workload, parse_workload
+from malcolm.sim.rack import MAX_SPEED, MIN_SPEED, Rack, parse_rack_spec
+from malcolm.workloads import MAX_TIME_US, MIN_TIME_US, Workload, parse_workload
 
 
 @dataclass(frozen=True)
@@ -139,11 +140,27 @@ def _shares(shares, n):
     return shares
 
 
+def _check_time(label, us):
+    """A time in µs: finite, within 0 - :data:`MAX_TIME_US`."""
+    if not (math.isfinite(us) and 0 <= us <= MAX_TIME_US):
+        raise ValueError(f"{label} must be within 0-{MAX_TIME_US:g} µs (1 s), got {us}")
+
+
+def _check_quantum(label, us):
+    """A round-robin quantum: 0 (ideal PS) or at least one ns, the clock's step (below it
+    the engine's quantum was 0 ns and round robin never moved on: the run hung)."""
+    if 0 < us < MIN_TIME_US:
+        raise ValueError(f"{label} must be 0 (ideal PS) or at least {MIN_TIME_US:g} µs "
+                         f"(1 ns), got {us}")
+
+
 def _check_mechanics(info, gateway_ns, capacity, max_steals, steal_timeout_us, prior_us, ewma):
     """Validate the runtime mechanics' parameters; return them normalised."""
     gateway_ns = float(gateway_ns)
-    if not (math.isfinite(gateway_ns) and gateway_ns >= 0):
-        raise ValueError(f"gateway_ns must be >= 0, got {gateway_ns}")
+    if not (math.isfinite(gateway_ns) and 0 <= gateway_ns <= MAX_TIME_US * 1e3):
+        # beyond a second per message the engine's ns clock overflowed (the cost vanished)
+        raise ValueError(f"gateway_ns must be within 0-{MAX_TIME_US * 1e3:g} ns (1 s), "
+                         f"got {gateway_ns}")
     if gateway_ns > 0 and info.kind == "central":
         raise ValueError(f"gateway_ns: {info.name} is an ideal reference without gateways; "
                          "a gateway cost applies to server and client policies")
@@ -151,8 +168,9 @@ def _check_mechanics(info, gateway_ns, capacity, max_steals, steal_timeout_us, p
         if isinstance(capacity, float) and not capacity.is_integer():
             raise ValueError(f"capacity must be a whole number of tasks, got {capacity}")
         capacity = int(capacity)
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1 task per server, got {capacity}")
+        if not 1 <= capacity <= MAX_TASKS:
+            raise ValueError(f"capacity must be within 1-{MAX_TASKS} tasks per server, got "
+                             f"{capacity}")
         if info.sim_mode == "cfcfs":
             raise ValueError(f"capacity: {info.name} has one rack-wide queue, no per-server "
                              "slots")
@@ -173,6 +191,18 @@ def _check_mechanics(info, gateway_ns, capacity, max_steals, steal_timeout_us, p
 
 # per run: the engine keeps about 30 bytes per task (latency, send time, type, service, drop)
 MAX_TASKS = 100_000_000
+#: The run's simulated time, ns (11.6 days): the clock is a 64-bit count of ns, and a load
+#: of 1e-300 overflowed it (negative latencies).
+MAX_SIM_NS = 1e15
+#: Arrivals at most this many times the rack's capacity.
+MAX_LOAD = 100.0
+#: The policy window (µs): at least 1 µs, at most :data:`MAX_TIME_US`.
+MIN_WINDOW_US = 1.0
+#: Clients of a run (each keeps its own policy object).
+MAX_CLIENTS = 65536
+#: Heartbeats in flight: the engine keeps (delay + jitter) / window + 2 of them per server
+#: (2 KiB each), so the hop is at most this many windows.
+MAX_HB_WINDOWS = 1000
 
 
 def simulate(rack="8x8", policy="random", workload="exp:50", load=0.5, tasks=100_000,
@@ -274,6 +304,20 @@ def simulate(rack="8x8", policy="random", workload="exp:50", load=0.5, tasks=100
     return _assemble(plan, raw, time.perf_counter() - t0)
 
 
+def check_simulate(**kwargs) -> None:
+    """Check the arguments of :func:`simulate` as it would, without running it (a sweep
+    checks every point before its first run, not after hours of them).
+
+    Raises
+    ------
+    ValueError
+        Naming the bad argument; TypeError for an unknown one.
+    """
+    bound = inspect.signature(simulate).bind(**kwargs)
+    bound.apply_defaults()
+    _plan(dict(bound.arguments))
+
+
 @dataclass
 class _Plan:
     """A validated run: the caller's arguments (``args``, for the result's config) and what
@@ -306,16 +350,32 @@ def _plan(a: dict) -> _Plan:
         if registry.POLICIES[name].params is not None:
             params = registry.check_params(name, params)
     info = registry.POLICIES[name]
+    # a Rack or Workload built by hand skips the parsers' ranges: the same ones here
+    if not MIN_TIME_US <= wl.mean_us <= MAX_TIME_US:
+        raise ValueError(f"workload {wl.name!r}: mean service time {wl.mean_us:g} µs, must be "
+                         f"within {MIN_TIME_US:g}-{MAX_TIME_US:g}")
+    if not all(MIN_SPEED <= v <= MAX_SPEED for v in rk.speeds):
+        raise ValueError(f"rack {rk}: every speed must be within {MIN_SPEED:g}-{MAX_SPEED:g}")
     tasks = int(a["tasks"])
     if not 1 <= tasks <= MAX_TASKS:
         raise ValueError(f"tasks must be in 1..{MAX_TASKS}, got {tasks}")
     if not 0.0 <= a["warmup"] < 1.0:
         raise ValueError(f"warmup must be in [0, 1), got {a['warmup']}")
+    seed = a["seed"]
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) \
+            or not 0 <= seed < 2**64:
+        raise ValueError(f"seed must be a whole number in 0..2^64-1, got {seed!r}")
     for label in ("delay_us", "jitter_us", "quantum_us"):
-        if not (math.isfinite(a[label]) and a[label] >= 0):
-            raise ValueError(f"{label} must be >= 0, got {a[label]}")
-    if not (math.isfinite(a["window_us"]) and a["window_us"] > 0):
-        raise ValueError(f"window_us must be > 0, got {a['window_us']}")
+        _check_time(label, a[label])
+    _check_quantum("quantum_us", a["quantum_us"])
+    if not (math.isfinite(a["window_us"]) and MIN_WINDOW_US <= a["window_us"] <= MAX_TIME_US):
+        raise ValueError(f"window_us must be within {MIN_WINDOW_US:g}-{MAX_TIME_US:g} µs, "
+                         f"got {a['window_us']}")
+    if a["delay_us"] + a["jitter_us"] > MAX_HB_WINDOWS * a["window_us"]:
+        raise ValueError(f"delay_us + jitter_us = {a['delay_us'] + a['jitter_us']:g} µs is "
+                         f"more than {MAX_HB_WINDOWS} policy windows of {a['window_us']:g} "
+                         "µs: a heartbeat that old carries nothing (and the engine would "
+                         "keep that many per server)")
     if not 0.0 <= a["loss"] < 1.0:
         raise ValueError(f"loss must be in [0, 1), got {a['loss']}")
     if a["sched"] not in ("fcfs", "ps"):
@@ -331,14 +391,26 @@ def _plan(a: dict) -> _Plan:
     else:
         if not (math.isfinite(load) and load > 0):
             raise ValueError(f"load must be > 0, got {load}")
+        if load > MAX_LOAD:
+            raise ValueError(f"load must be at most {MAX_LOAD:g} (that many times the "
+                             f"rack's capacity), got {load}")
         rate = load * capacity
+    if not (math.isfinite(rate) and rate > 0):
+        raise ValueError(f"rate_tps must be > 0, got {a['rate_tps']}")
+    if tasks / rate > MAX_SIM_NS:
+        raise ValueError(f"{tasks} tasks at load {load:.3g} would take about "
+                         f"{tasks / rate * 1e-9:.3g} s of simulated time, at most "
+                         f"{MAX_SIM_NS * 1e-9:g} s: raise the load or lower the tasks")
+    if load > MAX_LOAD:
+        raise ValueError(f"rate_tps {a['rate_tps']}: load {load:.3g}, at most {MAX_LOAD:g} "
+                         "times the rack's capacity")
     n_clients = int(a["clients"]) if a["clients"] else rk.n
-    if n_clients < 1:
-        raise ValueError("clients must be >= 1")
+    if not 1 <= n_clients <= MAX_CLIENTS:
+        raise ValueError(f"clients must be within 1-{MAX_CLIENTS}, got {n_clients}")
     plan = _Plan(args=a, rack=rk, workload=wl, params=params, tasks=tasks,
                  n_warm=int(tasks * a["warmup"]), load=float(load), rate=rate,
                  capacity=capacity, n_clients=n_clients, gateway_ns=gateway_ns, slots=slots,
-                 max_steals=max_steals, changes=_changes(a["changes"], rk.n, capacity))
+                 max_steals=max_steals, changes=_changes(a["changes"], rk.n, capacity, tasks))
     plan.engine = _POLICY_SETUP[info.kind](plan, info)
     return plan
 
@@ -386,8 +458,7 @@ def _setup_central(plan: _Plan, info) -> dict:
 
     p, n = plan.params, plan.rack.n
     delay_us = float(p.get("delay", 0.0))
-    if delay_us < 0:
-        raise ValueError(f"{info.name} delay must be >= 0")
+    _check_time(f"{info.name} delay", delay_us)
     pod_d = int(p.get("d", 2))
     if "d" in p and not 1 <= pod_d <= n:
         raise ValueError(f"{info.name} d must be in 1..{n}")
@@ -395,6 +466,8 @@ def _setup_central(plan: _Plan, info) -> dict:
     if sched not in ("ps", "fcfs"):
         raise ValueError(f"{info.name} sched must be ps or fcfs")
     quantum_us = float(p.get("quantum", 0.0))
+    _check_time(f"{info.name} quantum", quantum_us)
+    _check_quantum(f"{info.name} quantum", quantum_us)
     return dict(mode={"cfcfs": _engine.MODE_CFCFS,
                       "central_pod": _engine.MODE_CENTRAL_POD}[info.sim_mode],
                 sched=_sched_kind(sched, quantum_us), quantum_ns=quantum_us * 1e3,
@@ -405,9 +478,10 @@ def _setup_central(plan: _Plan, info) -> dict:
 _POLICY_SETUP = {"server": _setup_server, "client": _setup_client, "central": _setup_central}
 
 
-def _changes(changes, n, capacity):
+def _changes(changes, n, capacity, tasks):
     """Validate the changes; return them as the engine's (t_ns, kind, server, value, shares)
-    tuples, sorted by time."""
+    tuples, sorted by time. A new arrival rate is bounded as the run's own is (``tasks``
+    at that rate within :data:`MAX_SIM_NS`, at most :data:`MAX_LOAD`)."""
     from malcolm.sim._engine import CH_RATE, CH_SHARES, CH_SPEED
 
     ch = []
@@ -417,22 +491,23 @@ def _changes(changes, n, capacity):
         if len(set_) != 1:
             raise ValueError(f"change {c}: give exactly one of load, rate_tps, shares, speed")
         t = float(c.t_us) * 1e3
-        if not t >= 0:
-            raise ValueError(f"change {c}: t_us must be >= 0")
-        if (c.load is not None and not c.load > 0) or (
-                c.rate_tps is not None and not c.rate_tps > 0):
-            raise ValueError(f"change {c}: the arrival rate must stay > 0")
-        if c.load is not None:
-            ch.append((t, CH_RATE, 0, float(c.load) * capacity, None))
-        elif c.rate_tps is not None:
-            ch.append((t, CH_RATE, 0, float(c.rate_tps) * 1e-9, None))
+        if not 0 <= t <= MAX_SIM_NS:
+            raise ValueError(f"change {c}: t_us must be within 0-{MAX_SIM_NS * 1e-3:g}")
+        if c.load is not None or c.rate_tps is not None:
+            rate = float(c.load) * capacity if c.load is not None else float(c.rate_tps) * 1e-9
+            if not (rate > 0 and tasks / rate <= MAX_SIM_NS and rate <= MAX_LOAD * capacity):
+                raise ValueError(f"change {c}: the arrival rate must stay > 0, at a load of "
+                                 f"at most {MAX_LOAD:g}, and bring the run's "
+                                 f"{tasks} tasks within {MAX_SIM_NS * 1e-9:g} s")
+            ch.append((t, CH_RATE, 0, rate, None))
         elif c.shares is not None:
             ch.append((t, CH_SHARES, 0, 0.0, _shares(c.shares, n)))
         else:
             if c.server is None or not 0 <= int(c.server) < n:
                 raise ValueError(f"change {c}: speed needs a server index in 0..{n - 1}")
-            if not c.speed > 0:
-                raise ValueError(f"change {c}: speed must be > 0")
+            if not MIN_SPEED <= c.speed <= MAX_SPEED:
+                raise ValueError(f"change {c}: speed must be within {MIN_SPEED:g}-"
+                                 f"{MAX_SPEED:g}")
             ch.append((t, CH_SPEED, int(c.server), float(c.speed), None))
     ch.sort(key=lambda x: x[0])
     return ch

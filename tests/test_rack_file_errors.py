@@ -1,0 +1,189 @@
+"""Rack files and ``rack gen`` under odd input (a fuzzing pass): every section of the wrong
+shape, every number too large for its field and every empty key file gives one line that
+names it, never a traceback, and ``rack gen`` never writes a rack that ``rack check`` refuses
+(docs/rack-file.md)."""
+
+import pytest
+from click.testing import CliRunner
+
+from malcolm.cli import main
+from malcolm.commands.rackgen import tomllib
+from malcolm.runtime.config import ConfigError, key_path, load_rack, parse_rack
+
+SERVER = '[[server]]\naddress = "127.0.0.1:20001"\n'
+
+
+def _load(tmp_path, text):
+    p = tmp_path / "rack.toml"
+    p.write_text(text)
+    return load_rack(str(p))
+
+
+def _refused(tmp_path, text, *words):
+    with pytest.raises(ConfigError) as e:
+        _load(tmp_path, text)
+    msg = str(e.value)
+    assert "\n" not in msg and all(w in msg for w in words), msg
+    return msg
+
+
+def _one_line(res, *words):
+    assert res.exit_code not in (0, None), res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    err = [ln for ln in res.output.splitlines() if ln.startswith("Error")]
+    assert len(err) == 1 and all(w in err[0] for w in words), res.output
+
+
+# ------------------------------------------------------------------------ the sections
+
+@pytest.mark.parametrize("policy", ["policy = 5", 'policy = "malcolm"', "policy = [1, 2]",
+                                    '[[policy]]\nname = "random"'])
+def test_a_policy_that_is_not_a_table_is_one_line(tmp_path, policy):
+    _refused(tmp_path, policy + "\n" + SERVER, "[policy] must be a table")
+    p = tmp_path / "rack.toml"
+    _one_line(CliRunner().invoke(main, ["rack", "check", "--rack", str(p)]), "[policy]")
+    _one_line(CliRunner().invoke(main, ["serve", "--rack", str(p), "--id", "0"]), "[policy]")
+
+
+@pytest.mark.parametrize("param,word", [
+    ("threshold = 9223372036854775808", "threshold is out of range"),
+    ("threshold = -9223372036854775809", "threshold is out of range"),
+    ("count_own = [1]", "count_own must be a number"),
+    ("threshold = { a = 1 }", "threshold must be a number"),
+    ("threshold = 1979-05-27", "not a date or time"),
+    ("threshold = nan", "threshold = nan must be a finite"),
+])
+def test_policy_parameters_of_no_policy_name_their_key(tmp_path, param, word):
+    _refused(tmp_path, f'[policy]\nname = "jbt"\n{param}\n' + SERVER, "[policy]", word)
+
+
+def test_a_self_checking_policy_parameter_too_large_is_named(tmp_path):
+    # malcolm checks its own parameters (registry params=None): 2^63 failed in a C long
+    _refused(tmp_path, '[policy]\nname = "malcolm"\nwindow_ns = 9223372036854775808\n'
+             + SERVER, "[policy] window_ns is out of range")
+
+
+def test_an_integer_of_thousands_of_digits_is_not_a_traceback(tmp_path):
+    _refused(tmp_path, f'[policy]\nname = "jbt"\nthreshold = {"1" * 5000}\n' + SERVER,
+             "not valid TOML")
+
+
+@pytest.mark.parametrize("servers", ["server = 5", 'server = "x"',
+                                     '[server]\naddress = "127.0.0.1:20001"'])
+def test_servers_that_are_not_an_array_of_tables(tmp_path, servers):
+    _refused(tmp_path, servers + "\n", "[[server]] tables")
+
+
+# --------------------------------------------------------------------------- the key
+
+@pytest.mark.parametrize("kf,word", [('""', "is empty"), ('"   "', "is empty"),
+                                     ('"a\\u0000b"', "holds NUL")])
+def test_an_empty_key_file_is_refused_not_unauthenticated(tmp_path, monkeypatch, kf, word):
+    monkeypatch.delenv("MALCOLM_RACK_KEY_FILE", raising=False)
+    _refused(tmp_path, f"[rack]\nkey_file = {kf}\n" + SERVER, "key_file", word)
+    p = str(tmp_path / "rack.toml")
+    for args in (["rack", "check", "--rack", p], ["serve", "--rack", p, "--id", "0"],
+                 ["loadgen", "--rack", p, "--duration", "0.2s"]):
+        _one_line(CliRunner().invoke(main, args), "key_file")
+
+
+def test_a_rack_without_key_file_is_still_unauthenticated(tmp_path, monkeypatch):
+    # docs/runtime.md: a rack without a key runs with the all-zero key (and says so)
+    monkeypatch.delenv("MALCOLM_RACK_KEY_FILE", raising=False)
+    cfg = _load(tmp_path, SERVER)
+    assert cfg.key_file is None and key_path(cfg) is None
+
+
+# ----------------------------------------------------------------------- the addresses
+
+def test_a_long_shm_rack_name_is_refused_not_truncated(tmp_path):
+    msg = _refused(tmp_path, f'[rack]\ntransport = "shm"\nname = "{"a" * 300}"\n'
+                   "[[server]]\n[[server]]\n", "over 16", "at most 13")
+    assert "used twice" not in msg and len(msg) < 300
+    cfg = _load(tmp_path, '[rack]\ntransport = "shm"\nname = "abcdefghijklm"\n'
+                "[[server]]\n[[server]]\n")
+    assert cfg.addresses == ["abcdefghijklm-s0", "abcdefghijklm-s1"]
+
+
+@pytest.mark.parametrize("transport,addr,word", [
+    ("udp", "127.0.0.1:0", "port 0"), ("udp", "[::1]:0", "port 0"),
+    ("verbs", "10.0.0.1:0", "port 0"), ("udp", "127.0.0.1\\u0000:20001", "NUL"),
+    ("verbs", "10.0.0.1", "host:port")])
+def test_port_zero_and_nul_addresses_are_refused(tmp_path, transport, addr, word):
+    _refused(tmp_path, f'[rack]\ntransport = "{transport}"\n[[server]]\naddress = "{addr}"\n',
+             word)
+
+
+def test_parse_rack_refuses_a_policy_list_directly():
+    with pytest.raises(ConfigError, match=r"\[policy\] must be a table"):
+        parse_rack({"policy": [{"name": "random"}],
+                    "server": [{"address": "127.0.0.1:20001"}]})
+
+
+# ---------------------------------------------------------------------------- rack gen
+
+def _gen(*args):
+    return CliRunner().invoke(main, ["rack", "gen", *args])
+
+
+@pytest.mark.parametrize("policy", ["jbt:threshold=nan", "jbt:threshold=inf",
+                                    "steal:min_victim=nan", "malcolm:gamma=nan",
+                                    "malcolm:gamma=1e400"])
+def test_gen_refuses_non_finite_policy_parameters(policy):
+    _one_line(_gen("--hosts", "127.0.0.1", "--policy", policy), "finite")
+
+
+def test_gen_checks_the_policy_as_serve_builds_it():
+    _one_line(_gen("--hosts", "127.0.0.1", "--policy", "malcolm:gamma=5"), "gamma")
+
+
+@pytest.mark.parametrize("handler,word", [("zzz", "unknown handler"),
+                                          ("sleep:spin_us=nan", "spin_us"),
+                                          ("so:/x.so", "so:PATH:SYMBOL"),
+                                          ("python:mod", "python:MODULE:FUNCTION")])
+def test_gen_refuses_a_handler_every_server_would(handler, word):
+    _one_line(_gen("--hosts", "127.0.0.1", "--handler", handler), word)
+
+
+def test_gen_accepts_a_handler_this_host_lacks():
+    # a database or library on the servers' nodes only: its form is all gen can check
+    res = _gen("--hosts", "127.0.0.1", "--handler", "rocksdb:path=/nonexistent/db")
+    assert res.exit_code == 0, res.output
+
+
+def _written(tmp_path, *args):
+    out = tmp_path / "g.toml"
+    res = _gen(*args, "-o", str(out))
+    assert res.exit_code == 0, res.output
+    return load_rack(str(out))
+
+
+def test_gen_gives_a_repeated_host_its_next_ports(tmp_path):
+    cfg = _written(tmp_path, "--hosts", "127.0.0.1,127.0.0.1", "--port", "20100")
+    assert cfg.addresses == ["127.0.0.1:20100", "127.0.0.1:20101"]
+    hf = tmp_path / "hosts"
+    hf.write_text("127.0.0.1\n127.0.0.2 slots=2\n127.0.0.1 slots=2\n")
+    cfg = _written(tmp_path, "--hostfile", str(hf), "--port", "20100")
+    assert cfg.addresses == ["127.0.0.1:20100", "127.0.0.2:20100", "127.0.0.2:20101",
+                             "127.0.0.1:20101", "127.0.0.1:20102"]
+    res = _gen("--hosts", "node1,node1", "--port", "65535")
+    _one_line(res, "past port 65535")
+
+
+def test_gen_hostfile_repeating_a_name_passes_check(tmp_path):
+    hf = tmp_path / "hosts"
+    hf.write_text("node1\nnode1\n")
+    out = tmp_path / "g.toml"
+    res = _gen("--hostfile", str(hf), "-o", str(out))
+    assert res.exit_code == 0, res.output
+    addrs = [s["address"] for s in tomllib.loads(out.read_text())["server"]]
+    assert addrs == ["node1:7001", "node1:7002"]
+
+
+def test_gen_writes_toml_for_any_name_and_refuses_odd_hosts(tmp_path):
+    cfg = _written(tmp_path, "--hosts", "127.0.0.1", "--name", "a\x7fb")
+    assert cfg.name == "a\x7fb"
+    _one_line(_gen("--hosts", "node1:2"), "IPv6")
+    hf = tmp_path / "hosts"
+    hf.write_bytes(b"no\x01de\n")
+    _one_line(_gen("--hostfile", str(hf)), "control characters")
