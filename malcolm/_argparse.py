@@ -191,10 +191,8 @@ def write_json(a: argparse.Namespace, obj: dict, dest: str | None = None) -> Non
         print(text, file=_real_stdout[0] if _real_stdout else sys.stdout, flush=True)
         return
     os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
-    tmp = f"{dest}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text + "\n")
-    os.replace(tmp, dest)
+    from malcolm._files import write_file
+    write_file(dest, text + "\n")
 
 
 def _clean(v):

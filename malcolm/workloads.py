@@ -344,13 +344,13 @@ WORKLOAD_NAMES = ("exp:MEAN", *NAMED, "mix:W:DIST,...", "empirical:FILE")
 
 def _read_samples(path, spec):
     """Service times (µs) from a text file: numbers separated by whitespace or commas."""
+    from malcolm._files import read_text
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        text = read_text(path, 256 << 20)   # a FIFO or /dev/zero: refused, not read
     except OSError as e:
-        raise ValueError(f"workload {spec!r}: cannot read {path}: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"workload {spec!r}: {path} is not a text file") from None
+        raise ValueError(f"workload {spec!r}: cannot read {path!r}: {e.strerror}") from None
+    except ValueError as e:
+        raise ValueError(f"workload {spec!r}: {e}") from None
     vals = []
     for ln, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0]

@@ -187,6 +187,8 @@ def test_sim_rack_is_a_rack_file_too(tmp_path):
     (["--policy", "cfcfs:delay=1e300"], "delay must be within"),
     (["--policy", "steal:min_victim=nan"], "must be finite"),
     (["--policy", "jsq", "--gateway-cost", "1e12"], "gateway_ns must be within"),
+    (["--policy", "malcolm", "--steal-timeout", "1e300"], "steal_timeout_us must be within"),
+    (["--policy", "malcolm", "--steal-timeout", "1e-300"], "steal_timeout_us must be within"),
 ])
 def test_sim_inputs_out_of_range_fail_in_one_line(args, msg):
     """Values the 64-bit ns clock cannot hold, or that would run for hours, are refused

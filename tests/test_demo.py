@@ -162,6 +162,7 @@ def test_demo_killed_leaves_no_servers(sig, tmp_path):
     (["--repeat", str(2 ** 70)], "Invalid value for '--repeat'"),
     (["--retries", "101"], "Invalid value for '--retries'"),
     (["--plot", "d.xyz"], "a .xyz file is not a plot format"),
+    (["--workers", ",".join(["64"] * 64)], "4160 server threads"),
 ])
 def test_demo_refuses_bad_runs_before_starting(args, msg, tmp_path, monkeypatch):
     """One line and status 2 before any rack starts, not a traceback after it did."""

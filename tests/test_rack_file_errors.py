@@ -187,3 +187,15 @@ def test_gen_writes_toml_for_any_name_and_refuses_odd_hosts(tmp_path):
     hf = tmp_path / "hosts"
     hf.write_bytes(b"no\x01de\n")
     _one_line(_gen("--hostfile", str(hf)), "control characters")
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "abc", "²", "1000"])
+def test_a_broken_slurm_tasks_per_node_is_one_line(value, monkeypatch):
+    """SLURM_NTASKS_PER_NODE=0 gave a KeyError traceback (a rack of no servers), and -1 or
+    abc were silently taken for 1."""
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", value)
+    _one_line(CliRunner().invoke(main, ["rack", "gen", "--hosts", "node1"]),
+              "SLURM_NTASKS_PER_NODE")
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "2(x3)")
+    res = CliRunner().invoke(main, ["rack", "gen", "--hosts", "node1"])
+    assert res.exit_code == 0 and res.output.count("[[server]]") == 2, res.output

@@ -4,6 +4,7 @@ file or flag gets one line naming the problem, never a traceback; ``loadgen`` fa
 nothing completes or too many tasks time out; ``rack up --keep-going``."""
 
 import os
+import stat
 import subprocess
 import sys
 
@@ -157,7 +158,7 @@ def test_a_good_file_passes_check(tmp_path, monkeypatch):
     (["serve", "--rack", "{rack}", "--id", "0", "--handler", ""], "--handler"),
     (["rack", "up", "--rack", "{rack}", "--logdir", ""], "--logdir"),
     (["rack", "gen", "--hosts", "a", "-o", "/nonexistent/x.toml"], "--output"),
-    (["rack", "gen", "--hostfile", "{bin}"], "not a text file"),
+    (["rack", "gen", "--hostfile", "{bin}"], "not UTF-8"),
     (["rack", "gen", "--hosts", "a", "--handler", ""], "--handler"),
     (["rack", "gen", "--hosts", "a b"], "white space"),
     (["loadgen", "--server", "127.0.0.1:1", "--rate", "1e30"], "rate"),
@@ -169,7 +170,7 @@ def test_a_good_file_passes_check(tmp_path, monkeypatch):
     (["sim", "--rack", "{bin}"], "not UTF-8"),
     (["sim", "--tasks", "99999999999999999999"], "--tasks"),
     (["sim", "--load", "0.1:0.9:1e-9"], "at most 1000"),
-    (["sim", "--workload", "empirical:{bin}"], "not a text file"),
+    (["sim", "--workload", "empirical:{bin}"], "not UTF-8"),
     # output that could not be written is refused before the run, not after it
     (["demo", "--quick", "--json", "{dir}"], "is a directory"),
     (["demo", "--quick", "--plot", "/nonexistent/p.png"], "no directory"),
@@ -236,3 +237,63 @@ def test_json_into_a_directory_leaves_no_temporary_file(tmp_path, what):
     d.mkdir()
     _one_line_error(CliRunner().invoke(main, ["list", what, "--json", str(d)]), "--json")
     assert os.listdir(tmp_path) == ["out"]
+
+
+@pytest.mark.parametrize("args", [
+    ["rack", "check", "--rack", "{f}"], ["sim", "--rack", "{f}"],
+    ["sim", "--tasks", "2000", "--workload", "empirical:{f}"],
+    ["rack", "gen", "--hostfile", "{f}"],
+    ["loadgen", "--server", "127.0.0.1:1", "--arrivals", "trace:{f}"],
+])
+@pytest.mark.parametrize("kind", ["fifo", "zero"])
+def test_input_files_that_are_not_files_are_refused_unread(tmp_path, args, kind):
+    """A FIFO waited forever for a writer and /dev/zero filled the memory (a second fuzzing
+    pass): an input file must be a regular one, of a bounded size, before it is read."""
+    if kind == "fifo":
+        f = tmp_path / "fifo"
+        os.mkfifo(f)
+    else:
+        f = "/dev/zero"
+    res = CliRunner().invoke(main, [a.format(f=f) for a in args])
+    _one_line_error(res, "not a regular file")
+
+
+def test_output_to_a_fifo_or_a_device_is_written_in_place(tmp_path):
+    """--json onto a FIFO (``>(jq .)``) or a device wrote F.tmp and renamed it onto F: the
+    pipe or, as root, the device (/dev/full) was replaced by a file."""
+    import threading
+
+    from malcolm._files import write_file
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got = []
+    t = threading.Thread(target=lambda: got.append(open(fifo).read()))
+    t.start()
+    write_file(str(fifo), "hello\n")
+    t.join(10)
+    assert got == ["hello\n"] and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert not (tmp_path / "fifo.tmp").exists()
+    write_file("/dev/null", "x")                    # a device stays a device
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    reg = tmp_path / "r.json"
+    write_file(str(reg), "1")
+    write_file(str(reg), "2")                       # a regular file: replaced whole
+    assert reg.read_text() == "2" and not (tmp_path / "r.json.tmp").exists()
+
+
+def test_an_empty_key_file_variable_is_refused_not_unauthenticated(tmp_path, monkeypatch):
+    """MALCOLM_RACK_KEY_FILE set but empty ran the rack unauthenticated, as key_file = ""
+    did: both are refused; unset, the rack file decides."""
+    from malcolm.runtime import config
+    cfg = config.load_rack(_rack(tmp_path))
+    monkeypatch.setenv(config.KEY_ENV, "")
+    with pytest.raises(config.ConfigError, match="set but empty"):
+        config.key_path(cfg)
+    monkeypatch.delenv(config.KEY_ENV)
+    assert config.key_path(cfg) is None
+
+
+def test_a_launcher_pid_that_is_not_ascii_digits_is_ignored(monkeypatch):
+    from malcolm.runtime.launcher import die_with_launcher
+    monkeypatch.setenv("MALCOLM_LAUNCHER_PID", "²")     # str.isdigit says yes, int() no
+    assert die_with_launcher() is None

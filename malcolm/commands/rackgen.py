@@ -119,11 +119,13 @@ def read_hostfile(path: str) -> list[tuple[str, int | None]]:
     ValueError
         A line that is neither form, or a bad slot count; the message names the line.
     """
+    from malcolm._files import read_text
     try:
-        with open(path) as f:
-            lines = f.read().splitlines()
+        lines = read_text(path, 16 << 20).splitlines()     # a FIFO or /dev/zero: refused
     except OSError as e:
-        raise ValueError(f"hostfile {path}: {e.strerror}") from None
+        raise ValueError(f"hostfile {path!r}: {e.strerror}") from None
+    except ValueError as e:
+        raise ValueError(f"hostfile {e}") from None
     except UnicodeDecodeError:
         raise ValueError(f"hostfile {path}: not a text file") from None
     out = []
@@ -398,8 +400,15 @@ def gen(from_slurm, hostfile, hosts, per_host, transport, port, workers, handler
         else:
             raise click.UsageError("no hosts: give --hosts, --hostfile or --slurm (inside a "
                                    "Slurm job)")
-        env_per = os.environ.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
-        default_per = int(env_per) if env_per.isdigit() and not hostfile else 1
+        env_per = os.environ.get("SLURM_NTASKS_PER_NODE", "").split("(")[0].strip()
+        default_per = 1
+        if env_per and not hostfile:
+            # Slurm writes a positive count ("4", or "4(x2)"); anything else is a broken
+            # environment, said in one line rather than taken for 1 (or 0 servers)
+            if not (env_per.isascii() and env_per.isdigit() and 1 <= int(env_per) <= 64):
+                raise click.UsageError(f"SLURM_NTASKS_PER_NODE={env_per!r} must be a count "
+                                       "of 1-64 tasks per node")
+            default_per = int(env_per)
         counts = [(h + host_suffix, per_host or slots or default_per) for h, slots in entries]
         for h, _ in counts:
             _check_host(h)

@@ -222,10 +222,8 @@ def serve(rack_path, server_id, stats, interval, stats_json, duration, handler):
 
 
 def _write_json(path, data):
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, default=str)
-    os.replace(tmp, path)
+    from malcolm._files import write_file
+    write_file(path, json.dumps(data, indent=1, default=str))
 
 
 _json_failed = []

@@ -152,18 +152,10 @@ def write_json(dest: str, obj, indent: int | None = None) -> None:
 def write_text(dest: str, text: str, what: str) -> None:
     """Write ``text`` to file ``dest`` via a temporary file; a failure is one line and leaves
     no temporary file behind (``dest`` a directory failed only at the rename)."""
-    tmp, made = f"{dest}.tmp", False
+    from malcolm._files import write_file
     try:
-        with open(tmp, "w") as f:
-            made = True
-            f.write(text)
-        os.replace(tmp, dest)
+        write_file(dest, text)      # in place where dest is a FIFO or a device
     except OSError as e:
-        if made:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
         raise click.ClickException(f"{what} {dest}: {e.strerror}") from None
 
 

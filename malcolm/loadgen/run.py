@@ -491,7 +491,11 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
             alive = [t.name for t in threads if t.is_alive()]
             if alive:
                 trs = []        # leak them rather than pull the socket from under a thread
-            raise RuntimeError(f"loadgen: client thread(s) did not finish within {limit:.0f} s"
+            # a LoadgenError: the CLI says it in one line (a rate far beyond what the threads
+            # can send left them behind their schedule, a traceback before)
+            raise LoadgenError(f"client thread(s) did not finish within {limit:.0f} s, 10 s "
+                               "past the run (far behind their schedule: lower --rate or add "
+                               "--threads)"
                                + (f"; still running: {', '.join(alive)}" if alive else ""))
         results = [c.results() for c in clients]
     finally:

@@ -133,13 +133,13 @@ _SPLIT = re.compile(r"[\s,;]+")
 
 def read_numbers(path: str) -> np.ndarray:
     """The numbers of a trace file (white space, commas or lines apart; ``#`` comments)."""
+    from malcolm._files import read_text
     try:
-        with open(path) as f:
-            text = f.read(64 << 20)
+        text = read_text(path, 64 << 20)    # a FIFO or /dev/zero: refused, not read
     except OSError as e:
-        raise TrafficError(f"trace {path}: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise TrafficError(f"trace {path}: not a text file") from None
+        raise TrafficError(f"trace {path!r}: {e.strerror}") from None
+    except ValueError as e:
+        raise TrafficError(f"trace {e}") from None
     vals = []
     for lineno, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()

@@ -353,6 +353,10 @@ def parse_rack(data: dict, path: str = "<rack>") -> RackConfig:
     return cfg
 
 
+#: A rack file's size: 64 servers take a few kB; a 50 MB one still parses in half a second.
+RACK_FILE_MAX = 64 << 20
+
+
 def load_rack(path: str) -> RackConfig:
     """Read and validate a rack file.
 
@@ -363,15 +367,17 @@ def load_rack(path: str) -> RackConfig:
     """
     if not path:
         raise ConfigError("no rack file given (an empty path)")
+    from malcolm._files import read_text
     try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
+        text = read_text(path, RACK_FILE_MAX)
     except FileNotFoundError:
-        raise ConfigError(f"rack file {path} not found") from None
-    except OSError as e:                # a directory, no permission, an I/O error
-        raise ConfigError(f"rack file {path}: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a rack file (not UTF-8 text)") from None
+        raise ConfigError(f"rack file {path!r} not found") from None
+    except OSError as e:                # no permission, an I/O error, a symlink loop
+        raise ConfigError(f"rack file {path!r}: {e.strerror}") from None
+    except ValueError as e:             # a FIFO, /dev/zero, too large, not UTF-8
+        raise ConfigError(f"rack file {e}") from None
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
     except ValueError as e:             # an integer of over 4300 digits (int's str limit)
@@ -387,7 +393,12 @@ def key_path(cfg: RackConfig | None) -> str | None:
     """The rack key's file: ``MALCOLM_RACK_KEY_FILE`` if set, else ``[rack] key_file``
     (relative to the rack file's directory), else None (an unauthenticated rack)."""
     env = os.environ.get(KEY_ENV)
-    if env:
+    if env is not None:
+        # set but empty ("$UNSET" in a job script) must not run the rack unauthenticated,
+        # as an empty key_file does not (parse_rack)
+        if not env.strip() or "\0" in env:
+            raise ConfigError(f"{KEY_ENV} is set but {'holds NUL' if env.strip() else 'empty'}"
+                              "; name the rack key, or unset it")
         return env
     if cfg is None or not cfg.key_file:
         return None

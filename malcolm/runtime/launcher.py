@@ -308,7 +308,7 @@ def die_with_launcher():
     parent (about once a second) is all there is.
     """
     text = os.environ.get("MALCOLM_LAUNCHER_PID", "")
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):      # '²' is a digit to str.isdigit
         return None
     parent = int(text)
     if sys.platform.startswith("linux"):

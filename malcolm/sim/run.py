@@ -180,10 +180,12 @@ def _check_mechanics(info, gateway_ns, capacity, max_steals, steal_timeout_us, p
     if not 0 <= max_steals <= MAX_STEALS_IN_FLIGHT:
         raise ValueError(f"max_steals_in_flight must be in 0..{MAX_STEALS_IN_FLIGHT} "
                          f"(0: unlimited), got {max_steals}")
-    if not (math.isfinite(steal_timeout_us) and steal_timeout_us > 0):
-        raise ValueError(f"steal_timeout_us must be > 0, got {steal_timeout_us}")
-    if prior_us is not None and not (math.isfinite(prior_us) and prior_us > 0):
-        raise ValueError(f"prior_service_us must be > 0, got {prior_us}")
+    # a time the engine keeps in ns: beyond 1 s it overflowed and every steal was given up
+    # at once; below 1 ns it is 0
+    for label, us in (("steal_timeout_us", steal_timeout_us), ("prior_service_us", prior_us)):
+        if us is not None and not (math.isfinite(us) and MIN_TIME_US <= us <= MAX_TIME_US):
+            raise ValueError(f"{label} must be within {MIN_TIME_US:g}-{MAX_TIME_US:g} µs, "
+                             f"got {us}")
     if not (math.isfinite(ewma) and 0 < ewma <= 1):
         raise ValueError(f"ewma must be in (0, 1], got {ewma}")
     return gateway_ns, capacity, max_steals
