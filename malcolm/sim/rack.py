@@ -29,6 +29,13 @@ class Rack:
     speeds: tuple[float, ...]
     spec: str = ""
 
+    def __post_init__(self):
+        # here, not in the parser alone: a Rack built by hand reaches the engine too
+        for v in self.speeds:
+            if not (math.isfinite(v) and MIN_SPEED <= v <= MAX_SPEED):
+                raise ValueError(f"rack spec {self.spec or '(built by hand)'!r}: speed {v:g} "
+                                 f"must be within {MIN_SPEED:g}-{MAX_SPEED:g}")
+
     @property
     def n(self) -> int:
         return len(self.workers)
@@ -75,9 +82,6 @@ def parse_rack_spec(spec) -> Rack:
                              "and 1 worker")
         if not (math.isfinite(speed) and speed > 0):
             raise ValueError(f"rack spec {spec!r}: speed in {g!r} must be > 0")
-        if not MIN_SPEED <= speed <= MAX_SPEED:
-            raise ValueError(f"rack spec {spec!r}: speed in {g!r} must be within "
-                             f"{MIN_SPEED:g}-{MAX_SPEED:g}")
         if w > MAX_WORKERS:
             raise ValueError(f"rack spec {spec!r}: at most {MAX_WORKERS} workers per server")
         if len(workers) + count > max_servers:     # before building a list of COUNT items

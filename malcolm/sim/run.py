@@ -147,11 +147,29 @@ def _check_time(label, us):
 
 
 def _check_quantum(label, us):
-    """A round-robin quantum: 0 (ideal PS) or at least one ns, the clock's step (below it
-    the engine's quantum was 0 ns and round robin never moved on: the run hung)."""
+    """A round-robin quantum: a time (:func:`_check_time`) that is 0 (ideal PS) or at least
+    one ns, the clock's step (below it the engine's quantum was 0 ns and round robin never
+    moved on: the run hung)."""
+    _check_time(label, us)
     if 0 < us < MIN_TIME_US:
         raise ValueError(f"{label} must be 0 (ideal PS) or at least {MIN_TIME_US:g} µs "
                          f"(1 ns), got {us}")
+
+
+def _check_rate(rate, capacity, tasks, what):
+    """An arrival rate (tasks per ns), the run's or a change's: > 0, at most :data:`MAX_LOAD`
+    times the rack's ``capacity``, and slow enough no more than that ``tasks`` at it fit
+    :data:`MAX_SIM_NS` (the 64-bit ns clock: a load of 1e-300 overflowed it). ``what`` starts
+    the message."""
+    if not (math.isfinite(rate) and rate > 0):
+        raise ValueError(f"{what}: the arrival rate must be > 0")
+    if rate > MAX_LOAD * capacity:
+        raise ValueError(f"{what}: load must be at most {MAX_LOAD:g} (that many times the "
+                         f"rack's capacity), got {rate / capacity:.3g}")
+    if tasks / rate > MAX_SIM_NS:
+        raise ValueError(f"{what}: {tasks} tasks at load {rate / capacity:.3g} would take "
+                         f"about {tasks / rate * 1e-9:.3g} s of simulated time, at most "
+                         f"{MAX_SIM_NS * 1e-9:g} s: raise the load or lower the tasks")
 
 
 def _check_mechanics(info, gateway_ns, capacity, max_steals, steal_timeout_us, prior_us, ewma):
@@ -352,12 +370,10 @@ def _plan(a: dict) -> _Plan:
         if registry.POLICIES[name].params is not None:
             params = registry.check_params(name, params)
     info = registry.POLICIES[name]
-    # a Rack or Workload built by hand skips the parsers' ranges: the same ones here
+    # a Workload built by hand skips the parser's ranges (a Rack checks its speeds itself)
     if not MIN_TIME_US <= wl.mean_us <= MAX_TIME_US:
         raise ValueError(f"workload {wl.name!r}: mean service time {wl.mean_us:g} µs, must be "
                          f"within {MIN_TIME_US:g}-{MAX_TIME_US:g}")
-    if not all(MIN_SPEED <= v <= MAX_SPEED for v in rk.speeds):
-        raise ValueError(f"rack {rk}: every speed must be within {MIN_SPEED:g}-{MAX_SPEED:g}")
     tasks = int(a["tasks"])
     if not 1 <= tasks <= MAX_TASKS:
         raise ValueError(f"tasks must be in 1..{MAX_TASKS}, got {tasks}")
@@ -367,7 +383,7 @@ def _plan(a: dict) -> _Plan:
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) \
             or not 0 <= seed < 2**64:
         raise ValueError(f"seed must be a whole number in 0..2^64-1, got {seed!r}")
-    for label in ("delay_us", "jitter_us", "quantum_us"):
+    for label in ("delay_us", "jitter_us"):
         _check_time(label, a[label])
     _check_quantum("quantum_us", a["quantum_us"])
     if not (math.isfinite(a["window_us"]) and MIN_WINDOW_US <= a["window_us"] <= MAX_TIME_US):
@@ -393,19 +409,9 @@ def _plan(a: dict) -> _Plan:
     else:
         if not (math.isfinite(load) and load > 0):
             raise ValueError(f"load must be > 0, got {load}")
-        if load > MAX_LOAD:
-            raise ValueError(f"load must be at most {MAX_LOAD:g} (that many times the "
-                             f"rack's capacity), got {load}")
         rate = load * capacity
-    if not (math.isfinite(rate) and rate > 0):
-        raise ValueError(f"rate_tps must be > 0, got {a['rate_tps']}")
-    if tasks / rate > MAX_SIM_NS:
-        raise ValueError(f"{tasks} tasks at load {load:.3g} would take about "
-                         f"{tasks / rate * 1e-9:.3g} s of simulated time, at most "
-                         f"{MAX_SIM_NS * 1e-9:g} s: raise the load or lower the tasks")
-    if load > MAX_LOAD:
-        raise ValueError(f"rate_tps {a['rate_tps']}: load {load:.3g}, at most {MAX_LOAD:g} "
-                         "times the rack's capacity")
+    _check_rate(rate, capacity, tasks, f"load {load:g}" if a["rate_tps"] is None
+                else f"rate_tps {a['rate_tps']}")
     n_clients = int(a["clients"]) if a["clients"] else rk.n
     if not 1 <= n_clients <= MAX_CLIENTS:
         raise ValueError(f"clients must be within 1-{MAX_CLIENTS}, got {n_clients}")
@@ -468,7 +474,6 @@ def _setup_central(plan: _Plan, info) -> dict:
     if sched not in ("ps", "fcfs"):
         raise ValueError(f"{info.name} sched must be ps or fcfs")
     quantum_us = float(p.get("quantum", 0.0))
-    _check_time(f"{info.name} quantum", quantum_us)
     _check_quantum(f"{info.name} quantum", quantum_us)
     return dict(mode={"cfcfs": _engine.MODE_CFCFS,
                       "central_pod": _engine.MODE_CENTRAL_POD}[info.sim_mode],
@@ -497,10 +502,7 @@ def _changes(changes, n, capacity, tasks):
             raise ValueError(f"change {c}: t_us must be within 0-{MAX_SIM_NS * 1e-3:g}")
         if c.load is not None or c.rate_tps is not None:
             rate = float(c.load) * capacity if c.load is not None else float(c.rate_tps) * 1e-9
-            if not (rate > 0 and tasks / rate <= MAX_SIM_NS and rate <= MAX_LOAD * capacity):
-                raise ValueError(f"change {c}: the arrival rate must stay > 0, at a load of "
-                                 f"at most {MAX_LOAD:g}, and bring the run's "
-                                 f"{tasks} tasks within {MAX_SIM_NS * 1e-9:g} s")
+            _check_rate(rate, capacity, tasks, f"change {c}")
             ch.append((t, CH_RATE, 0, rate, None))
         elif c.shares is not None:
             ch.append((t, CH_SHARES, 0, 0.0, _shares(c.shares, n)))
