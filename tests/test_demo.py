@@ -122,7 +122,9 @@ def test_demo_killed_leaves_no_servers(sig, tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "malcolm", "demo", "--quick", "--plot",
                           os.devnull, "--policy", "jsq", "--policy", "po2", "--workers", "1,1",
                           "--duration", "5"], cwd=tmp_path, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
+                         stderr=subprocess.STDOUT, text=True,
+                         # a SIGKILL leaves the demo's temporary folder: in pytest's
+                         env=dict(os.environ, TMPDIR=str(tmp_path)))
     servers = []
     try:
         t_end = time.monotonic() + 40

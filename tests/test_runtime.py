@@ -2,6 +2,7 @@
 serve`` processes) over every local transport for the whole, and a rack across network
 namespaces joined by veth when this runs as root."""
 
+import gc
 import json
 import os
 import shutil
@@ -632,11 +633,25 @@ def test_rack_across_network_namespaces(tmp_path):
 def test_rack_up_command_starts_and_stops(tmp_path):
     path = _rack_file(tmp_path, "udp", 'name = "jsq"', n=2)
     r = subprocess.run([sys.executable, "-m", "malcolm", "rack", "up", "--rack", path,
-                        "--duration", "1s",
-                        "--stats"], capture_output=True, text=True, env=ENV, timeout=60)
+                        "--duration", "1s", "--stats"], capture_output=True, text=True,
+                       env=dict(ENV, TMPDIR=str(tmp_path)), timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "up: 2 servers" in r.stdout and "down: exit codes {0: 0, 1: 0}" in r.stdout
     assert "resp/s" in r.stdout                         # --stats lines were relayed
+    # the temporary folder it named is kept for the user to read
+    logdir = r.stdout.split("(output in ")[1].split(")")[0]
+    assert logdir.startswith(str(tmp_path)) and os.path.isfile(f"{logdir}/server-1.out")
+
+
+def test_local_rack_removes_its_temporary_logdir(tmp_path):
+    # every LocalRack without a logdir used to leave a folder in /tmp
+    path = _rack_file(tmp_path, "udp", 'name = "jsq"', n=2)
+    with LocalRack(path) as lr:
+        logdir = lr.logdir
+    assert os.path.isfile(f"{logdir}/server-0.out")     # readable after the stop
+    del lr
+    gc.collect()
+    assert not os.path.exists(logdir)
 
 
 def test_rack_up_stops_cleanly_on_ctrl_c(tmp_path):
@@ -645,7 +660,8 @@ def test_rack_up_stops_cleanly_on_ctrl_c(tmp_path):
     # Ctrl-C in a terminal signals the foreground process group: `rack up`, which stops its
     # servers in order (each runs in a process group of its own, out of the terminal's reach)
     p = subprocess.Popen([sys.executable, "-m", "malcolm", "rack", "up", path],
-                         stdout=open(out, "w"), stderr=subprocess.STDOUT, env=ENV,
+                         stdout=open(out, "w"), stderr=subprocess.STDOUT,
+                         env=dict(ENV, TMPDIR=str(tmp_path)),
                          start_new_session=True)
     try:
         t_end = time.monotonic() + 30

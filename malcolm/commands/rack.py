@@ -129,10 +129,12 @@ def up(rack_pos, rack_opt, stats, duration, logdir, keep_going):
             os.makedirs(logdir, exist_ok=True)
         lr = LocalRack(rack_path, ["--stats"] if stats else [], logdir)
         check_rack(lr.cfg)
+        lr.keep_logs()      # a temporary folder too: the user is told where it is
     except ConfigError as e:
         raise click.ClickException(str(e)) from None
     except OSError as e:
-        raise click.ClickException(f"--logdir {logdir}: {e.strerror}") from None
+        where = f"--logdir {logdir}" if logdir else "a temporary folder"
+        raise click.ClickException(f"{where}: {e.strerror}") from None
     stop = []
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):     # HUP: a closed terminal
         signal.signal(sig, lambda *a: stop.append(1))

@@ -11,12 +11,14 @@ import ctypes
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import weakref
 
 from malcolm.runtime.config import load_rack, stop_bound_s
 
@@ -68,7 +70,8 @@ class LocalRack:
         Passed to every ``malcolm serve``.
     logdir : str or None
         Where each server's stdout/stderr go (``server-K.out``) and its ``--stats-json``
-        (``server-K.json``); a temporary one by default.
+        (``server-K.json``); by default a temporary one, removed with this object (when it
+        is collected, or at exit): pass one to keep the logs.
     ids : list of int or None
         The servers to run (default: all of the rack file's).
     env : dict or None
@@ -79,10 +82,23 @@ class LocalRack:
         self.cfg = load_rack(rack_path)
         self.path = rack_path
         self.extra = list(extra_args)
-        self.logdir = logdir or tempfile.mkdtemp(prefix="malcolm-rack-")
+        self.logdir = logdir
+        self._rm_logdir = None
+        if not logdir:
+            self.logdir = tempfile.mkdtemp(prefix="malcolm-rack-")
+            # Not in down(): a caller may read the output and statistics after the stop.
+            # Every run without a logdir used to leave its folder in /tmp.
+            self._rm_logdir = weakref.finalize(self, shutil.rmtree, self.logdir,
+                                               ignore_errors=True)
         self.ids = list(range(len(self.cfg.servers))) if ids is None else list(ids)
         self.env = env
         self.procs = {}
+
+    def keep_logs(self):
+        """Keep a temporary ``logdir`` after this object is gone (``rack up``, which tells
+        the user where its servers' output is)."""
+        if self._rm_logdir is not None:
+            self._rm_logdir.detach()
 
     def out_path(self, k):
         return os.path.join(self.logdir, f"server-{k}.out")
