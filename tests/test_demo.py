@@ -10,10 +10,14 @@ import time
 import pytest
 
 
-def _demo_servers(wd):
+def _demo_servers(wd, parent=None):
     """PIDs of `malcolm serve` processes started from a demo rack file by a demo run in ``wd``
     (their working directory): each test runs its demo in a folder of its own, so that a demo
-    run by hand in this checkout, or another checkout's, is neither counted nor killed."""
+    run by hand in this checkout, or another checkout's, is neither counted nor killed.
+
+    ``parent``: only the demo's own children. A server forks once as it starts (``git
+    rev-parse`` for its metadata), and until that child execs it has the server's command line
+    and folder: CI once counted five servers of four."""
     out = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -25,8 +29,17 @@ def _demo_servers(wd):
         except OSError:
             continue
         if b"serve" in cmd and b"malcolm-demo-" in cmd and cwd == str(wd):
-            out.append(int(pid))
+            if parent is None or _ppid(pid) == parent:
+                out.append(int(pid))
     return out
+
+
+def _ppid(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().split(")")[-1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _state(pid):
@@ -130,7 +143,7 @@ def test_demo_killed_leaves_no_servers(sig, tmp_path):
         t_end = time.monotonic() + 40
         while len(servers) < 4 and time.monotonic() < t_end and p.poll() is None:
             time.sleep(0.2)
-            servers = _demo_servers(tmp_path)
+            servers = _demo_servers(tmp_path, parent=p.pid)
         assert len(servers) == 4, "the demo never started its two racks"
         # until a rack is paused (SIGSTOP) while the other one runs: the hard case
         while not any(_state(s) == "T" for s in servers) and time.monotonic() < t_end:
