@@ -21,7 +21,7 @@ import os
 import re
 import sys
 
-from malcolm._units import parse_duration, parse_rate
+from malcolm._units import ascii_number, parse_duration, parse_rate
 
 __all__ = ["PRESETS", "SIM_PHASES", "SIM_WINDOW_US", "add_json", "add_window_phase",
            "duration", "hidden_alias", "json_stdout", "loads", "parser", "rate", "servers",
@@ -33,7 +33,8 @@ PRESETS = {"homo": "8x8", "hetero": "2x14,9x4"}
 # which is the runtime's too
 SIM_PHASES = ("random", "staggered", "aligned")
 SIM_WINDOW_US = 100.0
-_SPEC = re.compile(r"\d+x\d+(@[0-9.]+)?(,\d+x\d+(@[0-9.]+)?)*")
+# [0-9], not \d, which reads other scripts' digits ('８x８'), as malcolm.sim.rack's
+_SPEC = re.compile(r"[0-9]+x[0-9]+(@[0-9.]+)?(,[0-9]+x[0-9]+(@[0-9.]+)?)*")
 
 
 def parser(doc: str, examples: str, **kw) -> argparse.ArgumentParser:
@@ -89,7 +90,7 @@ def numbers(cast=float, what="numbers"):
     """An argparse ``type`` factory: a comma-separated list of ``cast`` values (``2,10``)."""
     def parse(text):
         try:
-            return [cast(v) for v in str(text).split(",")]
+            return [ascii_number(v, cast) for v in str(text).split(",")]
         except ValueError:
             raise argparse.ArgumentTypeError(
                 f"must be {what} separated by commas, got {text!r}") from None
@@ -105,13 +106,13 @@ def loads(text) -> list[float]:
             continue
         try:
             if part.count(":") == 2:
-                a, b, s = (float(x) for x in part.split(":"))
+                a, b, s = (ascii_number(x) for x in part.split(":"))
                 if s <= 0 or b < a:
                     raise ValueError
                 k = int(math.floor((b - a) / s + 1e-9))
                 out += [round(a + i * s, 10) for i in range(k + 1)]
             else:
-                out.append(float(part))
+                out.append(ascii_number(part))
         except ValueError:
             raise argparse.ArgumentTypeError(
                 f"{part!r} is not a load (examples: 0.5,0.7 or 0.5:0.95:0.05)") from None

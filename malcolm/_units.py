@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["parse_duration", "parse_rate"]
+__all__ = ["ascii_number", "parse_duration", "parse_rate"]
 
 # nanoseconds per unit (whole numbers, so that 0.5ms -> 500.0 µs exactly)
 _DURATION_UNITS = {"ns": 1.0, "us": 1e3, "µs": 1e3, "ms": 1e6, "s": 1e9, "m": 60e9,
@@ -15,6 +15,23 @@ _NUMBER = r"[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?"
 _DURATION_RE = re.compile(rf"\s*({_NUMBER})\s*(ns|us|µs|ms|s|min|m|h)?\s*")
 _RATE_RE = re.compile(rf"\s*({_NUMBER})\s*([kKmMgG]?)\s*(?:/s)?\s*")
 _RATE_SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9}
+
+
+def ascii_number(text, typ=float):
+    """``typ(text)`` (``int`` or ``float``) of a string of ASCII digits. ``int()`` and
+    ``float()`` also read other scripts' digits (``８x８`` was a rack of 8 servers while
+    ``--delay ８`` was refused) and ``1_000``, which the patterns here and the rack-spec
+    grammar refuse: every number of the CLI, a file or a spec reads alike.
+
+    Raises
+    ------
+    ValueError
+        Where ``typ`` would, and for any character beyond ASCII or an underscore.
+    """
+    text = str(text)
+    if not text.isascii() or "_" in text:
+        raise ValueError(f"{text!r} is not a number (ASCII digits only)")
+    return typ(text)
 
 
 def parse_duration(text, unit: str = "s") -> float:

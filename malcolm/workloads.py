@@ -66,6 +66,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from malcolm._units import ascii_number
+
 MAX_COMPONENTS = 16
 KINDS = ("const", "exp", "uniform", "lognormal", "empirical")
 #: Quantiles kept of an empirical distribution (must match WL_EMP_N in _workload.pxd).
@@ -356,7 +358,7 @@ def _read_samples(path, spec):
         line = line.split("#", 1)[0]
         for tok in line.replace(",", " ").split():
             try:
-                vals.append(float(tok))
+                vals.append(ascii_number(tok))
             except ValueError:
                 raise ValueError(f"workload {spec!r}: {path}:{ln}: {tok!r} is not a "
                                  "number") from None
@@ -367,7 +369,7 @@ def _num(text, what, spec, positive=True, hi=MAX_TIME_US):
     """A number from a workload spec: finite, > 0 (>= 0 with ``positive=False``) and at most
     ``hi``; a positive time is also at least :data:`MIN_TIME_US`."""
     try:
-        v = float(text)
+        v = ascii_number(text)
     except ValueError:
         raise ValueError(f"workload {spec!r}: {what} {text!r} is not a number") from None
     if not math.isfinite(v) or (v <= 0 if positive else v < 0):

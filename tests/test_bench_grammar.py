@@ -58,9 +58,12 @@ def test_types_convert_and_fail_in_one_line(capsys):
     ap.add_argument("--servers", type=g.servers)
     ap.add_argument("--load", type=g.loads)
     ap.add_argument("--duration", type=g.duration("s", positive=True))
+    ap.add_argument("--seeds", type=g.numbers(int, "integers"))
     for args, word in ((["--servers", "8y8"], "--servers"), (["--load", "0.9:0.5:0.1"], "--load"),
                        (["--load", "-1"], "--load"), (["--duration", "0"], "--duration"),
-                       (["--duration", "5 parsecs"], "--duration")):
+                       (["--duration", "5 parsecs"], "--duration"),
+                       (["--load", "０.５"], "--load"), (["--servers", "８x８"], "--servers"),
+                       (["--seeds", "１,2"], "--seeds")):
         with pytest.raises(SystemExit) as e:
             ap.parse_args(args)
         err = capsys.readouterr().err.strip().splitlines()

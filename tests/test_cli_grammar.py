@@ -189,10 +189,28 @@ def test_sim_rack_is_a_rack_file_too(tmp_path):
     (["--policy", "jsq", "--gateway-cost", "1e12"], "gateway_ns must be within"),
     (["--policy", "malcolm", "--steal-timeout", "1e300"], "steal_timeout_us must be within"),
     (["--policy", "malcolm", "--steal-timeout", "1e-300"], "steal_timeout_us must be within"),
+    # ASCII digits only, in every number (int(), float() and \d read '８'):
+    # "８x８" was a rack of 8 servers, "--tasks ２０００" 2000 tasks, and "--delay ８" refused
+    (["--servers", "８x８"], "bad group"),
+    (["--tasks", "２０００"], "ASCII digits only"),
+    (["--loss", "０.１"], "ASCII digits only"),
+    (["--ewma", "０.５"], "ASCII digits only"),
+    (["--load", "０.５"], "is not a number"),
+    (["--load", "０.１:0.5:0.1"], "bad range"),
+    (["--shares", "１,1,1,1,1,1,1,1"], "comma-separated numbers"),
+    (["--workload", "exp:５０"], "is not a number"),
+    (["--workload", "mix:１:exp:5"], "is not a number"),
+    (["--policy", "jbt:threshold=８"], "is not a valid float"),
+    (["--policy", "po2:d=1_0"], "is not a valid int"),
+    (["--delay", "８"], "is not a duration"),
+    # a parameter's name is the user's: quoted, a newline in it cannot forge a line
+    (["--policy", "jsq:x\nFAKE=1"], "no parameter(s) 'x\\nFAKE'"),
+    (["--policy", "jsq:\x1b[31mx=1"], "no parameter(s) '\\x1b[31mx'"),
 ])
 def test_sim_inputs_out_of_range_fail_in_one_line(args, msg):
     """Values the 64-bit ns clock cannot hold, or that would run for hours, are refused
-    before the run (they ran out of memory, hung, or printed negative latencies)."""
+    before the run (they ran out of memory, hung, or printed negative latencies); so are
+    numbers in other scripts' digits, and a name that would print as more than one line."""
     r = CliRunner().invoke(main, ["sim", "--tasks", "2000", *args])
     assert r.exit_code == 2, r.output
     assert "Traceback" not in r.output and r.exception is None or \

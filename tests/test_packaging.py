@@ -188,6 +188,13 @@ def test_expand_nodelist_rejects(spec):
         expand_nodelist(spec)
 
 
+@pytest.mark.parametrize("spec", ["n[１-３]", "n[²]", "n[1-²]"])
+def test_expand_nodelist_refuses_digits_other_than_ascii(spec):
+    # str.isdigit() is true of '²' and '１': "n[²]" was a host "n²", "n[１-３]" n1..n3
+    with pytest.raises(ValueError, match="is not N or N-M"):
+        expand_nodelist(spec)
+
+
 def test_read_hostfile_both_dialects(tmp_path):
     p = tmp_path / "hosts"
     p.write_text("# Open MPI\nn1 slots=2 max_slots=4\nn2\n\n# MPICH\nn3:3  # three\n")
@@ -195,6 +202,10 @@ def test_read_hostfile_both_dialects(tmp_path):
     p.write_text("n1 cores=2\n")
     with pytest.raises(ValueError, match="line 1"):
         read_hostfile(str(p))
+    for slots in ("n1:²", "n1 slots=²"):
+        p.write_text(slots + "\n")
+        with pytest.raises(ValueError, match="line 1: slot count"):
+            read_hostfile(str(p))
 
 
 def test_rack_gen_writes_a_valid_rack_in_rank_order(tmp_path):

@@ -260,6 +260,89 @@ def test_bad_strings_give_clear_errors():
         simulate(load=0, tasks=10)
 
 
+@pytest.mark.parametrize("bad,exc,msg", [
+    (dict(clients=0), ValueError, "clients must be within 1-"),     # ran with one per server
+    (dict(tasks=1.5), ValueError, "tasks must be a whole number"),  # ran one task
+    (dict(tasks=True), TypeError, "tasks must be a number"),
+    (dict(tasks="100"), TypeError, "tasks must be a number"),
+    (dict(load=True), TypeError, "load must be a number"),          # ran at load 1
+    (dict(load="0.5"), TypeError, "load must be a number"),
+    (dict(rate_tps=1e6, load=0.9), ValueError, "not both"),         # dropped the load
+    (dict(rate_tps=1e6, load=0.5), ValueError, "not both"),
+    (dict(changes="x"), TypeError, "changes must be a list"),       # AttributeError
+    (dict(changes=[5]), TypeError, "a change must be a RackChange"),
+    (dict(changes=[dict(t_us=1, lod=0.5)]), TypeError, "its fields are"),
+    (dict(changes=[RackChange(t_us="5", load=0.5)]), TypeError, "t_us must be a number"),
+    (dict(changes=[RackChange(t_us=5, load=True)]), TypeError, "load must be a number"),
+    (dict(changes=[RackChange(t_us=5, server=0, speed="2")]), TypeError,
+     "speed must be a number"),
+    (dict(changes=[RackChange(t_us=5, server=0.5, speed=2.0)]), ValueError,
+     "server must be a whole number"),
+    (dict(loss="0.1"), TypeError, "loss must be a number"),         # TypeError from inside
+    (dict(ewma="0.1"), TypeError, "ewma must be a number"),
+    (dict(window_us=None), TypeError, "window_us must be a number"),
+    (dict(gateway_ns="5"), TypeError, "gateway_ns must be a number"),  # ran with 5 ns
+    (dict(capacity="3"), TypeError, "capacity must be a number"),      # ran with 3
+    (dict(max_steals_in_flight=1.5), ValueError, "whole number"),
+    (dict(steal_timeout_us="1"), TypeError, "steal_timeout_us must be a number"),
+    (dict(prior_service_us=True), TypeError, "prior_service_us must be a number"),
+    (dict(shares=5), TypeError, "shares must be a sequence"),
+    (dict(rack="1x1,1x1", shares=[True, 1]), TypeError, "each share must be a number"),
+    (dict(rack="1x1,1x1", shares="１,1"), ValueError, "comma-separated numbers"),
+    (dict(record_loads="no"), TypeError, "record_loads must be True or False"),
+    (dict(phase="sideways"), ValueError, "phase must be random"),   # only once it ran
+    (dict(policy_params="x"), TypeError, "policy_params must be a dict"),
+    (dict(policy="jsq", policy_params={1: 2}), ValueError, "names must be strings"),
+    (dict(policy="po2", policy_params={"d": 2.5}), ValueError, "d=2.5 is not a valid int"),
+    (dict(policy="jbt", policy_params={"threshold": True}), ValueError, "not a valid float"),
+])
+def test_bad_argument_types_give_one_clear_line(bad, exc, msg):
+    """The Python API checks its arguments' types as the CLI's parser does: a bool or a
+    string is no number, a count is whole; one line naming the argument, before the run."""
+    from malcolm.sim.run import check_simulate
+
+    for call in (simulate, check_simulate):
+        with pytest.raises(exc, match=msg) as e:
+            call(**{"tasks": 10, **bad})
+        assert "\n" not in str(e.value)
+
+
+def test_numbers_of_any_numeric_type_are_accepted():
+    base = simulate(rack="2x2", tasks=200, load=0.5)
+    r = simulate(rack="2x2", tasks=np.int64(200), load=np.float32(0.5), clients=2.0,
+                 capacity=np.int32(1000), max_steals_in_flight=1.0)
+    assert r.config["tasks"] == 200 and r.config["clients"] == 2
+    assert r.p99_us == base.p99_us
+    rate = simulate(rack="2x2", tasks=200, rate_tps=base.offered)
+    assert rate.config["load"] == pytest.approx(0.5)
+
+
+def test_throughput_is_unavailable_with_its_reason_when_a_run_is_too_short():
+    """Every measured task sent within a round trip printed a throughput of 0.0 (or nan with
+    one measured task) though all were answered: n/a and why, in the API, the JSON and the
+    table; a run long enough keeps the number."""
+    from malcolm.cli import main
+
+    for kw, why in ((dict(rack="64x1024", load=0.5, tasks=1000), "too short a run"),
+                    (dict(warmup=0.9, tasks=1), "1 measured task")):
+        r = simulate(**kw)
+        assert r.completed == r.generated > 0
+        assert math.isnan(r.throughput) and why in r.throughput_note
+        d = json.loads(json.dumps(r.summary(), allow_nan=False))
+        assert d["throughput"] is None and why in d["throughput_note"]
+    r = simulate(rack="64x1024", load=0.5, tasks=300_000)
+    assert r.throughput_note is None and r.throughput == pytest.approx(r.offered, rel=0.03)
+    res = CliRunner().invoke(main, ["sim", "--servers", "64x1024", "--load", "0.5",
+                                    "--tasks", "1000"])
+    assert res.exit_code == 0, res.output
+    assert "nan" not in res.stdout and " n/a " in res.stdout.splitlines()[-1]
+    assert "too short a run" in res.stderr and res.stderr.count("\n") == 1
+    res = CliRunner().invoke(main, ["sim", "--warmup-fraction", "0.9", "--tasks", "1",
+                                    "--json"])
+    d = json.loads(res.stdout)["runs"][0]
+    assert d["throughput"] is None and "1 measured task" in d["throughput_note"]
+
+
 def test_cli_json_and_sweep(tmp_path):
     from malcolm.cli import main
 

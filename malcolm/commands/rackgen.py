@@ -22,6 +22,8 @@ import subprocess
 
 import click
 
+from malcolm.commands.types import IntRange
+
 try:
     import tomllib
 except ModuleNotFoundError:     # Python 3.10
@@ -67,6 +69,10 @@ def expand_nodelist(nodelist: str) -> list[str]:
     return out
 
 
+def _digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
 def _expand_one(name: str, whole: str) -> list[str]:
     m = _BRACKET.search(name)
     if not m:
@@ -75,7 +81,8 @@ def _expand_one(name: str, whole: str) -> list[str]:
     items = []
     for part in m.group(1).split(","):
         lo, dash, hi = part.strip().partition("-")
-        if not lo.isdigit() or (dash and not hi.isdigit()):
+        # ASCII: isdigit() is true of '²' and '１' ("n[²]" was a host "n²", "n[１-２]" n1, n2)
+        if not _digits(lo) or (dash and not _digits(hi)):
             raise ValueError(f"node list {whole!r}: {part!r} is not N or N-M")
         if not dash:
             items.append(lo)
@@ -156,7 +163,7 @@ def read_hostfile(path: str) -> list[tuple[str, int | None]]:
 
 
 def _slots(text, path, no):
-    if not text.isdigit() or int(text) < 1:
+    if not _digits(text) or int(text) < 1:
         raise ValueError(f"hostfile {path} line {no}: slot count {text!r} must be a "
                          "positive integer")
     return int(text)
@@ -349,16 +356,16 @@ Examples:
               help="An MPI hostfile ('host slots=N' or 'host:N' lines).")
 @click.option("--hosts", help="Comma-separated host names or IP addresses; Slurm's "
                               "node[01-04] ranges are expanded.")
-@click.option("--per-host", type=click.IntRange(1, 64), default=None,
+@click.option("--per-host", type=IntRange(1, 64), default=None,
               help="Servers per host [default: the hostfile's slots, else "
                    "SLURM_NTASKS_PER_NODE, else 1].")
 @click.option("--transport", type=click.Choice(["udp", "verbs"]), default="udp",
               show_default=True, help="The rack's transport (shm racks are local: write "
                                       "those by hand).")
-@click.option("--port", type=click.IntRange(1, 65535), default=7001, show_default=True,
+@click.option("--port", type=IntRange(1, 65535), default=7001, show_default=True,
               help="UDP port of a host's first server; the next ones count up from it (a host "
                    "listed twice continues on the ports after its first servers').")
-@click.option("--workers", type=click.IntRange(0, 1024), default=None,
+@click.option("--workers", type=IntRange(0, 1024), default=None,
               help="Worker threads per server (0: the gateway runs the tasks) "
                    "[default: the rack file's default, 2].")
 @click.option("--handler", default=None,
@@ -405,7 +412,7 @@ def gen(from_slurm, hostfile, hosts, per_host, transport, port, workers, handler
         if env_per and not hostfile:
             # Slurm writes a positive count ("4", or "4(x2)"); anything else is a broken
             # environment, said in one line rather than taken for 1 (or 0 servers)
-            if not (env_per.isascii() and env_per.isdigit() and 1 <= int(env_per) <= 64):
+            if not (_digits(env_per) and 1 <= int(env_per) <= 64):
                 raise click.UsageError(f"SLURM_NTASKS_PER_NODE={env_per!r} must be a count "
                                        "of 1-64 tasks per node")
             default_per = int(env_per)

@@ -13,7 +13,7 @@ import time
 
 import click
 
-from malcolm.commands.types import Duration
+from malcolm.commands.types import INT, Duration
 
 log = logging.getLogger("malcolm.server")
 
@@ -61,7 +61,7 @@ Examples:
 """)
 @click.option("--rack", "rack_path", required=True, type=click.Path(dir_okay=False),
               metavar="FILE", help="The rack file (TOML).")
-@click.option("--id", "server_id", type=int, default=None,
+@click.option("--id", "server_id", type=INT, default=None,
               help="This server's index; defaults to SLURM_PROCID, OMPI_COMM_WORLD_RANK "
                    "or PMI_RANK.")
 @click.option("--stats/--no-stats", default=False, help="Print live statistics to stderr.")

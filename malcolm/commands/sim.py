@@ -8,8 +8,12 @@ import sys
 
 import click
 
+from malcolm._units import ascii_number
 from malcolm.commands.types import (
+    FLOAT,
     Duration,
+    FloatRange,
+    IntRange,
     check_plot_format,
     check_writable,
     json_option,
@@ -29,7 +33,7 @@ def _floats(values, what):
                 continue
             if part.count(":") == 2:           # START:STOP:STEP, STOP included
                 try:
-                    a, b, s = (float(x) for x in part.split(":"))
+                    a, b, s = (ascii_number(x) for x in part.split(":"))
                 except ValueError:
                     raise click.BadParameter(f"bad range {part!r} (START:STOP:STEP)",
                                              param_hint=what) from None
@@ -42,7 +46,7 @@ def _floats(values, what):
                 out += [round(a + i * s, 10) for i in range(k + 1)]
                 continue
             try:
-                out.append(float(part))
+                out.append(ascii_number(part))
             except ValueError:
                 raise click.BadParameter(f"{part!r} is not a number", param_hint=what) from None
     return out
@@ -52,7 +56,8 @@ def _row(r):
     c = r.config
     n = max(r.generated, 1)
     return (c["policy"], c["workload"], f"{c['load']:.3f}", f"{r.p50_us:.1f}", f"{r.p99_us:.1f}",
-            f"{r.p999_us:.1f}", f"{r.mean_us:.1f}", f"{r.throughput / 1e3:.1f}",
+            f"{r.p999_us:.1f}", f"{r.mean_us:.1f}",
+            "n/a" if r.throughput_note else f"{r.throughput / 1e3:.1f}",
             f"{100 * r.migrations / n:.1f}", f"{100 * r.steals / n:.1f}",
             f"{100 * r.dropped / n:.2f}", f"{r.wall_s:.2f}")
 
@@ -150,9 +155,9 @@ Examples:
 @click.option("--load", "loads", multiple=True, default=("0.8",), show_default=True,
               help="Load(s), fractions of the rack's capacity: 0.5,0.7 or 0.5:0.95:0.05 "
                    "(START:STOP:STEP, STOP included).")
-@click.option("--tasks", default=100_000, show_default=True, type=click.IntRange(1, 100_000_000),
+@click.option("--tasks", default=100_000, show_default=True, type=IntRange(1, 100_000_000),
               help="Tasks per run (the first --warmup-fraction is not measured).")
-@click.option("--seed", default=1, show_default=True, type=click.IntRange(0, 2**64 - 1),
+@click.option("--seed", default=1, show_default=True, type=IntRange(0, 2**64 - 1),
               help="Seed of every random stream of a run (same seed, same result).")
 @click.option("--delay", default=2.0, show_default=True, type=Duration("us"),
               help="One-way network delay (bare number: µs; 0 allowed).")
@@ -167,19 +172,19 @@ Examples:
               help="PS quantum (bare number: µs); 0 is ideal processor sharing.")
 @click.option("--shares", default=None,
               help="Per-server traffic shares (weights, no unit), e.g. 1,1,2,2.")
-@click.option("--loss", default=0.0, show_default=True, type=click.FloatRange(0, 1),
+@click.option("--loss", default=0.0, show_default=True, type=FloatRange(0, 1),
               help="Heartbeat loss probability (0..1).")
-@click.option("--clients", default=None, type=click.IntRange(1),
+@click.option("--clients", default=None, type=IntRange(1),
               help="Clients (default: one per server).")
 @click.option("--warmup-fraction", "warmup", default=0.1, show_default=True,
-              type=click.FloatRange(0, 1, max_open=True),
+              type=FloatRange(0, 1, max_open=True),
               help="Fraction (0..1) of the first tasks not measured (--warmup elsewhere is "
                    "a time).")
 @click.option("--warmup", "warmup_old", default=None, hidden=True,
-              type=click.FloatRange(0, 1, max_open=True))
+              type=FloatRange(0, 1, max_open=True))
 @click.option("--phase", type=click.Choice(["random", "staggered", "aligned"]),
               default="random", show_default=True, help="Window phases of the servers.")
-@click.option("--ewma", default=None, type=float,
+@click.option("--ewma", default=None, type=FLOAT,
               help="Weight (0..1) of a new sample in the load estimator's averages (default: "
                    "the runtime's, malcolm.policy.defaults.EST_ALPHA).")
 @click.option("--gateway-cost", "gateway_ns", default=0.0, show_default=True,
@@ -187,10 +192,10 @@ Examples:
               help="Gateway CPU time per message (bare number: ns): each server's gateway "
                    "handles received and originated messages one at a time (0: free).")
 @click.option("--gateway-ns", "gateway_ns_old", default=None, hidden=True, type=Duration("ns"))
-@click.option("--capacity", default=None, type=click.IntRange(1),
+@click.option("--capacity", default=None, type=IntRange(1),
               help="Tasks a server holds at most (waiting + running); beyond it a task is "
                    "dropped and answered at once. Default: unbounded.")
-@click.option("--steals-in-flight", default=1, show_default=True, type=click.IntRange(0),
+@click.option("--steals-in-flight", default=1, show_default=True, type=IntRange(0),
               help="Steal requests a server may have outstanding (0: unlimited).")
 @click.option("--steal-timeout", default=2000.0, show_default=True, type=Duration("us"),
               help="A steal request unanswered this long is given up (bare number: µs).")
@@ -253,7 +258,7 @@ def sim(rack, rack_file, policies, workloads, loads, tasks, seed, delay, jitter,
     try:
         for run in runs:            # every point of a sweep, before its first run
             check_simulate(**kwargs(*run))
-    except ValueError as e:
+    except (TypeError, ValueError) as e:        # either is one line, not a traceback
         raise click.UsageError(str(e)) from None
 
     def one(p, w, ld):
@@ -278,6 +283,11 @@ def sim(rack, rack_file, policies, workloads, loads, tasks, seed, delay, jitter,
                               "runs": [r.summary() for r in results]})
     if json_out != "-":
         click.echo(_table([_row(r) for r in results]))
+    for r in results:           # why a KTPS is n/a (in the JSON: "throughput_note")
+        if r.throughput_note:
+            c = r.config
+            click.echo(f"note: {c['policy']} {c['workload']} load {c['load']:.3f}: "
+                       f"{r.throughput_note}", err=True)
     if plot:
         try:
             plot_p99(results, plot, title=f"rack {rack}, delay {delay:g} µs")

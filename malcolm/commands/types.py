@@ -3,6 +3,8 @@
 * :class:`Duration`: ``5s``, ``500ms``, ``50us`` (or ``µs``), ``2m``; a bare number is in the
   option's own unit, which its help names.
 * :class:`Rate`: ``20000``, ``20k``, ``1.5M``, optionally ending in ``/s``; per second.
+* :class:`IntRange`, :class:`FloatRange`, :data:`FLOAT`: click's, reading ASCII digits only,
+  as every other number of the CLI (:func:`malcolm._units.ascii_number`).
 * :func:`json_option`: ``--json [FILE|-]``; ``--json`` alone or ``--json -`` is stdout.
 * :class:`JsonArgsCommand`: a command with positional arguments and ``--json``, where
   ``--json`` takes the next word as FILE only when it looks like one (see there).
@@ -20,7 +22,7 @@ import os
 
 import click
 
-from malcolm._units import _DURATION_UNITS, parse_duration, parse_rate
+from malcolm._units import _DURATION_UNITS, ascii_number, parse_duration, parse_rate
 
 
 class Duration(click.ParamType):
@@ -85,6 +87,41 @@ class Rate(click.ParamType):
             return [parse_rate(p) for p in parts]
         except ValueError as e:
             self.fail(str(e), param, ctx)
+
+
+class _AsciiNumber:
+    """A mixin for click's number types: a string is read by
+    :func:`malcolm._units.ascii_number` first (click's int() read ``--tasks ２０００``, while
+    ``--delay ２`` was refused)."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str):
+            try:
+                ascii_number(value, self._number_class)
+            except ValueError:
+                what = "integer" if self._number_class is int else "number"
+                self.fail(f"{value!r} is not a valid {what} (ASCII digits only)", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+class IntRange(_AsciiNumber, click.IntRange):
+    """:class:`click.IntRange` of ASCII digits."""
+
+
+class FloatRange(_AsciiNumber, click.FloatRange):
+    """:class:`click.FloatRange` of ASCII digits."""
+
+
+class _Float(_AsciiNumber, click.types.FloatParamType):
+    pass
+
+
+class _Int(_AsciiNumber, click.types.IntParamType):
+    pass
+
+
+#: ``type=float`` and ``type=int`` of ASCII digits.
+FLOAT, INT = _Float(), _Int()
 
 
 def json_option(what: str = "the result"):

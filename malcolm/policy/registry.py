@@ -18,6 +18,8 @@ import importlib
 import math
 from dataclasses import dataclass, field
 
+from malcolm._units import ascii_number
+
 
 @dataclass(frozen=True)
 class PolicyInfo:
@@ -115,7 +117,11 @@ def _convert(info: PolicyInfo, key: str, value):
             raise ValueError(f"policy {info.name}: {key} must be true/false, got {value!r}")
         return bool(value)
     try:
-        v = typ(value)
+        if isinstance(value, bool) and typ in (int, float):
+            raise TypeError             # True is no number: it set a threshold of 1
+        if isinstance(value, float) and typ is int and not value.is_integer():
+            raise ValueError            # int(2.5) was 2, silently
+        v = ascii_number(value, typ) if isinstance(value, str) else typ(value)
     except (TypeError, ValueError, OverflowError):
         raise ValueError(f"policy {info.name}: {key}={value!r} is not a valid "
                          f"{typ.__name__}") from None
@@ -140,11 +146,16 @@ def check_params(name: str, params: dict) -> dict:
     info = _info(name)
     if info.params is None:
         return dict(params)
+    bad = [k for k in params if not isinstance(k, str)]
+    if bad:
+        raise ValueError(f"policy {info.name}: parameter names must be strings, got {bad[0]!r}")
     unknown = sorted(set(params) - set(info.params))
     if unknown:
         accepted = ", ".join(info.params) or "none"
-        raise ValueError(f"policy {info.name} has no parameter(s) {', '.join(unknown)} "
-                         f"(accepted: {accepted})")
+        # repr: the names are the user's, and a newline or an escape code in one printed
+        # bare forged lines of the message
+        raise ValueError(f"policy {info.name} has no parameter(s) "
+                         f"{', '.join(map(repr, unknown))} (accepted: {accepted})")
     out = {k: spec[1] for k, spec in info.params.items()}
     for k, v in params.items():
         out[k] = _convert(info, k, v)
@@ -154,7 +165,7 @@ def check_params(name: str, params: dict) -> dict:
 def _auto(value: str):
     for typ in (int, float):
         try:
-            return typ(value)
+            return ascii_number(value, typ)
         except ValueError:
             pass
     return value

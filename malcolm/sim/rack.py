@@ -18,7 +18,9 @@ MAX_WORKERS = 4096
 #: speed of 1e-9 made ``malcolm sim`` run for hours.
 MIN_SPEED, MAX_SPEED = 1e-3, 1e3
 
-_GROUP = re.compile(r"^(\d+)\s*[xX*]\s*(\d+)(?:\s*@\s*([0-9.eE+-]+))?$")
+# [0-9], not \d: \d (and int()) read other scripts' digits, so "８x８" was 8 servers while
+# every other number of the CLI refused them (malcolm._units.ascii_number)
+_GROUP = re.compile(r"^([0-9]+)\s*[xX*]\s*([0-9]+)(?:\s*@\s*([0-9.eE+-]+))?$")
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from malcolm._units import ascii_number
 from malcolm.policy import registry
 from malcolm.policy.defaults import (
     EST_ALPHA,
@@ -89,6 +92,8 @@ class SimResult:
     steal_suppressed: int = 0
     steal_timeouts: int = 0
     gateway_util: list | None = None
+    #: Why ``throughput`` is NaN (a run too short to measure it); None when it is a number.
+    throughput_note: str | None = None
 
     @property
     def events_per_s(self) -> float:
@@ -96,14 +101,16 @@ class SimResult:
         return self.events / self.loop_s if self.loop_s > 0 else float("nan")
 
     def summary(self) -> dict:
-        """JSON-ready dict: ``p50_us``, ``p99_us``, ``p999_us``, ``mean_us``, ``throughput``,
+        """JSON-ready dict: ``p50_us``, ``p99_us``, ``p999_us``, ``mean_us``, ``throughput``
+        (null in a run too short to measure it, ``throughput_note`` saying why),
         ``mean_load`` (per server, µs of expected wait), ``migrations``, ``steals``, ...,
         and ``config``."""
         keys = ("p50_us", "p99_us", "p999_us", "p9999_us", "mean_us", "max_us", "throughput",
                 "offered", "mean_load", "mean_queue", "utilization", "migrations", "steals",
                 "steal_requests", "steal_empty", "heartbeats_lost", "generated", "completed",
                 "measured", "sim_time_s", "events", "wall_s", "loop_s", "dropped",
-                "heartbeats_overrun", "steal_suppressed", "steal_timeouts", "gateway_util")
+                "heartbeats_overrun", "steal_suppressed", "steal_timeouts", "gateway_util",
+                "throughput_note")
         out = {k: _json_safe(getattr(self, k)) for k in keys}
         out["events_per_s"] = _json_safe(self.events_per_s)
         out["config"] = self.config
@@ -113,15 +120,19 @@ class SimResult:
         return float(np.quantile(self.latencies_us, q))
 
 
+#: The servers' window phases (``simulate(phase=...)``).
+PHASES = ("random", "staggered", "aligned")
+#: ``simulate``'s load when neither ``load`` nor ``rate_tps`` is given.
+DEFAULT_LOAD = 0.5
+
+
 def _phases(mode, n, window_ns, seed):
     if mode == "aligned":
         return [0.0] * n
     if mode == "staggered":
         return [s * window_ns / n for s in range(n)]
-    if mode == "random":
-        rng = np.random.default_rng([seed, 0x9A5E])
-        return list(rng.uniform(0, window_ns, n))
-    raise ValueError(f"phase must be aligned, staggered or random, got {mode!r}")
+    rng = np.random.default_rng([seed, 0x9A5E])             # "random" (_plan checked it)
+    return list(rng.uniform(0, window_ns, n))
 
 
 def _shares(shares, n):
@@ -129,15 +140,45 @@ def _shares(shares, n):
         return [1.0] * n
     if isinstance(shares, str):
         try:
-            shares = [float(x) for x in shares.split(",")]
+            shares = [ascii_number(x) for x in shares.split(",")]
         except ValueError:
             raise ValueError(f"shares {shares!r} must be comma-separated numbers") from None
-    shares = [float(x) for x in shares]
+    if not isinstance(shares, (Sequence, np.ndarray)):
+        raise TypeError(f"shares must be a sequence of numbers, got {shares!r}")
+    shares = [_number("each share", x) for x in shares]
     if len(shares) != n:
         raise ValueError(f"shares: need one per server ({n}), got {len(shares)}")
     if any(not math.isfinite(x) or x < 0 for x in shares) or sum(shares) <= 0:
         raise ValueError("shares must be non-negative with a positive sum")
     return shares
+
+
+def _number(label, v, optional=False):
+    """``v`` as a float, or None where ``optional``. A bool or a string is no number: True
+    ran as a load of 1 and "0.1" failed deep inside the run (the CLI converts its strings
+    itself, reading ASCII digits only)."""
+    if v is None and optional:
+        return None
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise TypeError(f"{label} must be a number, got {v!r} ({type(v).__name__})")
+    try:
+        return float(v)
+    except OverflowError:           # an int beyond a float: beyond every range as well
+        return math.inf if v > 0 else -math.inf
+
+
+def _whole(label, v, lo, hi, optional=False, unit=""):
+    """``v`` as an int within ``lo``-``hi`` (``unit`` ends the message), or None where
+    ``optional``: a whole number (2.0 is 2; 1.5 ran one task and "100" a hundred)."""
+    if v is None and optional:
+        return None
+    x = _number(label, v)
+    if not isinstance(v, numbers.Integral) and not x.is_integer():
+        raise ValueError(f"{label} must be a whole number, got {v!r}")
+    n = int(v) if isinstance(v, numbers.Integral) else int(x)
+    if not lo <= n <= hi:
+        raise ValueError(f"{label} must be within {lo}-{hi}{unit}, got {n}")
+    return n
 
 
 def _check_time(label, us):
@@ -174,7 +215,7 @@ def _check_rate(rate, capacity, tasks, what):
 
 def _check_mechanics(info, gateway_ns, capacity, max_steals, steal_timeout_us, prior_us, ewma):
     """Validate the runtime mechanics' parameters; return them normalised."""
-    gateway_ns = float(gateway_ns)
+    gateway_ns = _number("gateway_ns", gateway_ns)
     if not (math.isfinite(gateway_ns) and 0 <= gateway_ns <= MAX_TIME_US * 1e3):
         # beyond a second per message the engine's ns clock overflowed (the cost vanished)
         raise ValueError(f"gateway_ns must be within 0-{MAX_TIME_US * 1e3:g} ns (1 s), "
@@ -182,28 +223,21 @@ def _check_mechanics(info, gateway_ns, capacity, max_steals, steal_timeout_us, p
     if gateway_ns > 0 and info.kind == "central":
         raise ValueError(f"gateway_ns: {info.name} is an ideal reference without gateways; "
                          "a gateway cost applies to server and client policies")
-    if capacity is not None:
-        if isinstance(capacity, float) and not capacity.is_integer():
-            raise ValueError(f"capacity must be a whole number of tasks, got {capacity}")
-        capacity = int(capacity)
-        if not 1 <= capacity <= MAX_TASKS:
-            raise ValueError(f"capacity must be within 1-{MAX_TASKS} tasks per server, got "
-                             f"{capacity}")
-        if info.sim_mode == "cfcfs":
-            raise ValueError(f"capacity: {info.name} has one rack-wide queue, no per-server "
-                             "slots")
-    if isinstance(max_steals, float) and not max_steals.is_integer():
-        raise ValueError(f"max_steals_in_flight must be a whole number, got {max_steals}")
-    max_steals = int(max_steals)
-    if not 0 <= max_steals <= MAX_STEALS_IN_FLIGHT:
-        raise ValueError(f"max_steals_in_flight must be in 0..{MAX_STEALS_IN_FLIGHT} "
-                         f"(0: unlimited), got {max_steals}")
+    capacity = _whole("capacity", capacity, 1, MAX_TASKS, optional=True,
+                      unit=" tasks per server")
+    if capacity is not None and info.sim_mode == "cfcfs":
+        raise ValueError(f"capacity: {info.name} has one rack-wide queue, no per-server "
+                         "slots")
+    max_steals = _whole("max_steals_in_flight", max_steals, 0, MAX_STEALS_IN_FLIGHT,
+                        unit=" (0: unlimited)")
     # a time the engine keeps in ns: beyond 1 s it overflowed and every steal was given up
     # at once; below 1 ns it is 0
     for label, us in (("steal_timeout_us", steal_timeout_us), ("prior_service_us", prior_us)):
+        us = _number(label, us, optional=label == "prior_service_us")
         if us is not None and not (math.isfinite(us) and MIN_TIME_US <= us <= MAX_TIME_US):
             raise ValueError(f"{label} must be within {MIN_TIME_US:g}-{MAX_TIME_US:g} µs, "
                              f"got {us}")
+    ewma = _number("ewma", ewma)
     if not (math.isfinite(ewma) and 0 < ewma <= 1):
         raise ValueError(f"ewma must be in (0, 1], got {ewma}")
     return gateway_ns, capacity, max_steals
@@ -225,7 +259,7 @@ MAX_CLIENTS = 65536
 MAX_HB_WINDOWS = 1000
 
 
-def simulate(rack="8x8", policy="random", workload="exp:50", load=0.5, tasks=100_000,
+def simulate(rack="8x8", policy="random", workload="exp:50", load=None, tasks=100_000,
              seed=1, delay_us=2.0, jitter_us=0.0, window_us=100.0, sched="fcfs",
              quantum_us=0.0, shares=None, loss=0.0, clients=None, warmup=0.1, ewma=EST_ALPHA,
              phase="random", record_loads=False, changes=(), rate_tps=None,
@@ -245,10 +279,12 @@ def simulate(rack="8x8", policy="random", workload="exp:50", load=0.5, tasks=100
         ``racksched``.
     workload : str or Workload
         Workload name or mixture (see :mod:`malcolm.workloads`).
-    load : float
-        Offered load relative to rack capacity, sum(workers * speed) / mean service time.
+    load : float, optional
+        Offered load relative to rack capacity, sum(workers * speed) / mean service time;
+        default 0.5 (:data:`DEFAULT_LOAD`). Not with ``rate_tps``.
     tasks : int
-        Tasks whose latency counts (the first ``warmup`` fraction of them is dropped).
+        Tasks whose latency counts (the first ``warmup`` fraction of them is dropped); a
+        whole number (``2.0`` is 2, ``1.5`` an error).
     seed : int
         Everything random derives from it; a run is a pure function of its arguments.
     delay_us, jitter_us : float
@@ -281,7 +317,8 @@ def simulate(rack="8x8", policy="random", workload="exp:50", load=0.5, tasks=100
     changes : sequence of RackChange or dict
         Changes of load, rate, shares or server speed at given times.
     rate_tps : float, optional
-        Total arrival rate in tasks per second, instead of ``load``.
+        Total arrival rate in tasks per second, instead of ``load`` (giving both is an
+        error).
     policy_params : dict, optional
         Extra policy parameters (merged over those in the policy spec).
     gateway_ns : float
@@ -306,9 +343,19 @@ def simulate(rack="8x8", policy="random", workload="exp:50", load=0.5, tasks=100
         Service time the estimator assumes before a worker's first completion of a type;
         default: the workload's mean.
 
+    Numbers are ints or floats (numpy's too), never bools or strings; counts (``tasks``,
+    ``clients``, ``capacity``, ``max_steals_in_flight``) whole numbers.
+
     Returns
     -------
     SimResult
+
+    Raises
+    ------
+    ValueError
+        Naming the argument that is out of its range (or ``load`` with ``rate_tps``).
+    TypeError
+        Naming the argument of the wrong type (``tasks="100"``, ``load=True``).
     """
     plan = _plan(dict(
         rack=rack, policy=policy, workload=workload, load=load, tasks=tasks, seed=seed,
@@ -331,7 +378,7 @@ def check_simulate(**kwargs) -> None:
     Raises
     ------
     ValueError
-        Naming the bad argument; TypeError for an unknown one.
+        Naming the bad argument; TypeError for an unknown one or one of the wrong type.
     """
     bound = inspect.signature(simulate).bind(**kwargs)
     bound.apply_defaults()
@@ -357,11 +404,14 @@ class _Plan:
     slots: int | None           # tasks per server (None: unbounded)
     max_steals: int
     changes: list               # (t_ns, kind, server, value, shares) sorted by time
+    shares: list                # per server
     engine: dict = field(default_factory=dict)     # policy-specific Engine arguments
 
 
 def _plan(a: dict) -> _Plan:
-    """Check every argument of :func:`simulate`; raise ValueError naming the bad one."""
+    """Check every argument of :func:`simulate`; raise ValueError naming the bad one
+    (TypeError for one of the wrong type)."""
+    a = _typed(a)
     rk: Rack = parse_rack_spec(a["rack"])
     wl: Workload = parse_workload(a["workload"])
     name, params = registry.parse_policy(a["policy"])
@@ -374,9 +424,7 @@ def _plan(a: dict) -> _Plan:
     if not MIN_TIME_US <= wl.mean_us <= MAX_TIME_US:
         raise ValueError(f"workload {wl.name!r}: mean service time {wl.mean_us:g} µs, must be "
                          f"within {MIN_TIME_US:g}-{MAX_TIME_US:g}")
-    tasks = int(a["tasks"])
-    if not 1 <= tasks <= MAX_TASKS:
-        raise ValueError(f"tasks must be in 1..{MAX_TASKS}, got {tasks}")
+    tasks = _whole("tasks", a["tasks"], 1, MAX_TASKS)
     if not 0.0 <= a["warmup"] < 1.0:
         raise ValueError(f"warmup must be in [0, 1), got {a['warmup']}")
     seed = a["seed"]
@@ -398,29 +446,55 @@ def _plan(a: dict) -> _Plan:
         raise ValueError(f"loss must be in [0, 1), got {a['loss']}")
     if a["sched"] not in ("fcfs", "ps"):
         raise ValueError(f"sched must be fcfs or ps, got {a['sched']!r}")
+    if a["phase"] not in PHASES:
+        raise ValueError(f"phase must be {', '.join(PHASES)}, got {a['phase']!r}")
     gateway_ns, slots, max_steals = _check_mechanics(
         info, a["gateway_ns"], a["capacity"], a["max_steals_in_flight"],
         a["steal_timeout_us"], a["prior_service_us"], a["ewma"])
     capacity = rk.capacity / (wl.mean_us * 1e3)         # tasks per ns
-    load = a["load"]
     if a["rate_tps"] is not None:
-        rate = float(a["rate_tps"]) * 1e-9
+        rate = a["rate_tps"] * 1e-9
         load = rate / capacity
+        what = f"rate_tps {a['rate_tps']:g}"
     else:
+        load = DEFAULT_LOAD if a["load"] is None else a["load"]
         if not (math.isfinite(load) and load > 0):
             raise ValueError(f"load must be > 0, got {load}")
         rate = load * capacity
-    _check_rate(rate, capacity, tasks, f"load {load:g}" if a["rate_tps"] is None
-                else f"rate_tps {a['rate_tps']}")
-    n_clients = int(a["clients"]) if a["clients"] else rk.n
-    if not 1 <= n_clients <= MAX_CLIENTS:
-        raise ValueError(f"clients must be within 1-{MAX_CLIENTS}, got {n_clients}")
+        what = f"load {load:g}"
+    _check_rate(rate, capacity, tasks, what)
+    n_clients = _whole("clients", a["clients"], 1, MAX_CLIENTS, optional=True) or rk.n
     plan = _Plan(args=a, rack=rk, workload=wl, params=params, tasks=tasks,
                  n_warm=int(tasks * a["warmup"]), load=float(load), rate=rate,
                  capacity=capacity, n_clients=n_clients, gateway_ns=gateway_ns, slots=slots,
-                 max_steals=max_steals, changes=_changes(a["changes"], rk.n, capacity, tasks))
+                 max_steals=max_steals, changes=_changes(a["changes"], rk.n, capacity, tasks),
+                 shares=_shares(a["shares"], rk.n))
     plan.engine = _POLICY_SETUP[info.kind](plan, info)
     return plan
+
+
+def _typed(a: dict) -> dict:
+    """The arguments with their types checked and numbers made floats (the range checks
+    compare them; a string failed there with a bare TypeError from inside)."""
+    a = dict(a)
+    for label in ("delay_us", "jitter_us", "window_us", "quantum_us", "loss", "warmup"):
+        a[label] = _number(label, a[label])
+    for label in ("load", "rate_tps"):
+        a[label] = _number(label, a[label], optional=True)
+    if a["load"] is not None and a["rate_tps"] is not None:
+        # one of them was dropped silently: both set the arrival rate
+        raise ValueError(f"give load or rate_tps, not both (load {a['load']:g}, rate_tps "
+                         f"{a['rate_tps']:g}): each sets the arrival rate")
+    if not isinstance(a["record_loads"], (bool, np.bool_)):
+        raise TypeError(f"record_loads must be True or False, got {a['record_loads']!r}")
+    if a["policy_params"] is not None and not isinstance(a["policy_params"], Mapping):
+        raise TypeError(f"policy_params must be a dict, got {a['policy_params']!r}")
+    if a["changes"] is None:
+        a["changes"] = ()
+    if isinstance(a["changes"], str) or not isinstance(a["changes"], Sequence):
+        raise TypeError(f"changes must be a list of RackChange (or dicts of its fields), got "
+                        f"{a['changes']!r}")
+    return a
 
 
 def _sched_kind(sched, quantum_us):
@@ -493,26 +567,36 @@ def _changes(changes, n, capacity, tasks):
 
     ch = []
     for c in changes:
-        c = RackChange(**c) if isinstance(c, dict) else c
+        if isinstance(c, Mapping):
+            try:
+                c = RackChange(**c)
+            except TypeError:
+                raise TypeError(f"change {dict(c)!r}: its fields are t_us (required) and one "
+                                "of load, rate_tps, shares, speed (with server)") from None
+        elif not isinstance(c, RackChange):
+            raise TypeError(f"a change must be a RackChange or a dict of its fields, got {c!r}")
         set_ = [x for x in ("load", "rate_tps", "shares", "speed") if getattr(c, x) is not None]
         if len(set_) != 1:
             raise ValueError(f"change {c}: give exactly one of load, rate_tps, shares, speed")
-        t = float(c.t_us) * 1e3
+        t = _number(f"change {c}: t_us", c.t_us) * 1e3
         if not 0 <= t <= MAX_SIM_NS:
             raise ValueError(f"change {c}: t_us must be within 0-{MAX_SIM_NS * 1e-3:g}")
         if c.load is not None or c.rate_tps is not None:
-            rate = float(c.load) * capacity if c.load is not None else float(c.rate_tps) * 1e-9
+            rate = (_number(f"change {c}: load", c.load) * capacity if c.load is not None
+                    else _number(f"change {c}: rate_tps", c.rate_tps) * 1e-9)
             _check_rate(rate, capacity, tasks, f"change {c}")
             ch.append((t, CH_RATE, 0, rate, None))
         elif c.shares is not None:
             ch.append((t, CH_SHARES, 0, 0.0, _shares(c.shares, n)))
         else:
-            if c.server is None or not 0 <= int(c.server) < n:
+            if c.server is None:
                 raise ValueError(f"change {c}: speed needs a server index in 0..{n - 1}")
-            if not MIN_SPEED <= c.speed <= MAX_SPEED:
+            server = _whole(f"change {c}: server", c.server, 0, n - 1)
+            speed = _number(f"change {c}: speed", c.speed)
+            if not MIN_SPEED <= speed <= MAX_SPEED:
                 raise ValueError(f"change {c}: speed must be within {MIN_SPEED:g}-"
                                  f"{MAX_SPEED:g}")
-            ch.append((t, CH_SPEED, int(c.server), float(c.speed), None))
+            ch.append((t, CH_SPEED, server, speed, None))
     ch.sort(key=lambda x: x[0])
     return ch
 
@@ -524,7 +608,7 @@ def _build_engine(plan: _Plan):
     a, rk = plan.args, plan.rack
     window_ns = float(a["window_us"]) * 1e3
     return Engine(list(rk.workers), list(rk.speeds), plan.workload.native(),
-                  rate_per_ns=plan.rate, shares=_shares(a["shares"], rk.n),
+                  rate_per_ns=plan.rate, shares=plan.shares,
                   n_tasks=plan.tasks, n_warm=plan.n_warm, seed=a["seed"],
                   delay_ns=a["delay_us"] * 1e3, jitter_ns=a["jitter_us"] * 1e3,
                   window_ns=window_ns, loss=a["loss"],
@@ -536,6 +620,41 @@ def _build_engine(plan: _Plan):
                   **plan.engine)
 
 
+#: Tasks at the start of a run whose answers time the rack's filling up (:func:`_throughput`).
+FILL_TASKS = 100
+
+
+def _throughput(raw: dict, n_warm: int) -> tuple[float, str | None]:
+    """Throughput as clients see it: responses received while the measured tasks were being
+    sent, per second of that interval (tasks created later cannot answer before it ends),
+    and None; or NaN and why it is not available.
+
+    A rack answers at its steady rate only once it has filled up: the interval starts no
+    earlier than the 90th percentile latency of the run's first :data:`FILL_TASKS` tasks
+    after its first send, which a warm-up usually covers. Counted from the first measured
+    send instead, a run whose tasks were all sent within a round trip showed 0.0 (64 servers
+    of 1024 workers, 1000 tasks), and one only a few round trips long far too little."""
+    sent = raw["sent_ns"][n_warm:]
+    if len(sent) < 2 or sent[-1] <= sent[0]:
+        return math.nan, (f"throughput n/a: {len(sent)} measured task(s), sent at one "
+                          "instant: no interval to count responses over (raise the tasks)")
+    served = ~raw["dropped"]
+    first = raw["latency_ns"][:FILL_TASKS][served[:FILL_TASKS]]
+    fill = float(np.quantile(first, 0.9)) if len(first) else 0.0
+    start = max(float(sent[0]), raw["sent_ns"][0] + fill)
+    span_us = (sent[-1] - sent[0]) / 1e3
+    if start - sent[0] > (sent[-1] - sent[0]) / 2:
+        return math.nan, (f"throughput n/a: the measured tasks were sent within {span_us:.3g} "
+                          f"µs and the rack took {fill / 1e3:.3g} µs to answer its first "
+                          "tasks, more than half of it: too short a run (raise the tasks)")
+    recv = (raw["sent_ns"] + raw["latency_ns"])[served]
+    n = np.count_nonzero((recv >= start) & (recv <= sent[-1]))
+    if not n:
+        return math.nan, (f"throughput n/a: no response arrived while the measured tasks were "
+                          f"sent, over {span_us:.3g} µs (raise the tasks)")
+    return float(n / ((sent[-1] - start) / 1e9)), None
+
+
 def _assemble(plan: _Plan, raw: dict, wall: float) -> SimResult:
     """Summary statistics of a finished run (``raw``: what ``Engine.run`` returned)."""
     a, rk, n_warm = plan.args, plan.rack, plan.n_warm
@@ -544,25 +663,18 @@ def _assemble(plan: _Plan, raw: dict, wall: float) -> SimResult:
     # statistics are over served tasks only, and the drops are counted.
     served = ~raw["dropped"][n_warm:]
     lat = raw["latency_ns"][n_warm:][served] / 1e3
-    sent = raw["sent_ns"][n_warm:]
     per = raw["server"]
     end_s = raw["end_ns"] / 1e9
-    # Throughput as clients see it: responses received while the measured tasks were being
-    # sent, per second of that interval (tasks created later cannot answer before it ends).
-    span = (sent[-1] - sent[0]) / 1e9 if len(sent) > 1 else 0.0
-    recv = (raw["sent_ns"] + raw["latency_ns"])[~raw["dropped"]]
-    thr = (float(np.count_nonzero((recv >= sent[0]) & (recv <= sent[-1])) / span)
-           if span > 0 else float("nan"))
+    thr, thr_note = _throughput(raw, n_warm)
     windows = np.maximum(per["windows"], 1)
     has_windows = bool(per["windows"].sum())
     q = np.quantile(lat, [0.5, 0.99, 0.999, 0.9999]) if len(lat) else [math.nan] * 4
-    shares = a["shares"]
     config = dict(rack=str(rk), policy=a["policy"], workload=plan.workload.name,
                   load=plan.load, tasks=plan.tasks, seed=a["seed"], delay_us=a["delay_us"],
                   jitter_us=a["jitter_us"], window_us=a["window_us"], sched=a["sched"],
                   quantum_us=a["quantum_us"], loss=a["loss"], clients=plan.n_clients,
                   warmup=a["warmup"], ewma=a["ewma"], phase=a["phase"],
-                  shares=None if shares is None else _shares(shares, n),
+                  shares=None if a["shares"] is None else plan.shares,
                   changes=[asdict(c) if isinstance(c, RackChange) else dict(c)
                            for c in a["changes"]],
                   policy_params=plan.params, mean_service_us=plan.workload.mean_us,
@@ -580,6 +692,7 @@ def _assemble(plan: _Plan, raw: dict, wall: float) -> SimResult:
         config=config, p50_us=float(q[0]), p99_us=float(q[1]), p999_us=float(q[2]),
         p9999_us=float(q[3]), mean_us=float(lat.mean()) if len(lat) else math.nan,
         max_us=float(lat.max()) if len(lat) else math.nan, throughput=thr,
+        throughput_note=thr_note,
         offered=plan.rate * 1e9,
         mean_load=[float(x) for x in (per["load_sum"] / windows / 1e3)] if has_windows
         else [math.nan] * n,
