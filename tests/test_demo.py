@@ -178,6 +178,13 @@ def test_demo_killed_leaves_no_servers(sig, tmp_path):
     (["--retries", "101"], "Invalid value for '--retries'"),
     (["--plot", "d.xyz"], "a .xyz file is not a plot format"),
     (["--workers", ",".join(["64"] * 64)], "4160 server threads"),
+    # the racks' files at this dilation: a server refused its (temporary) file after the
+    # banner, in words of a file the user never named
+    (["--dilate", "10000", "--window", "1s"],
+     "--window 1e+06 µs at dilation K=10000 is 1e+10 µs in real time, outside a rack's"),
+    (["--window", "0.001"], "give a longer --window or a larger --dilate"),
+    (["--dilate", "10000", "--hop-delay", "10000"], "--hop-delay 10000 µs at dilation K=10000"),
+    (["--policy", "malcolm:bogus=1"], "--policy malcolm:bogus=1: [policy]"),
 ])
 def test_demo_refuses_bad_runs_before_starting(args, msg, tmp_path, monkeypatch):
     """One line and status 2 before any rack starts, not a traceback after it did."""
@@ -191,6 +198,7 @@ def test_demo_refuses_bad_runs_before_starting(args, msg, tmp_path, monkeypatch)
                                   "--load", "0.5"] + args)
     assert r.exit_code == 2 and msg in r.output, r.output
     assert "Traceback" not in r.output and "malcolm demo:" not in r.output, r.output
+    assert "malcolm-demo-" not in r.output and ".toml" not in r.output, r.output
     assert not _demo_servers(tmp_path)
 
 

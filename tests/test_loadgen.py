@@ -180,6 +180,21 @@ def test_parsers_reject_bad_input():
     (["--server", "127.0.0.1:9", "--payload-size", "exp:100:0"], "MAX is below MEAN"),
     (["--server", "127.0.0.1:9", "--raw", "--raw-max", "1", "--threads", "2"],
      "--raw-max 1 must be at least --threads (2)"),
+    # Zipf keys' tables over 2**32 keys: numpy asked for 32 GiB (a traceback, or the swap)
+    (["--server", "127.0.0.1:9", "--app", "rocksdb1", "--keys", "4294967295", "--key-dist",
+      "zipf:0.99"], "over 4294967295 keys: at most 16777216 keys"),
+    # a value is range-checked even where it would be ignored; an option that has no
+    # effect without its companion is refused, not silently dropped
+    (["--server", "127.0.0.1:9", "--raw-max", "-5"], "--raw-max -5 must be in 1..2**31"),
+    (["--server", "127.0.0.1:9", "--raw-max", "5"], "--raw-max has no effect without --raw"),
+    (["--server", "127.0.0.1:9", "--bad-fraction", "nan"], "--bad-fraction nan must be in 0..1"),
+    (["--server", "127.0.0.1:9", "--bad-fraction", "0.1"],
+     "--bad-fraction has no effect without --app"),
+    (["--server", "127.0.0.1:9", "--keys", "5", "--key-dist", "zipf:1"],
+     "--keys, --key-dist have no effect without --app"),
+    (["--server", "127.0.0.1:9", "--poll", "busy", "--spin", "5us"],
+     "--spin has no effect with --poll busy"),
+    (["--server", "127.0.0.1:9", "--segment", "0"], "'0' must be > 0s"),
 ])
 def test_cli_errors_are_clear(args, msg):
     r = CliRunner().invoke(main, ["loadgen", "--duration", "0.2s", "--warmup", "0"] + args)

@@ -482,6 +482,20 @@ def test_calibrate_updates_the_measured_workloads(db, tmp_path, monkeypatch):
     assert r.exit_code == 2 and "needs --sizes with 16 and 64" in r.output
 
 
+def test_calibrate_refuses_zipf_keys_beyond_their_tables(db, monkeypatch):
+    """Zipf keys need tables of 12 bytes a key: over 2**32 keys numpy asked for 32 GiB. The
+    dictionary's size is known once it is open; refused then, before any GET."""
+    from click.testing import CliRunner
+
+    from malcolm.cli import main
+    monkeypatch.setattr(apps, "ZIPF_KEYS_MAX", 9_999)      # the 10000-key dictionary is over
+    r = CliRunner().invoke(main, ["rocksdb", "calibrate", db, "--key-dist", "zipf:0.99",
+                                  "--samples", "100"])
+    _one_line(r, "--key-dist zipf:0.99 over 10000 keys: at most 9999 keys")
+    with pytest.raises(apps.AppError, match="at most 9999 keys"):
+        apps.zipf_tables(10_000, 0.99)
+
+
 def _one_line(r, word):
     assert r.exit_code not in (0, None), r.output
     assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
@@ -496,7 +510,9 @@ def _one_line(r, word):
     (["load", ""], "PATH"),
     (["get", "{db}", "4294967296"], "outside 0..4294967295"),
     (["get", "{db}", str(2 ** 70)], "outside 0..4294967295"),
-    (["get", "{db}", "0", "10000"], "outside 0..9999 (the dictionary"),
+    (["get", "{db}", "0", "10000"], "outside 0..9999 (the dictionary at '"),
+    # a path is quoted: a newline in it cannot forge a line of the output
+    (["get", "{tmp}/no\nError: forged", "1"], "\\nError: forged' is not a RocksDB"),
     (["get", "{db}"] + [str(k) for k in range(101)], "at most 64"),
     (["get", "{db}"] + [str(k) for k in range(65)], "at most 64"),
     (["calibrate", "{db}", "--sizes", ""], "--sizes"),

@@ -4,6 +4,7 @@ file or flag gets one line naming the problem, never a traceback; ``loadgen`` fa
 nothing completes or too many tasks time out; ``rack up --keep-going``."""
 
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -187,6 +188,74 @@ def test_bad_flags_give_one_line(tmp_path, args, word):
     res = CliRunner().invoke(main, [a.format(rack=rack, bin=binary, dir=tmp_path)
                                     for a in args])
     _one_line_error(res, word)
+
+
+# a user's name with a newline and an escape: printed raw, it forged an "Error:" line
+FORGED = "x\nError: forged \x1b[2J"
+
+
+@pytest.mark.parametrize("args,word", [
+    (["loadgen", "--server", "127.0.0.1:1", "--key-file", "{tmp}/" + FORGED], "rack key '"),
+    (["rack", "keygen", "/nonexistent/" + FORGED], "cannot create '"),
+    (["rack", "keygen", "{key}"], "' exists"),
+    (["loadgen", "--server", "127.0.0.1:1", "--payload-size", "uniform:x:1\nError y"],
+     "--payload-size 'uniform:x:1\\nerror y': 'x' is not"),
+    (["loadgen", "--server", "127.0.0.1:1", "--arrivals", "trace:{trace}"], "line 1"),
+    (["rocksdb", "get", "{tmp}/" + FORGED, "1"], "Error: "),
+])
+def test_user_names_are_quoted_not_printed_raw(tmp_path, args, word):
+    key = tmp_path / FORGED
+    key.write_bytes(b"k" * 32)
+    trace = tmp_path / ("t" + FORGED)
+    trace.write_text("1 2 x\n")
+    res = CliRunner().invoke(main, [a.format(tmp=tmp_path, key=key, trace=trace)
+                                    for a in args])
+    _one_line_error(res, word)
+    assert "\x1b" not in res.output
+
+
+def test_rack_up_refuses_more_server_threads_than_the_demo(tmp_path, monkeypatch):
+    """64 servers of 1024 workers pass rack check (a rack of many hosts), but rack up runs
+    them all here: 65 000 polling threads on 2 cores. Refused like the demo's --workers."""
+    from malcolm.commands.demo import THREADS_PER_CPU
+    from malcolm.runtime.launcher import LocalRack
+
+    def no_start(*a, **k):
+        raise AssertionError("rack up started a server")
+    monkeypatch.setattr(LocalRack, "start", no_start)
+    monkeypatch.setattr(LocalRack, "up", no_start)
+    monkeypatch.delenv("MALCOLM_RACK_KEY_FILE", raising=False)
+    path = tmp_path / "big.toml"
+    path.write_text('[rack]\nworkers = 1024\n[policy]\nname = "random"\n' + "".join(
+        f'[[server]]\naddress = "127.0.0.1:{20000 + i}"\n' for i in range(64)))
+    assert CliRunner().invoke(main, ["rack", "check", "--rack", str(path)]).exit_code == 0
+    res = CliRunner().invoke(main, ["rack", "up", "--rack", str(path), "--logdir",
+                                    str(tmp_path / "logs")])
+    _one_line_error(res, f"65600 server threads (a gateway per server, one per worker) on "
+                         f"{len(os.sched_getaffinity(0))} CPU(s); at most {THREADS_PER_CPU}")
+    assert "rack up runs every server on this host" in res.output
+
+
+@pytest.mark.parametrize("cc,word", [
+    ("/nonexistent", "cannot run '/nonexistent': No such file or directory"),
+    ("gcc -mno-such-option", "compiling floor.c with CC='gcc -mno-such-option' failed"),
+    ("'gcc", "CC=\"'gcc\" is not a command line"),
+])
+def test_a_missing_or_failing_compiler_is_one_line(monkeypatch, cc, word):
+    if cc.startswith("gcc") and shutil.which("gcc") is None:
+        pytest.skip("no gcc")
+    monkeypatch.setenv("CC", cc)
+    _one_line_error(CliRunner().invoke(main, ["bench", "micro", "--quick"]), word)
+
+
+def test_cc_with_arguments_is_a_command_line(monkeypatch):
+    """CC="gcc -DX" is make's spelling of a compiler and its flags (it was run as one file
+    name, a traceback)."""
+    if shutil.which("gcc") is None:
+        pytest.skip("no gcc")
+    from malcolm.commands.bench import run_floor
+    monkeypatch.setenv("CC", "gcc -DMALCOLM_FLOOR_TEST")
+    assert run_floor()["sample_ns.8"] > 0
 
 
 @pytest.mark.parametrize("seed", [None, 2 ** 63 - 1])

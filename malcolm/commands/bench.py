@@ -2,6 +2,7 @@
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -23,21 +24,60 @@ THESIS = {
 }
 
 
+def _compiler():
+    """The C compiler's command line (a list) and how to name it in a message: CC as make
+    takes it ("ccache gcc", "gcc -m64"), else cc or gcc on the PATH."""
+    env = os.environ.get("CC", "")
+    if env.strip():
+        try:
+            return shlex.split(env), f"CC={env!r}"
+        except ValueError as e:         # an unbalanced quote
+            raise click.ClickException(f"CC={env!r} is not a command line ({e}); set CC to "
+                                       "a C compiler, or pass --no-floor") from None
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise click.ClickException("--floor needs a C compiler (install gcc, or pass "
+                                   "--no-floor)")
+    return [cc], repr(cc)
+
+
+def _step(cmd, what, timeout):
+    """Run one step of the floor; its failure is one line naming ``what``."""
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, errors="replace",
+                           stdin=subprocess.DEVNULL, timeout=timeout)
+    except OSError as e:                # not found, not executable, not a program
+        raise click.ClickException(f"--floor: {what}: cannot run {cmd[0]!r}: {e.strerror}; "
+                                   "set CC to a C compiler, or pass --no-floor") from None
+    except subprocess.TimeoutExpired:
+        raise click.ClickException(f"--floor: {what} did not finish in {timeout} s") from None
+    if r.returncode != 0:
+        lines = [ln.strip() for ln in r.stderr.splitlines() if ln.strip()]
+        first = next((ln for ln in lines if "error" in ln.lower()), lines[0] if lines else "")
+        raise click.ClickException(f"--floor: {what} failed (exit {r.returncode})"
+                                   + (f": {first[:200]!r}" if first else "")
+                                   + "; pass --no-floor to skip the floor")
+    return r.stdout
+
+
 def run_floor():
     """Compile and run the plain-C floor with ``-O3 -march=native``; returns its JSON dict.
 
-    Raises ``click.ClickException`` when no C compiler is available."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        raise click.ClickException("--floor needs a C compiler (install gcc)")
+    Raises ``click.ClickException`` (one line) when no C compiler is available, or when
+    compiling or running the floor fails."""
+    cc, name = _compiler()
     src = resources.files("malcolm.bench").joinpath("floor.c")
     with tempfile.TemporaryDirectory() as tmp:
         exe = os.path.join(tmp, "floor")
         with resources.as_file(src) as path:
-            subprocess.run([cc, "-O3", "-march=native", "-o", exe, str(path), "-lm"],
-                           check=True)
-        out = subprocess.run([exe], check=True, capture_output=True, text=True).stdout
-    return json.loads(out)
+            _step(cc + ["-O3", "-march=native", "-o", exe, str(path), "-lm"],
+                  f"compiling floor.c with {name}", 300)
+        out = _step([exe], "the compiled floor", 600)
+    try:
+        return json.loads(out)
+    except ValueError:
+        raise click.ClickException(f"--floor: the floor compiled with {name} printed no "
+                                   "JSON; pass --no-floor to skip it") from None
 
 
 def micro_results(quick=False, policy=True):

@@ -20,6 +20,31 @@ from malcolm.commands.types import (
 )
 
 
+def _refuse_orphans(ctx, raw, app, poll, bad_fraction):
+    """A value is checked even where it has no effect, and an option given without the one
+    it needs is refused: ignored, it made the run look like it did what was asked."""
+    from malcolm.loadgen.run import LoadgenError
+    if not 0.0 <= bad_fraction <= 1.0:                  # NaN fails this too
+        raise LoadgenError(f"--bad-fraction {bad_fraction!r} must be in 0..1")
+
+    def given(*names):
+        default = click.core.ParameterSource.DEFAULT
+        return [n for n in names if ctx.get_parameter_source(n) != default]
+
+    needs = {"without --raw (it bounds the samples --raw keeps)":
+             [] if raw else given("raw_max"),
+             "without --app (real requests)":
+             [] if app else given("app_keys", "app_value_size", "key_dist", "bad_fraction"),
+             "with --poll busy (only adaptive polling spins before a send)":
+             [] if poll == "adaptive" else given("spin_us", "spin_us_old")}
+    for why, names in needs.items():
+        if names:
+            flags = ", ".join(next(o for p in ctx.command.params if p.name == n
+                                   for o in p.opts) for n in names)
+            raise LoadgenError(f"{flags} {'has' if len(names) == 1 else 'have'} no effect "
+                               f"{why}")
+
+
 @click.command()
 @click.option("--rack", "rack_path", type=click.Path(dir_okay=False), default=None,
               metavar="FILE", help="Rack file (TOML): its servers and transport are the target.")
@@ -89,7 +114,7 @@ from malcolm.commands.types import (
               help="Seed of the arrival, server-choice and service-time streams.")
 @click.option("--bind", default=None, help="udp, verbs: local address to bind (udp default "
               "0.0.0.0:0; verbs: the RDMA device's first IPv4 address, port 0).")
-@click.option("--segment", default=None, type=Duration("s"), metavar="TIME",
+@click.option("--segment", default=None, type=Duration("s", min=0, min_open=True), metavar="TIME",
               help="Also report each rate's run in segments this long (by intended send "
                    "time): p50, p99 with its 95% interval, losses and late sends per "
                    "segment, to see drift (at most 256 segments).")
@@ -219,6 +244,7 @@ def loadgen(rack_path, servers, transport, rates, arrivals, payload_size, payloa
                             "without --rate, the trace's recorded rate")
         if raw_out and not raw:
             raise LoadgenError("--raw-out needs --raw")
+        _refuse_orphans(click.get_current_context(), raw, app, poll, bad_fraction)
     except LoadgenError as e:
         raise click.UsageError(str(e)) from None
 

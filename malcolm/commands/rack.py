@@ -94,7 +94,7 @@ def keygen(key_path):
         write_key(key_path)
     except ConfigError as e:
         raise click.ClickException(str(e)) from None
-    click.echo(f"wrote a 32-byte rack key to {key_path} (mode 0600)")
+    click.echo(f"wrote a 32-byte rack key to {key_path!r} (mode 0600)")
 
 
 @rack.command(epilog="""
@@ -129,6 +129,11 @@ def up(rack_pos, rack_opt, stats, duration, logdir, keep_going):
             os.makedirs(logdir, exist_ok=True)
         lr = LocalRack(rack_path, ["--stats"] if stats else [], logdir)
         check_rack(lr.cfg)
+        from malcolm.commands.demo import too_many_threads
+        why = too_many_threads([s.workers for s in lr.cfg.servers])
+        if why:         # rack check takes it: a rack of many hosts runs serve on each
+            raise ConfigError(f"rack file {rack_path!r}: {why}; rack up runs every server "
+                              "on this host (run malcolm serve on each of the rack's hosts)")
         lr.keep_logs()      # a temporary folder too: the user is told where it is
     except ConfigError as e:
         raise click.ClickException(str(e)) from None

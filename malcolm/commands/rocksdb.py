@@ -71,7 +71,7 @@ def load(keys, value_size, force, path):
         raise click.ClickException(str(e)) from None
     if sys.stderr.isatty():
         click.echo("", err=True)
-    click.echo(f"{info['path']}: {info['keys']} keys x {info['value_size']} B, "
+    click.echo(f"{info['path']!r}: {info['keys']} keys x {info['value_size']} B, "
                f"{info['bytes'] / 1e6:.1f} MB on disk")
 
 
@@ -104,7 +104,7 @@ def get(path, keys):
     big = [k for k in keys if k >= st.n_keys]
     if big:
         raise click.BadParameter(f"key {big[0]} is outside 0..{st.n_keys - 1} (the "
-                                 f"dictionary at {path} has {st.n_keys} keys)",
+                                 f"dictionary at {path!r} has {st.n_keys} keys)",
                                  param_hint="KEYS")
     payload = len(keys).to_bytes(4, "little") + b"".join(
         k.to_bytes(4, "little") for k in keys)
@@ -161,7 +161,7 @@ def calibrate(sizes, samples, warmup, warmup_old, key_dist, seed, json_out, out_
     rdb = _rdb()
     warmup = warmup if warmup_old is None else warmup_old     # the old spelling, hidden
     from malcolm.loadgen import rocksdb_calibrate as cal
-    from malcolm.loadgen.apps import AppError, parse_key_dist
+    from malcolm.loadgen.apps import AppError, check_zipf_keys, parse_key_dist
     try:
         s = parse_key_dist(key_dist)
     except AppError as e:
@@ -184,6 +184,10 @@ def calibrate(sizes, samples, warmup, warmup_old, key_dist, seed, json_out, out_
         db = rdb.open_handler(f"path={path}")
     except rdb.RocksDBError as e:
         raise click.ClickException(str(e)) from None
+    try:
+        check_zipf_keys(db.n_keys, s)       # the dictionary's size: known only now
+    except AppError as e:
+        raise click.UsageError(str(e)) from None
     try:
         res = cal.calibrate(db, ns, samples, warmup, s, seed)
     except ValueError as e:

@@ -25,6 +25,9 @@ import numpy as np
 
 NAMED = {"rocksdb1": ((90.0, 16), (10.0, 64)), "rocksdb2": ((50.0, 16), (50.0, 64))}
 MAX_TYPES = 16
+# Zipf keys are drawn from a CDF and a guide table over every key (12 bytes a key, shared by
+# the client threads): 4294967295 keys asked numpy for 32 GiB. 16M keys take 200 MB.
+ZIPF_KEYS_MAX = 1 << 24
 _ZIPF_CACHE: dict = {}
 
 
@@ -83,18 +86,30 @@ class AppSpec:
         }
 
 
+def check_zipf_keys(n_keys, s):
+    """Raise AppError unless Zipf(s) keys over ``n_keys`` keys fit their tables."""
+    if s and n_keys > ZIPF_KEYS_MAX:
+        raise AppError(f"--key-dist zipf:{s:g} over {n_keys} keys: at most {ZIPF_KEYS_MAX} "
+                       "keys (its tables take 12 bytes a key); use uniform keys or a smaller "
+                       "dictionary")
+
+
 def zipf_tables(n_keys: int, s: float):
     """The CDF of Zipf(s) over ranks 0..n_keys-1 and its guide table (shared, cached)."""
+    check_zipf_keys(n_keys, s)
     key = (n_keys, s)
     if key not in _ZIPF_CACHE:
-        w = np.arange(1, n_keys + 1, dtype=np.float64) ** -s
-        cdf = np.cumsum(w)
+        _ZIPF_CACHE.clear()             # one table at a time: 12 MB for a million keys
+        # in place and the guide in slices: the tables' 12 bytes a key at most, not 48
+        cdf = np.arange(1, n_keys + 1, dtype=np.float64)
+        np.power(cdf, -s, out=cdf)
+        np.cumsum(cdf, out=cdf)
         cdf /= cdf[-1]
         cdf[-1] = 1.0
-        guide = np.searchsorted(cdf, np.arange(n_keys, dtype=np.float64) / n_keys,
-                                side="right")
-        guide = np.minimum(guide, n_keys - 1).astype(np.uint32)
-        _ZIPF_CACHE.clear()             # one table at a time: 12 MB for a million keys
+        guide = np.empty(n_keys, dtype=np.uint32)
+        for i in range(0, n_keys, 1 << 20):
+            u = np.arange(i, min(n_keys, i + (1 << 20)), dtype=np.float64) / n_keys
+            guide[i:i + u.size] = np.minimum(np.searchsorted(cdf, u, side="right"), n_keys - 1)
         _ZIPF_CACHE[key] = (cdf, guide)
     return _ZIPF_CACHE[key]
 
@@ -153,8 +168,10 @@ def parse_app(text, n_keys=None, value_size=None, key_dist="uniform",
                            f"fit in a 1024-byte answer; at most GET({most})")
     if not 0.0 <= bad_fraction <= 1.0:
         raise AppError("--bad-fraction must be in 0..1")
-    return AppSpec(t.split(":")[0] if t in NAMED else t, mix, n_keys, value_size,
-                   parse_key_dist(key_dist), float(bad_fraction))
+    zipf_s = parse_key_dist(key_dist)
+    check_zipf_keys(n_keys, zipf_s)
+    return AppSpec(t.split(":")[0] if t in NAMED else t, mix, n_keys, value_size, zipf_s,
+                   float(bad_fraction))
 
 
 def dictionary_shape(rack_path):

@@ -36,7 +36,6 @@ One experiment is a rack shape (workers per server), a workload, policies and lo
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import os
@@ -47,7 +46,7 @@ import time
 import types
 
 from malcolm.loadgen import method, table
-from malcolm.loadgen.method import rack_toml  # its home; still importable from here
+from malcolm.loadgen.method import SPIN_US, rack_toml  # noqa: F401 (their home; re-exported)
 from malcolm.loadgen.table import HEADER, format_row, format_run  # noqa: F401 (re-exported)
 from malcolm.net.ports import free_udp_ports
 from malcolm.runtime.launcher import LocalRack, ServerExited
@@ -62,10 +61,6 @@ BASE_POLICIES = {
 }
 LAG_US = 50.0                   # late-send threshold at K = 1
 NICE = -10                      # the rack's and the generator's threads, where permitted
-# Adaptive polling spins this long (real µs) before blocking, divided by K: a wake-up costs
-# 25-50 µs real, which at K = 1 is what the spin saves and at K = 100 is 0.5 µs of rack
-# time, while spinning 50 µs after every event would cost the 2-core machine half a core.
-SPIN_US = 50.0
 # Per-hop one-way delay of the real rack (µs, rack time): half the median eRPC round trip
 # between machines in the thesis (Table 7.1: 4.2 µs, 3.8-3.9 on one machine), rounded to the
 # simulator's default delay_us = 2.0 so that both clocks see the same network by default.
@@ -120,25 +115,11 @@ class PolicyRack:
     INTERVAL = 0.2      # s between the servers' --stats-json updates
 
     def __init__(self, exp, policy, tmp, tag):
-        base, params = split_policy(policy)
-        section, self.client_policy = BASE_POLICIES[base]
-        section = dict(section, **params)
         k = exp.dilate
-        if base == "malcolm":
-            # Malcolm scales loads (ns) by load_scale: the (dilated) mean service time, as
-            # its documentation asks; it learns once per (dilated) window.
-            section.setdefault("load_scale", float(exp.wl.mean_us * 1e3 * k))
-            section.setdefault("window_ns", int(exp.window_us * 1e3 * k))
+        self.client_policy, self.text = exp.rack_text(policy, k, tag[:8])
         self.policy = policy
         self.exp = exp
         self.path = os.path.join(tmp, f"rack-{tag}.toml")
-        self.text = functools.partial(
-            rack_toml, section, window_us=exp.window_us * k, poll=exp.layout.poll,
-            handler=exp.handler_spec(k), steal_timeout_us=2000.0 * k, name=tag[:8],
-            # admission is a time limit too: undilated, a K=200 rack refused tasks after 1 ms
-            # of rack time (20 services)
-            max_wait_ms=200.0 * k, cpus=exp.layout.server_cpus, spin_us=SPIN_US / k,
-            hop_delay_us=exp.hop_us(k) * k)
         # the load generator is an endpoint of the same network: its sends wait too
         self.hop = {"delay_us": exp.hop_us(k) * k} if exp.hop_us(k) > 0 else None
         self.logdir = os.path.join(exp.logdir or tmp, f"logs-{tag}")
@@ -352,8 +333,9 @@ class Experiment:
         why = {k: self.check_dilation(k) for k in ks}
         self.ladder = tuple(k for k in ks if why[k] is None)
         if not self.ladder:
-            raise ExperimentError(why[ks[0]] if len(ks) == 1 else f"--dilate auto: no K in "
-                                  f"{ks[0]}..{ks[-1]} works: {why[ks[0]]}; {why[ks[-1]]}")
+            raise ExperimentError(why[ks[0]] if why[ks[0]] == why[ks[-1]] else
+                                  f"--dilate auto: no K in {ks[0]}..{ks[-1]} works: "
+                                  f"{why[ks[0]]}; {why[ks[-1]]}")
 
     # ------------------------------------------------------------ helpers
     def hop_us(self, k=None):
@@ -367,6 +349,16 @@ class Experiment:
         """Tasks/s the rack serves at dilation ``k`` with nominal service times."""
         k = self.dilate if k is None else k
         return self.total_workers / (self.wl.mean_us * k * 1e-6)
+
+    def rack_text(self, policy, k, name):
+        """``policy``'s client policy, and its rack file at dilation ``k`` as a function of
+        its servers ([(address, workers), ...])."""
+        base, params = split_policy(policy)
+        section, client = BASE_POLICIES[base]
+        return client, method.experiment_rack(
+            dict(section, **params), base, k=k, mean_us=self.wl.mean_us,
+            window_us=self.window_us, hop_us=self.hop_us(k), poll=self.layout.poll,
+            handler=self.handler_spec(k), name=name, cpus=self.layout.server_cpus)
 
     def handler_spec(self, k):
         """The servers' handler at dilation ``k``."""
@@ -409,6 +401,13 @@ class Experiment:
                         f"workers), more than the load generator's {MAX_THREADS} client "
                         "threads send; give longer service times, fewer workers or a larger "
                         "--dilate")
+            # the racks' files too: a server refusing one did so after the banner
+            why = method.check_rack_times(k, self.window_us, self.hop_us(k))
+            for p in self.policies:
+                why = why or method.check_rack_text(self.rack_text(p, k, "check")[1],
+                                                    self.workers, f"--policy {p}")
+            if why:
+                return why
             spec = self._spec(rack, k, lay.client_threads, lay.client_cpus, self.duration_s,
                               self.warmup_s)
             spec.validate()

@@ -8,6 +8,7 @@ Nothing here measures; :mod:`malcolm.loadgen.experiment` feeds it real reports.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -305,6 +306,70 @@ def bucket_samples(buckets, n, k):
     return out
 
 
+# An experiment rack's steal timeout (µs) and admission limit (ms) at K = 1, x K when dilated:
+# admission is a time limit too, and undilated a K=200 rack refused tasks after 1 ms of rack
+# time (20 services)
+STEAL_TIMEOUT_US, MAX_WAIT_MS = 2000.0, 200.0
+# Adaptive polling spins this long (real µs) before blocking, divided by K: a wake-up costs
+# 25-50 µs real, which at K = 1 is what the spin saves and at K = 100 is 0.5 µs of rack
+# time, while spinning 50 µs after every event would cost the 2-core machine half a core.
+SPIN_US = 50.0
+
+
+def rack_times(k, window_us, hop_us):
+    """An experiment rack's ``[rack]`` times at dilation ``k`` (:func:`rack_toml`'s keywords,
+    real time) from the nominal ones."""
+    return {"window_us": window_us * k, "steal_timeout_us": STEAL_TIMEOUT_US * k,
+            "max_wait_ms": MAX_WAIT_MS * k, "hop_delay_us": hop_us * k, "spin_us": SPIN_US / k}
+
+
+def experiment_rack(section, base, *, k, mean_us, window_us, hop_us, **kw):
+    """A demo policy's rack file at dilation ``k`` as a function of its servers (``kw``: the
+    rest of :func:`rack_toml`'s keywords). Malcolm scales loads (ns) by load_scale, the
+    (dilated) mean service time, as its documentation asks, and learns once per (dilated)
+    window, unless the user's policy parameters say otherwise."""
+    section = dict(section)
+    if base == "malcolm":
+        section.setdefault("load_scale", float(mean_us * 1e3 * k))
+        section.setdefault("window_ns", int(window_us * 1e3 * k))
+    return functools.partial(rack_toml, section, **kw, **rack_times(k, window_us, hop_us))
+
+
+def check_rack_times(k, window_us, hop_us):
+    """None if a rack file takes :func:`rack_times` at dilation ``k``, else why not in the
+    user's options: otherwise the first server refused its rack file after the banner, in
+    words of a temporary file the user never named."""
+    from malcolm.runtime.config import RACK_RANGES
+    given = {"window_us": (f"--window {window_us:g} µs", "--window"),
+             "hop_delay_us": (f"--hop-delay {hop_us:g} µs", "--hop-delay"),
+             "steal_timeout_us": (f"the steal timeout ({STEAL_TIMEOUT_US:g} µs)", None),
+             "max_wait_ms": (f"the admission limit ({MAX_WAIT_MS:g} ms)", None)}
+    for key, v in rack_times(k, window_us, hop_us).items():
+        lo, hi = RACK_RANGES[key]
+        if key in given and not lo <= v <= hi:      # NaN fails this too
+            what, flag = given[key]
+            more = not v < lo
+            unit = {"us": "µs"}.get(key.rsplit("_", 1)[1], "ms")
+            fix = f"a {'shorter' if more else 'longer'} {flag} or " if flag else ""
+            return (f"{what} at dilation K={k:g} is {v:g} {unit} in real time, outside a "
+                    f"rack's {lo:g}..{hi:g} {unit}: give {fix}a "
+                    f"{'smaller' if more else 'larger'} --dilate")
+    return None
+
+
+def check_rack_text(text, workers, what):
+    """None if ``malcolm serve`` takes the rack file ``text(servers)`` (every check it
+    makes before it binds, for the first server), else why not, after ``what`` (the user's
+    options that made it)."""
+    from malcolm.runtime.config import ConfigError, check_rack, parse_rack, tomllib
+    servers = [(f"127.0.0.1:{20001 + i}", w) for i, w in enumerate(workers)]
+    try:
+        check_rack(parse_rack(tomllib.loads(text(servers)), what), [0])
+    except (ConfigError, tomllib.TOMLDecodeError) as e:
+        return str(e)
+    return None
+
+
 def rack_toml(policy, servers, *, window_us, poll="adaptive", handler="bench",
               steal_timeout_us=2000.0, name="exp", cpus=None, spin_us=50.0,
               hop_delay_us=0.0, max_wait_ms=200.0):
@@ -314,7 +379,7 @@ def rack_toml(policy, servers, *, window_us, poll="adaptive", handler="bench",
     lines = ["[rack]", f'name = "{name}"', 'transport = "udp"', f'poll = "{poll}"',
              f"window_us = {window_us!r}", f"spin_us = {spin_us!r}",
              f"hop_delay_us = {float(hop_delay_us)!r}",
-             f'handler = "{handler}"', "capacity = 4096",
+             f"handler = {_toml(handler)}", "capacity = 4096",
              f"steal_timeout_us = {steal_timeout_us!r}", f"max_wait_ms = {max_wait_ms!r}",
              "grace_s = 1.0", "", "[policy]"]
     for k, v in policy.items():

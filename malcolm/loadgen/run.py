@@ -307,7 +307,7 @@ class LoadSpec:
         if not 0 < self.lag_threshold_us <= MAX_RUN_S * 1e6:       # NaN fails this too
             raise LoadgenError(f"--lag-threshold {self.lag_threshold_us:g} µs must be > 0 "
                                f"and at most {MAX_RUN_S * 1e6:g} µs ({MAX_RUN_S:g} s)")
-        if self.raw and not 1 <= self.raw_max <= 1 << 31:
+        if not 1 <= self.raw_max <= 1 << 31:
             raise LoadgenError(f"--raw-max {self.raw_max} must be in 1..2**31")
         if self.raw and self.raw_max < self.threads:
             # each client thread keeps raw_max // threads samples: none would keep any
@@ -351,7 +351,7 @@ class LoadSpec:
         if arr is not None and arr.kind == "trace":
             longest = _longest_trace_gap(arr.gaps_us, self.threads)
             if math.isinf(longest):
-                raise LoadgenError(f"trace {arr.source}: its gaps add up to more than a "
+                raise LoadgenError(f"trace {arr.source!r}: its gaps add up to more than a "
                                    "float holds; give them in smaller units")
         if not (math.isfinite(rate) and MIN_RATE <= rate <= MAX_RATE):
             raise LoadgenError(f"{what} {rate:g}/s must be in {MIN_RATE:g}..{MAX_RATE:g}")
@@ -364,7 +364,7 @@ class LoadSpec:
             slowest = min(r for _, r, _ in phases if r > 0)
             gap = longest / slowest
             if not gap <= MAX_RUN_S:
-                raise LoadgenError(f"trace {arr.source}: at {slowest:g}/s its longest gap "
+                raise LoadgenError(f"trace {arr.source!r}: at {slowest:g}/s its longest gap "
                                    f"(per client thread) is {gap:.3g} s, longer than the "
                                    f"longest run ({MAX_RUN_S:g} s); the trace is too uneven "
                                    "for this rate")

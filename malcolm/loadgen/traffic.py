@@ -56,7 +56,7 @@ class Arrivals:
     def describe(self) -> str:
         if self.kind != "trace":
             return self.kind
-        return (f"trace {os.path.basename(self.source)} ({self.gaps_us.size} gaps, "
+        return (f"trace {os.path.basename(self.source)!r} ({self.gaps_us.size} gaps, "
                 f"recorded rate {self.trace_rate():.6g}/s)")
 
     def trace_rate(self) -> float | None:
@@ -84,11 +84,11 @@ class Arrivals:
             g = self.gaps_us
             m = g.size - g.size % threads
             if m == 0:
-                raise TrafficError(f"trace {self.source}: {g.size} gap(s) for {threads} "
+                raise TrafficError(f"trace {self.source!r}: {g.size} gap(s) for {threads} "
                                    "threads; give at least one per thread")
             mean = float(g[:m].mean())
             if not mean > 0:
-                raise TrafficError(f"trace {self.source}: its first {m} gaps are all zero")
+                raise TrafficError(f"trace {self.source!r}: its first {m} gaps are all zero")
             blocks = np.roll(g[:m], -i).reshape(-1, threads).sum(axis=1)
             out["trace"] = blocks / blocks.mean()
             # the thread's gaps are in units of its own mean gap (threads / rate)
@@ -109,20 +109,20 @@ def parse_arrivals(text: str) -> Arrivals:
         vals = read_numbers(path)
         if kind == "trace-ts":
             if vals.size < 2:
-                raise TrafficError(f"trace {path}: needs at least two timestamps")
+                raise TrafficError(f"trace {path!r}: needs at least two timestamps")
             gaps = np.diff(vals)
             if (gaps < 0).any():
                 i = int(np.flatnonzero(gaps < 0)[0])
-                raise TrafficError(f"trace {path}: timestamp {i + 2} ({vals[i + 1]:g}) is "
+                raise TrafficError(f"trace {path!r}: timestamp {i + 2} ({vals[i + 1]:g}) is "
                                    f"before the one above it ({vals[i]:g})")
         else:
             gaps = vals
             if (gaps < 0).any():
                 i = int(np.flatnonzero(gaps < 0)[0])
-                raise TrafficError(f"trace {path}: value {i + 1} ({gaps[i]:g}) is a "
+                raise TrafficError(f"trace {path!r}: value {i + 1} ({gaps[i]:g}) is a "
                                    "negative gap")
         if not gaps.sum() > 0:
-            raise TrafficError(f"trace {path}: the gaps add up to zero")
+            raise TrafficError(f"trace {path!r}: the gaps add up to zero")
         return Arrivals("trace", gaps, path)
     raise TrafficError(f"--arrivals {text!r}: use poisson, fixed, trace:FILE (gaps) or "
                        "trace-ts:FILE (timestamps)")
@@ -149,15 +149,15 @@ def read_numbers(path: str) -> np.ndarray:
             try:
                 v = float(tok)
             except ValueError:
-                raise TrafficError(f"trace {path}, line {lineno}: {tok[:40]!r} is not a "
+                raise TrafficError(f"trace {path!r}, line {lineno}: {tok[:40]!r} is not a "
                                    "number") from None
             if not math.isfinite(v):
-                raise TrafficError(f"trace {path}, line {lineno}: {tok!r} is not finite")
+                raise TrafficError(f"trace {path!r}, line {lineno}: {tok!r} is not finite")
             vals.append(v)
             if len(vals) > MAX_TRACE:
-                raise TrafficError(f"trace {path}: more than {MAX_TRACE} values")
+                raise TrafficError(f"trace {path!r}: more than {MAX_TRACE} values")
     if not vals:
-        raise TrafficError(f"trace {path}: no numbers in it")
+        raise TrafficError(f"trace {path!r}: no numbers in it")
     return np.asarray(vals, dtype=np.float64)
 
 
@@ -200,10 +200,10 @@ def _size(text: str, what: str) -> int:
     try:
         v = int(text)
     except ValueError:
-        raise TrafficError(f"--payload-size {what}: {text!r} is not a whole number of "
+        raise TrafficError(f"--payload-size {what!r}: {text!r} is not a whole number of "
                            "bytes") from None
     if not 0 <= v <= MAX_PAYLOAD:
-        raise TrafficError(f"--payload-size {what}: {v} bytes is outside 0..{MAX_PAYLOAD} "
+        raise TrafficError(f"--payload-size {what!r}: {v} bytes is outside 0..{MAX_PAYLOAD} "
                            "(the wire's limit)")
     return v
 
@@ -216,12 +216,12 @@ def parse_payload(size: str, content: str = "zeros", check_echo: bool = False) -
     if parts[0] == "uniform" and len(parts) == 3:
         p = Payload("uniform", _size(parts[1], s), _size(parts[2], s))
         if p.b < p.a:
-            raise TrafficError(f"--payload-size {s}: MAX is below MIN")
+            raise TrafficError(f"--payload-size {s!r}: MAX is below MIN")
     elif parts[0] == "exp" and len(parts) in (2, 3):
         p = Payload("exp", _size(parts[1], s),
                     _size(parts[2], s) if len(parts) == 3 else MAX_PAYLOAD)
         if p.a < 1:
-            raise TrafficError(f"--payload-size {s}: the mean must be >= 1 byte")
+            raise TrafficError(f"--payload-size {s!r}: the mean must be >= 1 byte")
     elif len(parts) == 1:
         p = Payload("fixed", _size(parts[0], s))
     else:

@@ -425,19 +425,19 @@ def read_key(path: str) -> bytes:
     try:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"rack key {path} is not a regular file")
+            raise ConfigError(f"rack key {path!r} is not a regular file")
         if st.st_mode & 0o077:
-            raise ConfigError(f"rack key {path} is accessible to group or others (mode "
-                              f"{stat.S_IMODE(st.st_mode):o}); run: chmod 600 {path}")
+            raise ConfigError(f"rack key {path!r} is accessible to group or others (mode "
+                              f"{stat.S_IMODE(st.st_mode):o}); run: chmod 600 {path!r}")
         with open(path, "rb") as f:
             raw = f.read(1 << 16)
     except FileNotFoundError:
-        raise ConfigError(f"rack key {path} not found (create one with: malcolm rack keygen "
-                          f"{path})") from None
+        raise ConfigError(f"rack key {path!r} not found (create one with: malcolm rack keygen "
+                          f"{path!r})") from None
     except OSError as e:
-        raise ConfigError(f"rack key {path}: {e.strerror}") from None
+        raise ConfigError(f"rack key {path!r}: {e.strerror}") from None
     if len(raw) < KEY_BYTES:
-        raise ConfigError(f"rack key {path} holds {len(raw)} bytes; at least {KEY_BYTES} "
+        raise ConfigError(f"rack key {path!r} holds {len(raw)} bytes; at least {KEY_BYTES} "
                           "random bytes are needed (malcolm rack keygen PATH)")
     return hashlib.blake2b(raw, digest_size=16, person=b"malcolm-rack-v2").digest()
 
@@ -447,9 +447,9 @@ def write_key(path: str) -> None:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        raise ConfigError(f"{path} exists; not overwriting a rack key") from None
+        raise ConfigError(f"{path!r} exists; not overwriting a rack key") from None
     except OSError as e:
-        raise ConfigError(f"cannot create {path}: {e.strerror}") from None
+        raise ConfigError(f"cannot create {path!r}: {e.strerror}") from None
     with os.fdopen(fd, "wb") as f:
         f.write(os.urandom(KEY_BYTES))
 

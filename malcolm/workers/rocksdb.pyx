@@ -332,7 +332,8 @@ cdef _raise_err(char* e, what):
     msg = e.decode(errors="replace") if e != NULL else "unknown error"
     if e != NULL:
         rocksdb_free(e)
-    raise RocksDBError(f"{what}: {msg}")
+    # RocksDB's messages name the path as given: a newline in it must not forge a line
+    raise RocksDBError(f"{what}: {msg if msg.isprintable() else repr(msg)}")
 
 
 PAD_MODES = {"warm": PAD_WARM, "cpu": PAD_CPU}
@@ -433,7 +434,7 @@ cdef class RocksDB:
         if not 16 <= calib <= 100_000:
             raise RocksDBError(f"calib {calib} must be in 16..100000")
         if not os.path.exists(os.path.join(self.path, "CURRENT")):
-            raise RocksDBError(f"{self.path} is not a RocksDB database (build one with "
+            raise RocksDBError(f"{self.path!r} is not a RocksDB database (build one with "
                                "`malcolm rocksdb load --keys N PATH`)")
         self.opts = rocksdb_options_create()
         self.topts = rocksdb_block_based_options_create()
@@ -446,19 +447,19 @@ cdef class RocksDB:
         self.st.db = rocksdb_open_for_read_only(self.opts, bpath, 0, &err)
         if err != NULL:
             self.st.db = NULL
-            _raise_err(err, f"cannot open {self.path}")
+            _raise_err(err, f"cannot open {self.path!r}")
         self.st.ropts = rocksdb_readoptions_create()
         meta = rocksdb_get(self.st.db, self.st.ropts, MC_KV_META, MC_KV_META_LEN, &mlen, &err)
         if err != NULL:
-            _raise_err(err, f"cannot read {self.path}")
+            _raise_err(err, f"cannot read {self.path!r}")
         if meta == NULL:
-            raise RocksDBError(f"{self.path} is not a malcolm dictionary (no metadata key; "
+            raise RocksDBError(f"{self.path!r} is not a malcolm dictionary (no metadata key; "
                                "build it with `malcolm rocksdb load`)")
         raw = (<char*>meta)[:mlen]
         rocksdb_free(meta)
         n_keys, vs = read_meta(raw)
         if not 1 <= vs <= MC_KV_MAX_VALUE or not 1 <= n_keys <= 0xFFFFFFFF:
-            raise RocksDBError(f"{self.path}: metadata out of range: {raw!r}")
+            raise RocksDBError(f"{self.path!r}: metadata out of range: {raw!r}")
         self.st.n_keys = n_keys
         self.st.value_size = vs
         self.st.max_keys = min(MC_KV_MAX_KEYS, MC_KV_MAX_VALUE // vs)
@@ -484,10 +485,10 @@ cdef class RocksDB:
         try:
             cal = read_calibration(path)
         except ValueError as e:
-            raise RocksDBError(f"warm={path}: {e}") from None
+            raise RocksDBError(f"warm={path!r}: {e}") from None
         sizes = sorted(cal)
         if len(sizes) > WARM_GRID_MAX or not all(1 <= n <= MC_KV_MAX_KEYS for n in sizes):
-            raise RocksDBError(f"warm={path}: at most {WARM_GRID_MAX} GET sizes, each in "
+            raise RocksDBError(f"warm={path!r}: at most {WARM_GRID_MAX} GET sizes, each in "
                                f"1..{MC_KV_MAX_KEYS}")
         m = 1024                # the file's quantiles, resampled: linear between them
         self.st.n_grid = len(sizes)
@@ -519,7 +520,7 @@ cdef class RocksDB:
         with nogil:
             kept = _calibrate_warm(&self.st, calib, budget, 0x5EED)
         if kept < 2:
-            raise RocksDBError(f"{self.path}: the warm calibration's GETs failed (a broken "
+            raise RocksDBError(f"{self.path!r}: the warm calibration's GETs failed (a broken "
                                "database?)")
         self.st.warm_m = kept
 
@@ -739,10 +740,10 @@ def load(path, long long n_keys, int value_size=16, bint overwrite=False, progre
         raise RocksDBError(f"--value-size must be in 1..{MC_KV_MAX_VALUE}, got {value_size}")
     path = os.fspath(path)
     if os.path.exists(path) and not overwrite:
-        raise RocksDBError(f"{path} exists; remove it or pass --force to rebuild it")
+        raise RocksDBError(f"{path!r} exists; remove it or pass --force to rebuild it")
     if os.path.exists(path) and os.listdir(path) and not os.path.exists(
             os.path.join(path, "CURRENT")):
-        raise RocksDBError(f"{path} exists and is not a RocksDB database; refusing to "
+        raise RocksDBError(f"{path!r} exists and is not a RocksDB database; refusing to "
                            "write into it")
     if os.path.exists(path):
         import shutil
@@ -762,7 +763,7 @@ def load(path, long long n_keys, int value_size=16, bint overwrite=False, progre
     wb = rocksdb_writebatch_create()
     try:
         if err != NULL:
-            _raise_err(err, f"cannot create {path}")
+            _raise_err(err, f"cannot create {path!r}")
         start = 0
         while start < n_keys:
             end = min(start + 100_000, n_keys)
@@ -774,14 +775,14 @@ def load(path, long long n_keys, int value_size=16, bint overwrite=False, progre
                     rocksdb_writebatch_put(wb, <const char*>key, 4, <const char*>val, vs)
                 rocksdb_write(db, wopts, wb, &err)
             if err != NULL:
-                _raise_err(err, f"writing {path}")
+                _raise_err(err, f"writing {path!r}")
             start = end
             if progress is not None:
                 progress(start, n_keys)
         meta = f"malcolm-kv 1 keys={n_keys} value_size={value_size}".encode()
         rocksdb_put(db, wopts, MC_KV_META, MC_KV_META_LEN, meta, len(meta), &err)
         if err != NULL:
-            _raise_err(err, f"writing {path}")
+            _raise_err(err, f"writing {path!r}")
         with nogil:
             # one compacted level: the layout a long-running read-only store settles into
             rocksdb_compact_range(db, NULL, 0, NULL, 0)
