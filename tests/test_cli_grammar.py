@@ -127,6 +127,31 @@ def test_one_meaning_per_flag(path, cmd):
     assert _param(cmd, "--out") is None or _param(cmd, "--out").hidden
 
 
+NUMBER_OPTIONS = [(path, p.opts[0]) for path, cmd in COMMANDS for p in cmd.params
+                  if isinstance(p, click.Option) and not p.is_flag
+                  and isinstance(p.type, (click.types.IntParamType, click.types.FloatParamType))]
+
+
+def test_the_number_options_are_found():
+    found = {(" ".join(p[1:]), o) for p, o in NUMBER_OPTIONS}
+    for want in (("demo", "--repeat"), ("loadgen", "--threads"), ("loadgen", "--seed"),
+                 ("rocksdb load", "--keys"), ("rocksdb calibrate", "--samples"),
+                 ("sim", "--tasks"), ("rack gen", "--port"), ("serve", "--id")):
+        assert want in found, want
+
+
+@pytest.mark.parametrize("path, opt", NUMBER_OPTIONS,
+                         ids=lambda x: " ".join(x[1:]) if isinstance(x, tuple) else x)
+def test_every_number_option_reads_ascii_digits_only(path, opt):
+    """click's int and float types read other scripts' digits ("--threads ２" ran two
+    threads, "--keys ８" built 8 keys); every number option of every command refuses them,
+    in one line, before the command starts."""
+    r = CliRunner().invoke(main, [*path[1:], opt, "８"])
+    assert r.exit_code == 2, r.output
+    err = [ln for ln in r.output.splitlines() if ln.startswith("Error:")]
+    assert len(err) == 1 and opt in err[0] and "(ASCII digits only)" in err[0], r.output
+
+
 def test_sim_json_file_stdout_and_metadata(tmp_path):
     args = ["sim", "--servers", "2x2", "--policy", "jsq", "--tasks", "2000", "--seed", "3",
             "--delay", "1us"]

@@ -185,6 +185,14 @@ def test_demo_killed_leaves_no_servers(sig, tmp_path):
     (["--window", "0.001"], "give a longer --window or a larger --dilate"),
     (["--dilate", "10000", "--hop-delay", "10000"], "--hop-delay 10000 µs at dilation K=10000"),
     (["--policy", "malcolm:bogus=1"], "--policy malcolm:bogus=1: [policy]"),
+    # ASCII digits only, in every number: int() and float() read '８' ("--workers ８,８" was a
+    # rack of two 8-worker servers)
+    (["--workers", "８,８"], "--workers '８,８' must be integers like 3,3,1,1"),
+    (["--repeat", "２"], "'２' is not a valid integer (ASCII digits only)"),
+    (["--retries", "１"], "'１' is not a valid integer (ASCII digits only)"),
+    (["--dilate", "５０"], "--dilate '５０' must be 'auto' or a number >= 1"),
+    (["--window-us", "１００"], "'１００' is not a valid number (ASCII digits only)"),
+    (["--hop-delay-us", "２"], "'２' is not a valid number (ASCII digits only)"),
 ])
 def test_demo_refuses_bad_runs_before_starting(args, msg, tmp_path, monkeypatch):
     """One line and status 2 before any rack starts, not a traceback after it did."""

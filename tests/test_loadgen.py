@@ -195,6 +195,21 @@ def test_parsers_reject_bad_input():
     (["--server", "127.0.0.1:9", "--poll", "busy", "--spin", "5us"],
      "--spin has no effect with --poll busy"),
     (["--server", "127.0.0.1:9", "--segment", "0"], "'0' must be > 0s"),
+    # ASCII digits only, in every number (int() and float() read '８': "--threads ２" ran two
+    # threads, "--payload-size ８" 8 bytes)
+    (["--server", "127.0.0.1:9", "--threads", "２"], "'２' is not a valid integer (ASCII"),
+    (["--server", "127.0.0.1:9", "--seed", "５"], "'５' is not a valid integer (ASCII"),
+    (["--server", "127.0.0.1:9", "--raw", "--raw-max", "５"], "'５' is not a valid integer"),
+    (["--server", "127.0.0.1:9", "--keys", "５"], "'５' is not a valid integer (ASCII"),
+    (["--server", "127.0.0.1:9", "--value-size", "１６"], "'１６' is not a valid integer"),
+    (["--server", "127.0.0.1:9", "--bad-fraction", "０.１"], "'０.１' is not a valid number"),
+    (["--server", "127.0.0.1:9,127.0.0.1:10", "--shares", "１,2"], "must be numbers"),
+    (["--server", "127.0.0.1:9", "--change", "0.1s:rate=２x"], "factor '２x' is not a number"),
+    (["--server", "127.0.0.1:9", "--max-timeouts", "１%"], "must be a percentage (1%)"),
+    (["--server", "127.0.0.1:9", "--payload-size", "８"], "'８' is not a whole number"),
+    (["--server", "127.0.0.1:9", "--app", "rocksdb1", "--key-dist", "zipf:０.９９"],
+     "must be uniform or zipf:S"),
+    (["--server", "127.0.0.1:9", "--app", "rocksdb:９０:16"], "must be WEIGHT:N"),
 ])
 def test_cli_errors_are_clear(args, msg):
     r = CliRunner().invoke(main, ["loadgen", "--duration", "0.2s", "--warmup", "0"] + args)
@@ -223,6 +238,16 @@ def test_a_trace_too_slow_or_too_uneven_is_refused(tmp_path):
     spec = LoadSpec(Target("udp", ["127.0.0.1:9"], "t"), threads=2,
                     arrivals=traffic.parse_arrivals(f"trace:{f}"))
     spec.check_rate(1e4)
+
+
+def test_a_trace_reads_ascii_digits_only(tmp_path):
+    """float() read a trace's "８" as 8; the trace, as every number, is ASCII digits."""
+    f = tmp_path / "gaps.txt"
+    f.write_text("1 2\n3 ８ 5\n")
+    r = CliRunner().invoke(main, ["loadgen", "--server", "127.0.0.1:9", "--duration", "0.2s",
+                                  "--warmup", "0", "--arrivals", f"trace:{f}"])
+    assert r.exit_code == 2 and "line 2: '８' is not a number" in r.output, r.output
+    assert "Traceback" not in r.output and "loadgen: 1 server" not in r.output
 
 
 def test_change_rates_are_bounded_like_the_base_rate():

@@ -105,10 +105,32 @@ def test_a_long_shm_rack_name_is_refused_not_truncated(tmp_path):
     assert cfg.addresses == ["abcdefghijklm-s0", "abcdefghijklm-s1"]
 
 
+@pytest.mark.parametrize("name", ["a\\nError: forged", "\\u001b[31mred", "a\\rb", "a\\tb",
+                                  "a\\u0085b", "a\\u2028b", "a\\u202eb", "\\u0007"])
+def test_a_rack_name_with_control_characters_is_one_line(tmp_path, name):
+    """The name is printed in banners and messages (``rack up``, ``rack check``): a newline
+    or an escape sequence in it forged lines and recoloured the terminal."""
+    msg = _refused(tmp_path, f'[rack]\nname = "{name}"\n' + SERVER, "[rack] name",
+                   "control character")
+    assert not any(c in msg for c in "\x1b\r\t\x85\u2028\u202e\x07"), msg
+    # rack gen writes the name it is given; its own check refuses it the same way
+    _one_line(_gen("--hosts", "a", "--name", tomllib.loads(f'n = "{name}"')["n"]),
+              "[rack] name")
+
+
+def test_a_rack_name_may_hold_spaces_and_letters_of_any_script(tmp_path):
+    assert _load(tmp_path, '[rack]\nname = "rack é 1"\n' + SERVER).name == "rack é 1"
+
+
 @pytest.mark.parametrize("transport,addr,word", [
     ("udp", "127.0.0.1:0", "port 0"), ("udp", "[::1]:0", "port 0"),
     ("verbs", "10.0.0.1:0", "port 0"), ("udp", "127.0.0.1\\u0000:20001", "NUL"),
-    ("verbs", "10.0.0.1", "host:port")])
+    ("verbs", "10.0.0.1", "host:port"),
+    # ASCII digits only: int() read port "８０００" as 8000, isdigit() scope "８" as index 8
+    ("udp", "127.0.0.1:２０００１", "is not a number"),
+    ("verbs", "10.0.0.1:２０００１", "is not a number"),
+    ("udp", "[fe80::1%８]:20001", "no network interface '８'"),
+    ("udp", "[fe80::1%99999999999]:20001", "over 4294967295")])
 def test_port_zero_and_nul_addresses_are_refused(tmp_path, transport, addr, word):
     _refused(tmp_path, f'[rack]\ntransport = "{transport}"\n[[server]]\naddress = "{addr}"\n',
              word)
@@ -181,8 +203,10 @@ def test_gen_hostfile_repeating_a_name_passes_check(tmp_path):
 
 
 def test_gen_writes_toml_for_any_name_and_refuses_odd_hosts(tmp_path):
-    cfg = _written(tmp_path, "--hosts", "127.0.0.1", "--name", "a\x7fb")
-    assert cfg.name == "a\x7fb"
+    cfg = _written(tmp_path, "--hosts", "127.0.0.1", "--name", 'a"b\\c é')
+    assert cfg.name == 'a"b\\c é'
+    # a control character (DEL here) is refused as the rack file's own check refuses it
+    _one_line(_gen("--hosts", "127.0.0.1", "--name", "a\x7fb"), "[rack] name 'a\\x7fb'")
     _one_line(_gen("--hosts", "node1:2"), "IPv6")
     hf = tmp_path / "hosts"
     hf.write_bytes(b"no\x01de\n")

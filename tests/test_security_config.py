@@ -56,6 +56,9 @@ BAD = [
     ("handler python missing", 'handler = "python:os:nothing_here"', "nothing_here"),
     ("missing key file", 'key_file = "/nonexistent/rack.key"', "rack key"),
     ("name with slash", 'name = "a/b"', "name"),
+    # printed in banners and messages, a newline or an escape in the name forged lines
+    ("name with a newline", 'name = "a\\nError: forged"', "name 'a\\nError: forged'"),
+    ("name with an escape", 'name = "a\\u001b[2Jb"', "name 'a\\x1b[2Jb'"),
     ("bool where number", "window_us = true", "window_us"),
     ("string where number", 'capacity = "big"', "capacity"),
 ]
@@ -180,6 +183,11 @@ def test_a_good_file_passes_check(tmp_path, monkeypatch):
     (["sim", "--json", "{dir}"], "is a directory"),
     (["loadgen", "--server", "127.0.0.1:1", "--csv", "/nonexistent/x.csv"], "no directory"),
     (["bench", "micro", "--json", "/nonexistent/x.json"], "no directory"),
+    # ASCII digits only, in every number (int() read '８': "--keys ８" built 8 keys)
+    (["rocksdb", "load", "{dir}/db", "--keys", "８"], "'８' is not a valid integer (ASCII"),
+    (["rocksdb", "get", "{dir}/db", "８"], "'８' is not a valid integer (ASCII"),
+    (["rocksdb", "calibrate", "{dir}/db", "--sizes", "１６"], "'１６' must be GET sizes"),
+    (["rocksdb", "calibrate", "{dir}/db", "--seed", "１"], "'１' is not a valid integer"),
 ])
 def test_bad_flags_give_one_line(tmp_path, args, word):
     rack = _rack(tmp_path)

@@ -270,6 +270,17 @@ def test_link_local_scope_parses_by_name_and_index():
     assert addr_bytes("udp", "[fe80::2]:7")[2] == 0
     with pytest.raises(ValueError, match="no network interface"):
         addr_bytes("udp", "[fe80::2%nosuchif0]:7")
+    # ASCII digits only: isdigit() took "８" for interface 8 and passed "²" to int(), which
+    # refused it in its own words; an index past the wire's uint32 was an OverflowError
+    for scope in ("８", "²"):
+        with pytest.raises(ValueError, match=f"no network interface '{scope}'"):
+            addr_bytes("udp", f"[fe80::2%{scope}]:7")
+    with pytest.raises(ValueError, match="over 4294967295"):
+        addr_bytes("udp", "[fe80::2%4294967296]:7")
+    # and so is a port: int() read "８０" as 80 and "8_0" as 80
+    for port in ("８０", "8_0"):
+        with pytest.raises(ValueError, match=f"port '{port}' is not a number"):
+            addr_bytes("udp", f"127.0.0.1:{port}")
 
 
 def test_pingpong_tool_between_processes_over_udp():

@@ -24,7 +24,7 @@ import time
 
 import click
 
-from malcolm.commands.types import Duration, json_option, write_json
+from malcolm.commands.types import FLOAT, Duration, IntRange, json_option, write_json
 
 # Two repeats of 3 s: a run disturbed by other jobs is flagged and run again once (at most 6
 # of the 24 runs), so that each point keeps two clean repeats; about two minutes on the
@@ -171,8 +171,9 @@ def too_many_threads(workers):
 
 
 def _workers(text):
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
+    from malcolm._units import ascii_number
+    try:        # ASCII digits: int() took "８,８" for two servers of 8 workers
+        vals = [ascii_number(x, int) for x in text.split(",") if x.strip()]
     except ValueError:
         raise click.UsageError(f"--workers {text!r} must be integers like 3,3,1,1") from None
     if not 1 <= len(vals) <= 64 or any(not 0 <= w <= 64 for w in vals):
@@ -206,9 +207,9 @@ Examples:
               help="Target loads, fractions of the rack's capacity: 0.5,0.7 or "
                    "0.5:0.9:0.1; repeatable (default 0.5,0.7,0.85).")
 @click.option("--loads", default=None, hidden=True)
-@click.option("--repeat", type=click.IntRange(1, 1000), default=None,
+@click.option("--repeat", type=IntRange(1, 1000), default=None,
               help="Runs per policy and load, 1 to 1000 (default 2).")
-@click.option("--retries", type=click.IntRange(0, 100), default=None,
+@click.option("--retries", type=IntRange(0, 100), default=None,
               help="Run a flagged run (generator late, effective load off target) again at "
                    "once, up to this many times (at most 100); every attempt is listed in "
                    "the JSON (default 1, --quick 0).")
@@ -223,7 +224,7 @@ Examples:
 @click.option("--window", "window_us", default=100.0, show_default=True,
               type=Duration("us", min=0, min_open=True),
               help="Nominal policy window (heartbeat period); bare number: µs.")
-@click.option("--window-us", "window_us_old", default=None, hidden=True, type=float)
+@click.option("--window-us", "window_us_old", default=None, hidden=True, type=FLOAT)
 @click.option("--workers", "workers_text", default="3,3,1,1", show_default=True,
               help="Worker threads per server (one number per server).")
 @click.option("--dilate", "dilate_text", default=None,
@@ -233,7 +234,7 @@ Examples:
               help="Per-hop network delay added by the transports, at rack scale (x K in "
                    "real time); bare number: µs. Default 2 µs (half the thesis's measured "
                    "round trip) when K > 1, none at K = 1.")
-@click.option("--hop-delay-us", "hop_delay_us_old", type=float, default=None,
+@click.option("--hop-delay-us", "hop_delay_us_old", type=FLOAT, default=None,
               hidden=True)
 @click.option("--compare-sim", is_flag=True,
               help="Run the simulator's twin of every point with the measured costs.")

@@ -10,7 +10,10 @@ import threading
 import click
 
 from malcolm.commands.types import (
+    FLOAT,
+    INT,
     Duration,
+    IntRange,
     Rate,
     check_writable,
     json_option,
@@ -80,7 +83,7 @@ def _refuse_orphans(ctx, raw, app, poll, bad_fraction):
 @click.option("--warmup", default="1s", show_default=True, type=Duration("s"),
               help="Time before the measurement (bare number: seconds): tasks are sent and "
                    "accounted, not measured.")
-@click.option("--threads", default=1, show_default=True, type=click.IntRange(1, 64),
+@click.option("--threads", default=1, show_default=True, type=IntRange(1, 64),
               help="Client threads, each with its own endpoint and an equal share of the rate.")
 @click.option("--timeout", default="1s", show_default=True, type=Duration("s"),
               help="A task with no response this long after its intended send time is "
@@ -104,13 +107,13 @@ def _refuse_orphans(ctx, raw, app, poll, bad_fraction):
 @click.option("--spin-us", "spin_us_old", default=None, hidden=True, type=Duration("us"))
 @click.option("--raw", is_flag=True,
               help="Keep every latency sample and compute exact percentiles.")
-@click.option("--raw-max", default=10_000_000, show_default=True,
+@click.option("--raw-max", default=10_000_000, show_default=True, type=INT,
               help="At most this many raw samples (latencies) in all, the first each "
                    "thread completed; the report says when the percentiles are over those.")
 @click.option("--lag-threshold", default=50.0, show_default=True, type=Duration("us"),
               help="A send later than this behind its schedule counts as late (bare number: "
                    "µs).")
-@click.option("--seed", default=1, show_default=True,
+@click.option("--seed", default=1, show_default=True, type=INT,
               help="Seed of the arrival, server-choice and service-time streams.")
 @click.option("--bind", default=None, help="udp, verbs: local address to bind (udp default "
               "0.0.0.0:0; verbs: the RDMA device's first IPv4 address, port 0).")
@@ -133,14 +136,14 @@ def _refuse_orphans(ctx, raw, app, poll, bad_fraction):
               help="Send real requests instead of service times: rocksdb1, rocksdb2 or "
                    "rocksdb:W:N,W:N,... (GET(N) mixes; servers run the rocksdb handler). "
                    "Every value is checked. See docs/rocksdb.md.")
-@click.option("--keys", "app_keys", type=int, default=None,
+@click.option("--keys", "app_keys", type=INT, default=None,
               help="--app: keys in the dictionary (default: read from the rack's database "
                    "when it is on this host, else 1000000).")
-@click.option("--value-size", "app_value_size", type=int, default=None,
+@click.option("--value-size", "app_value_size", type=INT, default=None,
               help="--app: bytes per value (default: as --keys, else 16).")
 @click.option("--key-dist", default="uniform", show_default=True,
               help="--app: uniform, or zipf:S (e.g. zipf:0.99).")
-@click.option("--bad-fraction", default=0.0, show_default=True,
+@click.option("--bad-fraction", default=0.0, show_default=True, type=FLOAT,
               help="--app: share of requests made malformed on purpose; each must be "
                    "answered 'bad input'.")
 @click.option("--max-timeouts", default="1%", show_default=True,

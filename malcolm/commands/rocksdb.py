@@ -6,7 +6,14 @@ import sys
 
 import click
 
-from malcolm.commands.types import JsonArgsCommand, check_writable, json_option, write_json
+from malcolm.commands.types import (
+    INT,
+    IntRange,
+    JsonArgsCommand,
+    check_writable,
+    json_option,
+    write_json,
+)
 
 # The dictionary's limits (malcolm/workers/rocksdb_kv.h), checked here before any call into
 # the extension, whose C integers would overflow on a larger number (a traceback, not a line):
@@ -48,9 +55,9 @@ Examples:
   malcolm rocksdb load /tmp/kv                      a million keys of 16 B
   malcolm rocksdb load /tmp/kv --keys 10000 --value-size 64 --force
 """)
-@click.option("--keys", type=click.IntRange(1, KEY_MAX), default=1_000_000, show_default=True,
+@click.option("--keys", type=IntRange(1, KEY_MAX), default=1_000_000, show_default=True,
               help=f"Number of keys (indices 0..keys-1), 1..{KEY_MAX}.")
-@click.option("--value-size", type=click.IntRange(1, VALUE_MAX), default=16, show_default=True,
+@click.option("--value-size", type=IntRange(1, VALUE_MAX), default=16, show_default=True,
               help=f"Bytes per value, 1..{VALUE_MAX}. With 16, the answer to a GET(64) is "
                    "exactly the 1024 bytes a response payload holds.")
 @click.option("--force", is_flag=True, help="Replace an existing database at PATH.")
@@ -81,7 +88,7 @@ Examples:
   malcolm rocksdb get /tmp/kv 0 1 999999
 """)
 @click.argument("path", type=click.Path())
-@click.argument("keys", nargs=-1, type=int, required=True)
+@click.argument("keys", nargs=-1, type=INT, required=True)
 def get(path, keys):
     """Look up KEYS through the handler, as a server would, and check the values."""
     if len(keys) > GET_MAX:
@@ -128,16 +135,16 @@ Examples:
 """)
 @click.option("--sizes", default="16,64", show_default=True,
               help="GET sizes to time (keys per request).")
-@click.option("--samples", type=click.IntRange(100, SAMPLES_MAX), default=20000,
+@click.option("--samples", type=IntRange(100, SAMPLES_MAX), default=20000,
               show_default=True, help=f"Requests per size, 100..{SAMPLES_MAX}.")
-@click.option("--warmup-requests", "warmup", type=click.IntRange(0, SAMPLES_MAX), default=2000,
+@click.option("--warmup-requests", "warmup", type=IntRange(0, SAMPLES_MAX), default=2000,
               show_default=True,
               help="Untimed requests per size first (fills the block cache).")
-@click.option("--warmup", "warmup_old", type=click.IntRange(0, SAMPLES_MAX), default=None,
+@click.option("--warmup", "warmup_old", type=IntRange(0, SAMPLES_MAX), default=None,
               hidden=True)
 @click.option("--key-dist", default="uniform", show_default=True,
               help="uniform or zipf:S.")
-@click.option("--seed", type=click.IntRange(0), default=1, show_default=True,
+@click.option("--seed", type=IntRange(0), default=1, show_default=True,
               help="Seed of the key choice.")
 @json_option("the measurement (quantiles per size, the machine, the run metadata)")
 @click.option("--out", "out_old", type=click.Path(dir_okay=False), default=None, hidden=True)
@@ -158,7 +165,6 @@ def calibrate(sizes, samples, warmup, warmup_old, key_dist, seed, json_out, out_
     """
     out_path = json_out or out_old
     check_writable(out_path, "--json" if json_out else "--out")    # not after the whole run
-    rdb = _rdb()
     warmup = warmup if warmup_old is None else warmup_old     # the old spelling, hidden
     from malcolm.loadgen import rocksdb_calibrate as cal
     from malcolm.loadgen.apps import AppError, check_zipf_keys, parse_key_dist
@@ -166,8 +172,9 @@ def calibrate(sizes, samples, warmup, warmup_old, key_dist, seed, json_out, out_
         s = parse_key_dist(key_dist)
     except AppError as e:
         raise click.UsageError(str(e)) from None
-    try:
-        ns = [int(x) for x in sizes.split(",") if x.strip()]
+    from malcolm._units import ascii_number
+    try:        # ASCII digits, as every number of the CLI (int() read "１６")
+        ns = [ascii_number(x, int) for x in sizes.split(",") if x.strip()]
     except ValueError:
         ns = []
     if not ns:
@@ -180,6 +187,7 @@ def calibrate(sizes, samples, warmup, warmup_old, key_dist, seed, json_out, out_
     if update_workloads and (not {16, 64} <= set(ns) or s):
         raise click.UsageError("--update-workloads needs --sizes with 16 and 64 and uniform "
                                "keys (the workloads' GET(16) and GET(64))")
+    rdb = _rdb()        # after the flags: a bad one is said whether or not it is built
     try:
         db = rdb.open_handler(f"path={path}")
     except rdb.RocksDBError as e:

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from malcolm._units import ascii_number
+
 NAMED = {"rocksdb1": ((90.0, 16), (10.0, 64)), "rocksdb2": ((50.0, 16), (50.0, 64))}
 MAX_TYPES = 16
 # Zipf keys are drawn from a CDF and a guide table over every key (12 bytes a key, shared by
@@ -121,8 +123,8 @@ def parse_key_dist(text) -> float:
         return 0.0
     kind, sep, val = t.partition(":")
     if kind == "zipf" and sep:
-        try:
-            s = float(val)
+        try:            # ASCII digits only, as every number of the CLI
+            s = ascii_number(val)
         except ValueError:
             s = float("nan")
         if 0 < s <= 10:
@@ -141,8 +143,8 @@ def parse_app(text, n_keys=None, value_size=None, key_dist="uniform",
         mix = []
         for part in t[8:].split(","):
             w, sep, n = part.strip().partition(":")
-            try:
-                w, n = float(w), int(n)
+            try:        # ASCII digits only: float() and int() read "９０:１６" too
+                w, n = ascii_number(w), ascii_number(n, int)
             except ValueError:
                 raise AppError(f"--app {text!r}: {part!r} must be WEIGHT:N, e.g. "
                                "rocksdb:90:16,10:64") from None

@@ -17,6 +17,7 @@ import struct
 import threading
 import time
 
+from malcolm._units import ascii_number
 from malcolm.net import wire
 from malcolm.net.ports import free_udp_ports
 from malcolm.runtime.launcher import LocalRack
@@ -338,7 +339,12 @@ def impair(ns, spec):
     if shutil.which("nft") is None:
         raise RuntimeError(f"netem is not available here ({r.stderr.strip()}) and nft is "
                            "not installed (apt-get install nftables)")
-    pct = float(parts[1][:-1])
+    try:        # ASCII digits only, as every number of the CLI
+        pct = ascii_number(parts[1][:-1])
+    except ValueError:
+        pct = math.nan
+    if not 0 <= pct <= 100:             # NaN fails this too (round() refused it: a traceback)
+        raise RuntimeError(f"loss {parts[1]!r} is not a percentage in 0..100%")
     rules = ["add table inet mcfault",
              "add chain inet mcfault in { type filter hook input priority 0; }",
              f"add rule inet mcfault in meta l4proto udp numgen random mod 10000 lt "
@@ -395,7 +401,8 @@ def dilate_qdisc(spec, k):
     for tok in spec.split():
         for unit, scale in (("us", 1.0), ("ms", 1e3), ("s", 1e6)):
             num = tok[:-len(unit)]
-            if tok.endswith(unit) and num.replace(".", "", 1).isdigit():
+            # isascii: isdigit() alone passed "²", which float() then refused (a traceback)
+            if tok.endswith(unit) and num.isascii() and num.replace(".", "", 1).isdigit():
                 tok = f"{float(num) * scale * k:.3f}".rstrip("0").rstrip(".") + "us"
                 break
         out.append(tok)

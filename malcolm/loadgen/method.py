@@ -13,6 +13,8 @@ import json
 import math
 from dataclasses import dataclass
 
+from malcolm._units import ascii_number
+
 # A run is flagged, and kept out of the median, when its generator was late for more than
 # LATE_MAX of its sends or its effective load is more than LOAD_TOL off the target.
 LATE_MAX = 0.01
@@ -31,8 +33,8 @@ def parse_dilation(value):
     """
     if value == "auto":
         return "auto"
-    try:
-        k = float(value)
+    try:        # ASCII digits only, as every number of the CLI (float() read "５０")
+        k = ascii_number(value)
     except (TypeError, ValueError):
         raise ValueError(f"--dilate {value!r} must be 'auto' or a number >= 1") from None
     if not 1 <= k <= DILATE_MAX:       # NaN fails this too

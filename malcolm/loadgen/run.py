@@ -66,8 +66,8 @@ def parse_share_limit(text, what="limit") -> float:
     """``"1%"`` or ``"0.01"`` -> a fraction in 0..1."""
     t = str(text).strip()
     scale = 0.01 if t.endswith("%") else 1.0
-    try:
-        v = float(t.rstrip("%")) * scale
+    try:        # ASCII digits only, as every number of the CLI (float() read "１%")
+        v = _units.ascii_number(t.rstrip("%")) * scale
     except ValueError:
         raise LoadgenError(f"{what} {text!r} must be a percentage (1%) or a fraction "
                            "(0.01)") from None
@@ -82,8 +82,8 @@ def parse_shares(text, n: int) -> list[float]:
         vals = list(text)
     else:
         vals = [p for p in re.split(r"[,/]", str(text)) if p.strip()]
-    try:
-        vals = [float(v) for v in vals]
+    try:        # a string in ASCII digits only (float() read "１,1"); a number as it is
+        vals = [_units.ascii_number(v) if isinstance(v, str) else float(v) for v in vals]
     except ValueError:
         raise LoadgenError(f"shares {text!r} must be numbers, e.g. 1,1,2,2") from None
     if len(vals) != n:
@@ -120,8 +120,8 @@ def parse_change(text: str, n: int) -> Change:
         if key == "rate":
             v = value.strip().lower()
             if v.endswith("x"):
-                try:
-                    ch.factor = float(v[:-1])
+                try:    # ASCII digits only, as the rates' own grammar
+                    ch.factor = _units.ascii_number(v[:-1])
                 except ValueError:
                     raise LoadgenError(f"--change {text!r}: factor {value!r} is not a number")\
                         from None

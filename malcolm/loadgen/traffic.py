@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from malcolm._units import ascii_number
 from malcolm.net.wire import MAX_PAYLOAD
 
 ARRIVALS = {"poisson": 0, "fixed": 1, "trace": 2}
@@ -146,8 +147,8 @@ def read_numbers(path: str) -> np.ndarray:
         for tok in _SPLIT.split(line):
             if not tok:
                 continue
-            try:
-                v = float(tok)
+            try:        # ASCII digits only: float() read "８" or "1_000" in a trace
+                v = ascii_number(tok)
             except ValueError:
                 raise TrafficError(f"trace {path!r}, line {lineno}: {tok[:40]!r} is not a "
                                    "number") from None
@@ -197,8 +198,8 @@ class Payload:
 
 
 def _size(text: str, what: str) -> int:
-    try:
-        v = int(text)
+    try:        # ASCII digits only, as every number of the CLI (int() read "８")
+        v = ascii_number(text, int)
     except ValueError:
         raise TrafficError(f"--payload-size {what!r}: {text!r} is not a whole number of "
                            "bytes") from None

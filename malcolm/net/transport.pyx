@@ -10,6 +10,8 @@ import itertools
 import os
 import socket
 
+from malcolm._units import ascii_number
+
 from libc.errno cimport errno
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free
@@ -97,8 +99,8 @@ def split_host_port(obj, str what="udp"):
         host = host.strip("[]")
     else:
         host, port = obj
-    try:
-        port = int(port)
+    try:        # ASCII digits only: int() read "127.0.0.1:８０" as port 80
+        port = ascii_number(port, int) if isinstance(port, str) else int(port)
     except ValueError:
         raise ValueError(f"{what} address {obj!r}: port {port!r} is not a number") from None
     if not 0 <= port <= 65535:
@@ -146,7 +148,13 @@ cdef int addr_parse(str kind, object obj, NetAddr* out) except -1:
 
 def _scope_index(str scope, obj):
     """The interface index of an IPv6 scope (``fe80::1%eth0`` or ``fe80::1%2``)."""
-    if scope.isdigit():
+    # ASCII digits only: isdigit() passed "８" (interface 8) and "²" (int() then failed)
+    if scope.isascii() and scope.isdigit():
+        # the wire's uint32: an OverflowError, not a line (the length first: int() refuses
+        # over 4300 digits in words of its own)
+        if len(scope) > 10 or int(scope) > 0xFFFFFFFF:
+            raise ValueError(f"udp address {obj!r}: interface index {scope[:12]}"
+                             f"{'...' if len(scope) > 12 else ''} is over 4294967295")
         return int(scope)
     try:
         return socket.if_nametoindex(scope)

@@ -272,9 +272,13 @@ def parse_rack(data: dict, path: str = "<rack>") -> RackConfig:
     if vals["clients"] is not None and not all(isinstance(c, str) for c in vals["clients"]):
         raise ConfigError(f"{path}: [rack] clients must be a list of networks as strings, "
                           "e.g. [\"127.0.0.0/8\"]")
-    if not vals["name"] or "/" in vals["name"] or "\0" in vals["name"]:
-        raise ConfigError(f"{path}: [rack] name {vals['name']!r} must be non-empty, without "
-                          "'/' or NUL")
+    # isprintable(): the name is printed in banners and messages, where a newline, an escape
+    # sequence or another control character (NUL included) would forge lines or recolour
+    # the terminal; repr() keeps this message to one line
+    if not vals["name"] or "/" in vals["name"] or not vals["name"].isprintable():
+        raise ConfigError(f"{path}: [rack] name {vals['name']!r} must be non-empty and "
+                          "printable, without '/' (no NUL, newline, escape or other control "
+                          "character)")
     kf = vals["key_file"]
     if kf is not None and (not kf.strip() or "\0" in kf):
         # an empty key_file ("$UNSET" in a template) must not run the rack unauthenticated:
