@@ -59,6 +59,31 @@ def test_effective_load_and_flags():
     assert len(f) == 1 and "11 of 1000 handler calls overran" in f[0]
 
 
+def test_sampling_note_predicts_how_often_chance_alone_flags_a_run():
+    # the measurement the flag reads: a Poisson count of arrivals times their sample mean
+    import numpy as np
+    wl = parse_workload("bimodal")
+    workers, load, dur = 7, 0.85, 3.0
+    rate = load * workers / (wl.mean_us * 1e-6) / 50          # dilated x50, as in the demo
+    note = method.sampling_note(load, rate, dur, wl.scv, wl.name)
+    assert note and "bimodal" in note
+    rng = np.random.default_rng(7)
+    off = []
+    for _ in range(4000):
+        n = rng.poisson(rate * dur)
+        svc = np.where(rng.random(n) < 0.9, 50.0, 500.0) * 50
+        off.append(abs(n / dur * svc.mean() * 1e-6 / workers - load) > method.LOAD_TOL)
+    said = float(note.split("about ")[2].split("%")[0])       # "... about 21% of such runs"
+    assert said == pytest.approx(100 * np.mean(off), abs=3)
+    # the --duration it names brings it under 5%
+    need = float(note.split("--duration ")[1].split("s ")[0])
+    sd = load * math.sqrt((1 + wl.scv) / (rate * need))
+    assert math.erfc(method.LOAD_TOL / sd / math.sqrt(2)) < 0.05
+    # the default demo (3,3,1,1 at Exp(50), 3 s) is long enough to say nothing
+    exp = parse_workload("exp:50")
+    assert method.sampling_note(0.85, 0.85 * 8 / 50e-6 / 50, 3.0, exp.scv, "exp") is None
+
+
 def test_corrected_rate():
     assert method.corrected_rate(0.85, 4000, 1.0) == pytest.approx(3400)
     # a handler 10% slow gets 10% fewer tasks, so the effective load is on target

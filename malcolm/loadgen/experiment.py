@@ -552,12 +552,7 @@ class Experiment:
             else:
                 self.dilate = float(self.dilate_arg)
             k = self.dilate
-            hop = self.hop_us(k)
-            self.net_delay = (
-                f"per-hop delay: {hop:g} µs at rack scale, added by every endpoint's "
-                f"transport ({hop * k:g} µs real), on top of the loopback's own" if hop > 0
-                else "per-hop delay: none added (K = 1 or --hop-delay 0): the loopback's "
-                     "own, measured below")
+            self.net_delay = method.hop_text(self.hop_us(k), k)
             self.layout = method.layout(self.workers, self.cpus, max(self.loads) * self.capacity())
             self.echo(f"dilation K={k:g}: {self.wl.mean_us:g} µs tasks run as "
                       f"{self.wl.mean_us * k:g} µs, {self.window_us:g} µs windows as "
@@ -567,6 +562,11 @@ class Experiment:
             self.echo(self.net_delay)
             self.echo(f"priority: nice {NICE} for the racks and the load generator"
                       if self.prioritized else "priority: unchanged (not root)")
+            top = max(self.loads)
+            note = method.sampling_note(top, top * self.capacity(), self.duration_s,
+                                        self.wl.scv, self.wl.name)
+            if note:
+                self.echo(note)
             for r in range(self.repeat):
                 if self.stop.is_set():
                     break

@@ -118,6 +118,41 @@ def flags(late_fraction, eff_load, target, accounted=True, timed_out=0, overruns
     return out
 
 
+def hop_text(hop_us, k):
+    """The banner's line on the per-hop delay ``hop_us`` (rack scale) at dilation ``k``."""
+    if hop_us > 0:
+        return (f"per-hop delay: {hop_us:g} µs at rack scale, added by every endpoint's "
+                f"transport ({hop_us * k:g} µs real), on top of the loopback's own")
+    return ("per-hop delay: none added (K = 1 or --hop-delay 0): the loopback's own, "
+            "measured below")
+
+
+def sampling_note(load, rate_per_s, duration_s, scv, name):
+    """A note for the banner where a run is too short for its effective load to stay within
+    :data:`LOAD_TOL` of ``load`` by chance alone (None where it mostly does).
+
+    A run of ``rate_per_s`` x ``duration_s`` tasks (Poisson arrivals; service times of
+    squared coefficient of variation ``scv``) measures its effective load, the count times
+    the sample mean, with a relative standard deviation of sqrt((1 + scv) / tasks): Bimodal
+    (scv 2) on the demo's rack of 2, 2, 1, 1, 1 workers at 0.85 over 3 s is +/-0.024, and a
+    fifth to a third of such runs were flagged and run again, a whole load at a time (the
+    policies share their arrivals), which looks like a machine that cannot keep its load.
+    Said once, before the runs, with the --duration that brings it under one in twenty (two
+    standard deviations within the tolerance)."""
+    tasks = rate_per_s * duration_s
+    if not (tasks > 0 and math.isfinite(scv) and scv >= 0):
+        return None
+    sd = load * math.sqrt((1.0 + scv) / tasks)
+    if 2.0 * sd <= LOAD_TOL:
+        return None
+    off = math.erfc(LOAD_TOL / sd / math.sqrt(2.0))       # P(|N(0, sd)| > LOAD_TOL)
+    need_s = (2.0 * load / LOAD_TOL) ** 2 * (1.0 + scv) / rate_per_s
+    return (f"note: a {duration_s:g} s run at load {load:g} draws about {tasks:.0f} {name} "
+            f"tasks, so its effective load varies by +/-{sd:.3f} (1 sd) by chance alone: "
+            f"about {100 * off:.0f}% of such runs will be flagged as off target by more than "
+            f"{LOAD_TOL:g}; --duration {math.ceil(need_s):g}s would make it under 5%")
+
+
 def corrected_rate(load, nominal_capacity, service_factor):
     """Arrival rate (tasks/s) that gives ``load`` when the handler's real mean service time
     is ``service_factor`` times the nominal one (1: no correction)."""
