@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["ascii_number", "parse_duration", "parse_rate"]
+__all__ = ["ascii_digits", "ascii_number", "parse_duration", "parse_rate"]
 
 # nanoseconds per unit (whole numbers, so that 0.5ms -> 500.0 µs exactly)
 _DURATION_UNITS = {"ns": 1.0, "us": 1e3, "µs": 1e3, "ms": 1e6, "s": 1e9, "m": 60e9,
@@ -15,6 +15,12 @@ _NUMBER = r"[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?"
 _DURATION_RE = re.compile(rf"\s*({_NUMBER})\s*(ns|us|µs|ms|s|min|m|h)?\s*")
 _RATE_RE = re.compile(rf"\s*({_NUMBER})\s*([kKmMgG]?)\s*(?:/s)?\s*")
 _RATE_SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9}
+
+
+def ascii_digits(text: str) -> bool:
+    """Whether ``text`` is one or more ASCII digits: ``str.isdigit`` alone is true of ``²``
+    and ``８`` too, which ``int()`` then refuses or reads as 8."""
+    return text.isascii() and text.isdigit()
 
 
 def ascii_number(text, typ=float):

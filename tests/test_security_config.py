@@ -225,8 +225,7 @@ def test_user_names_are_quoted_not_printed_raw(tmp_path, args, word):
 def test_rack_up_refuses_more_server_threads_than_the_demo(tmp_path, monkeypatch):
     """64 servers of 1024 workers pass rack check (a rack of many hosts), but rack up runs
     them all here: 65 000 polling threads on 2 cores. Refused like the demo's --workers."""
-    from malcolm.commands.demo import THREADS_PER_CPU
-    from malcolm.runtime.launcher import LocalRack
+    from malcolm.runtime.launcher import THREADS_PER_CPU, LocalRack
 
     def no_start(*a, **k):
         raise AssertionError("rack up started a server")

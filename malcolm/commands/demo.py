@@ -150,26 +150,6 @@ def _dilate(text):
         raise click.UsageError(str(e)) from None
 
 
-#: Server threads (gateways and workers) the demo and ``rack up`` run per CPU at most: the
-#: default rack has 12 on 2 CPUs, the largest in the docs 20.
-THREADS_PER_CPU = 16
-
-
-def too_many_threads(workers):
-    """Why servers of ``workers`` worker threads each cannot all run on this machine, or None.
-
-    Every server runs a gateway and a thread per worker here. Far more of them than cores
-    cannot keep a schedule at any dilation, and 64 servers of 64 workers (4160 polling
-    threads) stalled a 2-core machine for a quarter of an hour.
-    """
-    cpus = len(os.sched_getaffinity(0))
-    threads = sum(1 + max(0, w) for w in workers)
-    if threads > THREADS_PER_CPU * cpus:
-        return (f"{threads} server threads (a gateway per server, one per worker) on {cpus} "
-                f"CPU(s); at most {THREADS_PER_CPU} per CPU here")
-    return None
-
-
 def _workers(text):
     from malcolm._units import ascii_number
     try:        # ASCII digits: int() took "８,８" for two servers of 8 workers
@@ -178,6 +158,7 @@ def _workers(text):
         raise click.UsageError(f"--workers {text!r} must be integers like 3,3,1,1") from None
     if not 1 <= len(vals) <= 64 or any(not 0 <= w <= 64 for w in vals):
         raise click.UsageError(f"--workers {text!r}: 1-64 servers of 0-64 workers each")
+    from malcolm.runtime.launcher import too_many_threads
     why = too_many_threads(vals)
     if why:
         raise click.UsageError(f"--workers {text!r}: {why}")

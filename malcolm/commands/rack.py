@@ -11,7 +11,7 @@ import time
 import click
 
 from malcolm.commands.types import Duration
-from malcolm.runtime.launcher import LocalRack, ServerExited
+from malcolm.runtime.launcher import LocalRack, ServerExited, too_many_threads
 
 
 @click.group(epilog="""
@@ -129,7 +129,6 @@ def up(rack_pos, rack_opt, stats, duration, logdir, keep_going):
             os.makedirs(logdir, exist_ok=True)
         lr = LocalRack(rack_path, ["--stats"] if stats else [], logdir)
         check_rack(lr.cfg)
-        from malcolm.commands.demo import too_many_threads
         why = too_many_threads([s.workers for s in lr.cfg.servers])
         if why:         # rack check takes it: a rack of many hosts runs serve on each
             raise ConfigError(f"rack file {rack_path!r}: {why}; rack up runs every server "

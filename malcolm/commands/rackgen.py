@@ -22,6 +22,7 @@ import subprocess
 
 import click
 
+from malcolm._units import ascii_digits
 from malcolm.commands.types import IntRange
 
 try:
@@ -69,10 +70,6 @@ def expand_nodelist(nodelist: str) -> list[str]:
     return out
 
 
-def _digits(text: str) -> bool:
-    return text.isascii() and text.isdigit()
-
-
 def _expand_one(name: str, whole: str) -> list[str]:
     m = _BRACKET.search(name)
     if not m:
@@ -82,7 +79,7 @@ def _expand_one(name: str, whole: str) -> list[str]:
     for part in m.group(1).split(","):
         lo, dash, hi = part.strip().partition("-")
         # ASCII: isdigit() is true of '²' and '１' ("n[²]" was a host "n²", "n[１-２]" n1, n2)
-        if not _digits(lo) or (dash and not _digits(hi)):
+        if not ascii_digits(lo) or (dash and not ascii_digits(hi)):
             raise ValueError(f"node list {whole!r}: {part!r} is not N or N-M")
         if not dash:
             items.append(lo)
@@ -163,7 +160,7 @@ def read_hostfile(path: str) -> list[tuple[str, int | None]]:
 
 
 def _slots(text, path, no):
-    if not _digits(text) or int(text) < 1:
+    if not ascii_digits(text) or int(text) < 1:
         raise ValueError(f"hostfile {path} line {no}: slot count {text!r} must be a "
                          "positive integer")
     return int(text)
@@ -412,7 +409,7 @@ def gen(from_slurm, hostfile, hosts, per_host, transport, port, workers, handler
         if env_per and not hostfile:
             # Slurm writes a positive count ("4", or "4(x2)"); anything else is a broken
             # environment, said in one line rather than taken for 1 (or 0 servers)
-            if not (_digits(env_per) and 1 <= int(env_per) <= 64):
+            if not (ascii_digits(env_per) and 1 <= int(env_per) <= 64):
                 raise click.UsageError(f"SLURM_NTASKS_PER_NODE={env_per!r} must be a count "
                                        "of 1-64 tasks per node")
             default_per = int(env_per)

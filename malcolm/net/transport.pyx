@@ -10,7 +10,7 @@ import itertools
 import os
 import socket
 
-from malcolm._units import ascii_number
+from malcolm._units import ascii_digits, ascii_number
 
 from libc.errno cimport errno
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
@@ -149,7 +149,7 @@ cdef int addr_parse(str kind, object obj, NetAddr* out) except -1:
 def _scope_index(str scope, obj):
     """The interface index of an IPv6 scope (``fe80::1%eth0`` or ``fe80::1%2``)."""
     # ASCII digits only: isdigit() passed "８" (interface 8) and "²" (int() then failed)
-    if scope.isascii() and scope.isdigit():
+    if ascii_digits(scope):
         # the wire's uint32: an OverflowError, not a line (the length first: int() refuses
         # over 4300 digits in words of its own)
         if len(scope) > 10 or int(scope) > 0xFFFFFFFF:

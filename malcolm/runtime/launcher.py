@@ -20,6 +20,7 @@ import threading
 import time
 import weakref
 
+from malcolm._units import ascii_digits
 from malcolm.runtime.config import load_rack, stop_bound_s
 
 # `malcolm serve` exits with this code when its address is taken (EADDRINUSE, Linux's value):
@@ -54,6 +55,27 @@ class ServerExited(RuntimeError):
         self.reason = lines[-1].strip() if lines else "no output"
         self.addr_in_use = code == EXIT_ADDR_IN_USE
         super().__init__(f"server {server} exited with {code}:\n{output[-3000:]}")
+
+
+#: Server threads (gateways and workers) the demo and ``rack up`` start here, through
+#: :class:`LocalRack`, per CPU at most: the demo's default rack has 12 on 2 CPUs, the
+#: largest in the docs 20.
+THREADS_PER_CPU = 16
+
+
+def too_many_threads(workers):
+    """Why servers of ``workers`` worker threads each cannot all run on this machine, or None.
+
+    Every server runs a gateway and a thread per worker here. Far more of them than cores
+    cannot keep a schedule at any dilation, and 64 servers of 64 workers (4160 polling
+    threads) stalled a 2-core machine for a quarter of an hour.
+    """
+    cpus = len(os.sched_getaffinity(0))
+    threads = sum(1 + max(0, w) for w in workers)
+    if threads > THREADS_PER_CPU * cpus:
+        return (f"{threads} server threads (a gateway per server, one per worker) on {cpus} "
+                f"CPU(s); at most {THREADS_PER_CPU} per CPU here")
+    return None
 
 
 class LocalRack:
@@ -324,7 +346,7 @@ def die_with_launcher():
     parent (about once a second) is all there is.
     """
     text = os.environ.get("MALCOLM_LAUNCHER_PID", "")
-    if not (text.isascii() and text.isdigit()):      # '²' is a digit to str.isdigit
+    if not ascii_digits(text):
         return None
     parent = int(text)
     if sys.platform.startswith("linux"):
