@@ -51,9 +51,27 @@ def parser(doc: str, examples: str, **kw) -> argparse.ArgumentParser:
     """
     lines = "\n".join("  " + ln.strip() for ln in examples.strip().splitlines())
     desc = doc.strip().split("\n\n")[0].replace("``", "")      # no RST markup in --help
-    return argparse.ArgumentParser(description=desc,
-                                   epilog=f"Examples:\n{lines}\n",
-                                   formatter_class=argparse.RawDescriptionHelpFormatter, **kw)
+    ap = argparse.ArgumentParser(description=desc, epilog=f"Examples:\n{lines}\n",
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, **kw)
+    # ``type=int`` and ``type=float`` read ASCII digits only, as every ``malcolm`` option does
+    # (``int()`` reads ``８`` as 8 and ``1_0`` as 10): argparse looks a type up in this
+    # registry before calling it, and argument groups share it
+    ap.register("type", int, _ascii_int)
+    ap.register("type", float, _ascii_float)
+    return ap
+
+
+def _ascii_int(text):
+    return ascii_number(text, int)
+
+
+def _ascii_float(text):
+    return ascii_number(text, float)
+
+
+# argparse names the type in its message: "invalid int value: '８'"
+_ascii_int.__name__ = "int"
+_ascii_float.__name__ = "float"
 
 
 def duration(unit: str = "s", positive: bool = False):

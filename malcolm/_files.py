@@ -1,5 +1,5 @@
 """Writing an output file (``--json``, ``--stats-json``, ``rack gen -o``) without replacing what
-is not a file."""
+is not a file, reading a bounded input file, and naming a path in a line of output."""
 
 from __future__ import annotations
 
@@ -61,3 +61,11 @@ def read_text(path: str, max_bytes: int) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         raise ValueError(f"{path!r} is not UTF-8 text") from None
+
+
+def shown(path) -> str:
+    """``path`` as a line of output names it: as given where every character prints, else
+    quoted (``repr``), so that a newline or an escape sequence in a file name cannot end
+    the line or forge another one (``wrote x\\nError: ...``)."""
+    path = os.fspath(path)
+    return path if isinstance(path, str) and path.isprintable() else repr(path)

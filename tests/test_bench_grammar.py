@@ -70,6 +70,27 @@ def test_types_convert_and_fail_in_one_line(capsys):
         assert e.value.code == 2 and err[-1].startswith("x: error: argument " + word)
 
 
+def test_int_and_float_options_read_ascii_digits_only(capsys):
+    # every script's parser comes from g.parser, whose type=int / type=float refuse what
+    # int() and float() would read: other scripts' digits and underscores
+    ap = g.parser("d", "python3 x.py", prog="x")
+    ap.add_argument("--seed", type=int)
+    grp = ap.add_argument_group("g")
+    grp.add_argument("--load", type=float)
+    assert ap.parse_args(["--seed", "12", "--load", "0.5"]) == argparse.Namespace(seed=12,
+                                                                                  load=0.5)
+    for args in (["--seed", "１２"], ["--seed", "1_2"], ["--load", "０.５"], ["--load", "1_0"]):
+        with pytest.raises(SystemExit) as e:
+            ap.parse_args(args)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and err[-1].startswith(f"x: error: argument {args[0]}: invalid")
+    for script, opt in (("scale.py", "--rounds"), ("sweep.py", "--scenarios"),
+                        (os.path.join("figures", "fig7_8.py"), "--seed")):
+        r = _run(os.path.join(ROOT, "bench", script), opt, "８")
+        assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].endswith(
+            f"argument {opt}: invalid int value: '８'"), r.stderr
+
+
 def test_hidden_aliases_still_parse():
     ap = g.parser("d", "python3 x.py")
     ap.add_argument("--outdir", default="o")

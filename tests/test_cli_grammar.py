@@ -370,3 +370,16 @@ def test_the_cli_keeps_blas_to_one_thread_unless_asked():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env=dict(env, OPENBLAS_NUM_THREADS="3"))
     assert r.stdout.strip() == "3", r.stderr
+
+
+def test_a_path_in_a_success_line_cannot_forge_a_line(tmp_path):
+    from malcolm._files import shown
+    assert shown("out/x.json") == "out/x.json" and shown(tmp_path) == str(tmp_path)
+    assert shown("a\nError: forged") == "'a\\nError: forged'"
+    assert shown("\x1b[2Jx") == "'\\x1b[2Jx'"
+    out = tmp_path / "r\nError: forged.toml"
+    r = CliRunner().invoke(main, ["rack", "gen", "--hosts", "127.0.0.1", "--per-host", "1",
+                                  "--port", "7400", "--workers", "1", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert out.exists() and not any(ln.startswith("Error") for ln in r.output.splitlines())
+    assert "wrote '" in r.output and "\\nError: forged.toml'" in r.output

@@ -210,6 +210,11 @@ def test_parsers_reject_bad_input():
     (["--server", "127.0.0.1:9", "--app", "rocksdb1", "--key-dist", "zipf:０.９９"],
      "must be uniform or zipf:S"),
     (["--server", "127.0.0.1:9", "--app", "rocksdb:９０:16"], "must be WEIGHT:N"),
+    # addresses are read before the banner and the table's header, not as the run starts
+    (["--server", "127.0.0.1:99999"], "bad server address: udp address '127.0.0.1:99999': "
+                                      "port out of range"),
+    (["--server", "127.0.0.1:9,nohost.invalid.:1"], "cannot resolve 'nohost.invalid.'"),
+    (["--server", "a/b", "--transport", "shm"], "shm endpoint name 'a/b' must be"),
 ])
 def test_cli_errors_are_clear(args, msg):
     r = CliRunner().invoke(main, ["loadgen", "--duration", "0.2s", "--warmup", "0"] + args)

@@ -508,6 +508,10 @@ def _one_line(r, word):
     (["load", "{tmp}/x", "--value-size", str(2 ** 70)], "--value-size"),
     (["load", "{tmp}/x", "--keys", "99999999999999"], "--keys"),
     (["load", ""], "PATH"),
+    # a handler spec splits at commas: such a path could be built but never served
+    (["load", "{tmp}/x,y"], "contains ','"),
+    (["get", "{tmp}/x,y", "1"], "contains ','"),
+    (["calibrate", "{tmp}/x,y"], "contains ','"),
     (["get", "{db}", "4294967296"], "outside 0..4294967295"),
     (["get", "{db}", str(2 ** 70)], "outside 0..4294967295"),
     (["get", "{db}", "0", "10000"], "outside 0..9999 (the dictionary at '"),

@@ -540,16 +540,31 @@ def test_runtime_twin_passes_every_cost_through():
     costs = RuntimeCosts(delay_us=3.0, gateway_ns=400.0, hb_loss=0.1, capacity=8,
                          max_steals_in_flight=2, steal_timeout_us=500.0,
                          service_us=list(rng.exponential(60.0, 20_000)), est_alpha=0.02,
-                         prior_service_us=60.0)
+                         prior_service_us=60.0, clients=3)
     out = runtime_twin(workers=[3, 3, 1, 1], workload="exp:50", load=0.95, policy="malcolm",
                        window_us=100.0, seed=2, tasks=20_000, warmup=0.25, costs=costs)
     c = out["config"]
+    assert c["clients"] == 3 and out["costs"]["clients"] == 3
     assert (c["delay_us"], c["gateway_ns"], c["loss"], c["capacity"]) == (3.0, 400.0, 0.1, 8)
     assert (c["max_steals_in_flight"], c["steal_timeout_us"], c["ewma"]) == (2, 500.0, 0.02)
     assert c["prior_service_us"] == 60.0 and c["workload"].startswith("empirical")
     assert c["mean_service_us"] == pytest.approx(60.0, rel=0.03)
     assert out["dropped"] > 0 and len(out["gateway_util"]) == 4
     assert out["costs"]["service_samples"] == 20_000
+
+
+def test_runtime_twin_gives_po2_the_load_generators_clients():
+    """Client po2 decides on the queue lengths the responses it receives carry. The demo
+    sends from one thread, which sees every response; the simulator's default of a client
+    per server saw a sixth of them, and its po2 p99 was 1.25x the real one at 0.9."""
+    from malcolm.sim.twin import RuntimeCosts, runtime_twin
+
+    def p99(clients):
+        return runtime_twin(workers=[2, 1, 1, 1, 1, 1], workload="exp:50", load=0.9,
+                            policy="po2", window_us=100.0, tasks=60_000,
+                            costs=RuntimeCosts(delay_us=3.6, clients=clients))["p99_us"]
+
+    assert p99(1) < 0.9 * p99(None) and p99(None) == p99(6)
 
 
 def test_cli_runtime_mechanics(tmp_path):

@@ -24,6 +24,7 @@ import time
 
 import click
 
+from malcolm._files import shown
 from malcolm.commands.types import FLOAT, Duration, IntRange, json_option, write_json
 
 # Two repeats of 3 s: a run disturbed by other jobs is flagged and run again once (at most 6
@@ -312,7 +313,7 @@ def demo(quick, png, png_old, json_out, policy_list, policies, load_list, loads,
         try:
             plot(result, png, f"malcolm demo: workers {exp.workers}, {exp.workload}, "
                               f"K={result['dilate']:g}")
-            echo(f"plot: {png}")
+            echo(f"plot: {shown(png)}")
         except ImportError:
             echo("plot: skipped (matplotlib is not installed)")
         except (OSError, ValueError) as e:      # checked up front; a full disk, say

@@ -22,6 +22,7 @@ import subprocess
 
 import click
 
+from malcolm._files import shown
 from malcolm._units import ascii_digits
 from malcolm.commands.types import IntRange
 
@@ -459,7 +460,7 @@ def gen(from_slurm, hostfile, hosts, per_host, transport, port, workers, handler
             with open(output, "w") as f:
                 f.write(text)
         except OSError as e:
-            raise click.BadParameter(f"cannot write {output}: {e.strerror}",
+            raise click.BadParameter(f"cannot write {shown(output)}: {e.strerror}",
                                      param_hint="--output") from None
-        click.echo(f"wrote {output}: {total} servers on {len(stand_in)} host(s) over "
+        click.echo(f"wrote {shown(output)}: {total} servers on {len(stand_in)} host(s) over "
                    f"{transport}", err=True)

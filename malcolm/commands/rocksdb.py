@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from malcolm._files import shown
 from malcolm.commands.types import (
     INT,
     IntRange,
@@ -21,6 +22,19 @@ KEY_MAX = 0xFFFFFFFF            # keys are uint32 indices
 VALUE_MAX = 1024                # MC_KV_MAX_VALUE: a value fits a response payload
 GET_MAX = 64                    # MC_KV_MAX_KEYS: the most keys in one GET
 SAMPLES_MAX = 1_000_000         # calibrate holds samples x GET-size keys in memory (256 MB)
+
+
+def _spec_path(ctx, param, path):
+    """PATH as a handler spec names it (``rocksdb:path=PATH``, whose options are split at
+    commas): a path with a comma could be built but never served, and ``get`` read the part
+    after it as an unknown option."""
+    if not path.strip():
+        raise click.BadParameter("is empty", param_hint="PATH")
+    if "," in path:
+        raise click.BadParameter(f"{path!r} contains ',', which a handler spec "
+                                 "(rocksdb:path=PATH) cannot hold; choose another path",
+                                 param_hint="PATH")
+    return path
 
 
 def _rdb():
@@ -61,11 +75,9 @@ Examples:
               help=f"Bytes per value, 1..{VALUE_MAX}. With 16, the answer to a GET(64) is "
                    "exactly the 1024 bytes a response payload holds.")
 @click.option("--force", is_flag=True, help="Replace an existing database at PATH.")
-@click.argument("path", type=click.Path())
+@click.argument("path", type=click.Path(), callback=_spec_path)
 def load(keys, value_size, force, path):
     """Build the dictionary at PATH: deterministic values, so clients check what they get."""
-    if not path.strip():
-        raise click.BadParameter("is empty", param_hint="PATH")
     rdb = _rdb()
 
     def progress(done, total):
@@ -87,7 +99,7 @@ def load(keys, value_size, force, path):
 Examples:
   malcolm rocksdb get /tmp/kv 0 1 999999
 """)
-@click.argument("path", type=click.Path())
+@click.argument("path", type=click.Path(), callback=_spec_path)
 @click.argument("keys", nargs=-1, type=INT, required=True)
 def get(path, keys):
     """Look up KEYS through the handler, as a server would, and check the values."""
@@ -152,7 +164,7 @@ Examples:
               help="Also write the measurement where the simulator's rocksdb1-measured and "
                    "rocksdb2-measured workloads read it (malcolm/data/rocksdb-calibration"
                    ".json; needs --sizes with 16 and 64, uniform keys).")
-@click.argument("path", type=click.Path())
+@click.argument("path", type=click.Path(), callback=_spec_path)
 def calibrate(sizes, samples, warmup, warmup_old, key_dist, seed, json_out, out_old,
               update_workloads, path):
     """Time the handler's GET(n) on this machine (one thread, no network).
@@ -225,4 +237,4 @@ def calibrate(sizes, samples, warmup, warmup_old, key_dist, seed, json_out, out_
         from malcolm._metadata import run_metadata
         res["metadata"] = run_metadata(click.get_current_context().params)
         write_json(out_path, res, indent=1)
-        click.echo(f"wrote {out_path}")
+        click.echo(f"wrote {shown(out_path)}")

@@ -8,6 +8,7 @@ import sys
 
 import click
 
+from malcolm._files import shown
 from malcolm._units import ascii_number
 from malcolm.commands.types import (
     FLOAT,
@@ -292,5 +293,5 @@ def sim(rack, rack_file, policies, workloads, loads, tasks, seed, delay, jitter,
         try:
             plot_p99(results, plot, title=f"rack {rack}, delay {delay:g} µs")
         except OSError as e:            # the disk filled up during the sweep, say
-            raise click.ClickException(f"--plot {plot}: {e.strerror or e}") from None
-        click.echo(f"wrote {plot}", err=True)
+            raise click.ClickException(f"--plot {shown(plot)}: {e.strerror or e}") from None
+        click.echo(f"wrote {shown(plot)}", err=True)

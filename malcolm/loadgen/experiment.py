@@ -765,7 +765,8 @@ class Experiment:
             delay_us=delay,
             gateway_ns=busy / msgs / k if msgs else 0.0,
             hb_loss=min(1.0, max(0.0, 1.0 - seen / sent)) if sent else 0.0,
-            capacity=4096, steal_timeout_us=2000.0, service_us=samples or None)
+            capacity=4096, steal_timeout_us=2000.0, service_us=samples or None,
+            clients=getattr(self.layout, "client_threads", None))   # po2's view (twin.py)
 
     def simulate(self, rows):
         """``sim_p99_us`` and the twin's figures for every row (same rack, effective load,

@@ -204,6 +204,13 @@ def resolve_target(rack=None, servers=(), transport=None, key_file=None) -> Targ
     kind = transport or "udp"
     if len(flat) > 64:
         raise LoadgenError(f"at most 64 servers, got {len(flat)}")
+    _check_transport(kind)
+    from malcolm.net.transport import check_address
+    for s in flat:      # here, not as the first run opens its endpoints: before any output
+        try:
+            check_address(kind, s)
+        except ValueError as e:
+            raise LoadgenError(f"bad server address: {e}") from None
     return Target(kind, flat, "--server", key=key)
 
 

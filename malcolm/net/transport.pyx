@@ -146,6 +146,20 @@ cdef int addr_parse(str kind, object obj, NetAddr* out) except -1:
     return 0
 
 
+def check_address(str kind, obj):
+    """``obj`` as transport ``kind`` reads an address (its Python form), without opening an
+    endpoint: so that a command can refuse a bad address before it starts anything.
+
+    Raises
+    ------
+    ValueError
+        One line naming the address and what is wrong with it.
+    """
+    cdef NetAddr a
+    addr_parse(kind, obj, &a)
+    return addr_py(&a)
+
+
 def _scope_index(str scope, obj):
     """The interface index of an IPv6 scope (``fe80::1%eth0`` or ``fe80::1%2``)."""
     # ASCII digits only: isdigit() passed "８" (interface 8) and "²" (int() then failed)
