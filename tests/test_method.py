@@ -156,6 +156,20 @@ def test_policies_and_rack_file(tmp_path):
     assert cfg.servers[1].cpus == [5, 6] and cfg.servers[0].handler == "bench"
 
 
+def test_the_demo_runs_malcolms_defaults_but_the_dilated_window(tmp_path):
+    """Principle 1: the demo's Malcolm is the simulator's default. It set load_scale to the
+    dilated mean service time, from before the default derived it from the rates."""
+    from malcolm.runtime.config import load_rack
+    exp = Experiment([3, 1], policies=["malcolm", "malcolm:load_scale=7000"], loads=[0.5])
+    exp.layout = method.layout([3, 1], [0, 1], 1000.0)
+    for policy, scale in (("malcolm", None), ("malcolm:load_scale=7000", 7000.0)):
+        _, rack = exp.rack_text(policy, 20, "r")
+        p = tmp_path / "r.toml"
+        p.write_text(rack([("127.0.0.1:1", 3), ("127.0.0.1:2", 1)]))
+        params = load_rack(str(p)).policy_params
+        assert params.get("load_scale") == scale and params["window_ns"] == 20 * 100_000
+
+
 def _run(policy, load, p99, late=0.0, eff=None, repeat=0):
     eff = load if eff is None else eff
     return {"repeat": repeat, "policy": policy, "load": load, "p99_us": p99, "p50_us": 1.0,

@@ -356,9 +356,9 @@ class Experiment:
         base, params = split_policy(policy)
         section, client = BASE_POLICIES[base]
         return client, method.experiment_rack(
-            dict(section, **params), base, k=k, mean_us=self.wl.mean_us,
-            window_us=self.window_us, hop_us=self.hop_us(k), poll=self.layout.poll,
-            handler=self.handler_spec(k), name=name, cpus=self.layout.server_cpus)
+            dict(section, **params), base, k=k, window_us=self.window_us,
+            hop_us=self.hop_us(k), poll=self.layout.poll, handler=self.handler_spec(k),
+            name=name, cpus=self.layout.server_cpus)
 
     def handler_spec(self, k):
         """The servers' handler at dilation ``k``."""
@@ -778,15 +778,12 @@ class Experiment:
             runs = [x for x in self.runs if x["policy"] == row["policy"]
                     and x["load"] == row["load"]]
             costs = self.costs_for(runs)
-            base, _ = split_policy(row["policy"])
             load = row["effective_load"] if math.isfinite(row["effective_load"]) \
                 else row["load"]
-            try:
+            try:        # Malcolm's defaults in both: load_scale derived from the rates
                 tw = runtime_twin(workers=self.workers, workload=self.workload, load=load,
                                   policy=row["policy"], window_us=self.window_us,
-                                  tasks=self.sim_tasks, costs=costs,
-                                  policy_params={"load_scale": self.wl.mean_us * 1e3}
-                                  if base == "malcolm" else None)
+                                  tasks=self.sim_tasks, costs=costs)
             except Exception as e:          # report, do not lose the real measurements
                 row["sim_error"] = f"{type(e).__name__}: {e}"
                 self.echo(f"  sim twin of {row['policy']} at {row['load']:g} failed: "

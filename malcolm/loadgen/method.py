@@ -360,14 +360,15 @@ def rack_times(k, window_us, hop_us):
             "max_wait_ms": MAX_WAIT_MS * k, "hop_delay_us": hop_us * k, "spin_us": SPIN_US / k}
 
 
-def experiment_rack(section, base, *, k, mean_us, window_us, hop_us, **kw):
+def experiment_rack(section, base, *, k, window_us, hop_us, **kw):
     """A demo policy's rack file at dilation ``k`` as a function of its servers (``kw``: the
-    rest of :func:`rack_toml`'s keywords). Malcolm scales loads (ns) by load_scale, the
-    (dilated) mean service time, as its documentation asks, and learns once per (dilated)
-    window, unless the user's policy parameters say otherwise."""
+    rest of :func:`rack_toml`'s keywords). Malcolm learns once per (dilated) window, unless
+    the user's policy parameters say otherwise. Its ``load_scale`` is the default's, derived
+    from the service rates the heartbeats report, as in the simulator: the demo set it to
+    the dilated mean service time until the twenty-fourth session, from
+    before the default derived it, so the demo did not run the default policy."""
     section = dict(section)
     if base == "malcolm":
-        section.setdefault("load_scale", float(mean_us * 1e3 * k))
         section.setdefault("window_ns", int(window_us * 1e3 * k))
     return functools.partial(rack_toml, section, **kw, **rack_times(k, window_us, hop_us))
 
