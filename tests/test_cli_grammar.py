@@ -383,3 +383,8 @@ def test_a_path_in_a_success_line_cannot_forge_a_line(tmp_path):
     assert r.exit_code == 0, r.output
     assert out.exists() and not any(ln.startswith("Error") for ln in r.output.splitlines())
     assert "wrote '" in r.output and "\\nError: forged.toml'" in r.output
+    # and in the one-line refusal of an output file that could not be written
+    r = CliRunner().invoke(main, ["sim", "--tasks", "100", "--json",
+                                  str(tmp_path / "no\nError: forged" / "x.json")])
+    err = [ln for ln in r.output.splitlines() if ln.startswith("Error")]
+    assert r.exit_code == 2 and len(err) == 1 and "\\nError: forged" in err[0], r.output

@@ -22,6 +22,7 @@ import os
 
 import click
 
+from malcolm._files import shown
 from malcolm._units import _DURATION_UNITS, ascii_number, parse_duration, parse_rate
 
 
@@ -193,7 +194,7 @@ def write_text(dest: str, text: str, what: str) -> None:
     try:
         write_file(dest, text)      # in place where dest is a FIFO or a device
     except OSError as e:
-        raise click.ClickException(f"{what} {dest}: {e.strerror}") from None
+        raise click.ClickException(f"{what} {shown(dest)}: {e.strerror}") from None
 
 
 def refuse_empty(**flags) -> None:
@@ -215,11 +216,11 @@ def check_writable(path, flag: str) -> None:
     if not folder:
         why = "is empty"
     elif os.path.isdir(path):
-        why = f"{path} is a directory"
+        why = f"{shown(path)} is a directory"
     elif not os.path.isdir(folder):
-        why = f"{path}: no directory {folder}"
+        why = f"{shown(path)}: no directory {shown(folder)}"
     elif not os.access(folder, os.W_OK):
-        why = f"{path}: {folder} is not writable"
+        why = f"{shown(path)}: {shown(folder)} is not writable"
     else:
         return
     raise click.BadParameter(why, param_hint=flag)

@@ -284,9 +284,7 @@ cdef class Transport:
 
     def parse(self, obj):
         """Check an address for this transport; return its Python form."""
-        cdef NetAddr a
-        addr_parse(self.kind, obj, &a)
-        return addr_py(&a)
+        return check_address(self.kind, obj)
 
     def send(self, dst, data):
         """Send one message now (``data``: bytes of at most MAX_MSG)."""
