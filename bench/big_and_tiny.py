@@ -1,7 +1,7 @@
 """Learnt Malcolm against its frozen start on racks of big servers and one- or two-worker ones.
 
 The family where learning lost to its start in the seventh session's analysis (sweep
-scenario 29 is one of it; docs/policy.md, "State the agents do not share"): k = 1-4 servers
+scenario 29 is one of it; docs/policy-log.md, "State the agents do not share"): k = 1-4 servers
 of 4-16 workers and 1-3 servers of 1-2 workers, Exp(50), Bimodal, HyperExp-2, RocksDB-1 or -2,
 load 0.8-0.95, one-way delay 2-10 µs, 4 000 tasks per worker (50 000-150 000), the first 30%
 unmeasured. Drawn from ``--draw`` (its own generator: no sweep scenario is drawn on purpose).

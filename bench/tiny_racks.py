@@ -7,7 +7,7 @@ Draws ``--scenarios`` racks from ``--seed``: 2-8 servers of 1 or 2 workers each,
 ``--policies`` entry runs ``--seeds`` simulation seeds; JSQ, JBT and po2 run seed 1. Prints,
 per policy: the fraction of racks where its seed-median p99 is within 5% of the best
 baseline or below it, its worst ratio to the best baseline, and its geometric-mean p99
-against the first policy. docs/policy.md, "Tiny racks: the shed rule and idle-only steals"::
+against the first policy. docs/policy-log.md, "Tiny racks: the shed rule and idle-only steals"::
 
     python3 bench/tiny_racks.py
     python3 bench/tiny_racks.py --family small-among-big --scenarios 60 --seed 11

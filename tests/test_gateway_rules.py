@@ -1,6 +1,6 @@
 """The gateway's rules beside the hop gate (malcolm/policy/gateway_rules.pyx): the shed rule
 (``shed``, off by default) and idle-only steals (``steal_idle``, on by default since the
-thirteenth session); docs/policy.md, "Tiny racks: the shed rule and idle-only steals"."""
+thirteenth session); docs/policy-log.md, "Tiny racks: the shed rule and idle-only steals"."""
 import numpy as np
 import pytest
 

@@ -7,7 +7,7 @@ infinities: the eighth session's eight-keys-per-pass loop must not change a rank
 slots, seven fixed selects) must return what ``mc_count_below`` (the binary search it
 replaces in ``_marginal_advantages``) returns for every sorted key set of 1..64 keys and any
 query: ties, zeros of both signs, infinities, NaN. The simulator's fixed-seed runs depend
-on it (docs/policy.md "Scale", eighth session).
+on it (docs/policy-log.md "Scale: earlier sessions", eighth session).
 """
 
 PROGRAM = r"""

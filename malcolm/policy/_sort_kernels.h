@@ -4,7 +4,8 @@
  * with comparisons that vectorize (O(k^2) compares, but no data-dependent branch and no
  * dependency chain). On a 64-server rack, whose loads change order between two sorts, it
  * takes about 0.4 us where the insertion sort it replaces took 1.1 us and a branch-free
- * merge sort 2 us (bench: docs/policy.md "Scale"). Stable; k <= MC_SORT_MAX. */
+ * merge sort 2 us (bench: docs/policy-log.md "Scale: earlier sessions"). Stable;
+ * k <= MC_SORT_MAX. */
 #ifndef MALCOLM_SORT_KERNELS_H
 #define MALCOLM_SORT_KERNELS_H
 
@@ -26,8 +27,8 @@ typedef long long mc_sort_v4l __attribute__((vector_size(32)));
    equal keys at lower indices, handed out in a second O(k) pass: equal keys have equal
    counts of smaller keys and different keys different counts, so fill[c] numbers the keys
    equal to one value in index order. The same ranks as comparing each pair with <= below i
-   and < from i on, in about half the instructions (docs/policy.md "Scale", sixth
-   session). */
+   and < from i on, in about half the instructions (docs/policy-log.md "Scale:
+   earlier sessions", sixth session). */
 static MC_SORT_CLONES void mc_sort_ranks(const double *restrict key, int *restrict rk, int k) {
     double kp[MC_SORT_MAX] __attribute__((aligned(32)));
     int lt[MC_SORT_MAX], fill[MC_SORT_MAX];

@@ -216,7 +216,8 @@ cdef class MalcolmPolicy(GatewayRules):
             raise ValueError(f"MalcolmPolicy: {d} critic features exceed MAX_THETA={MAX_THETA}")
         self.window_ns = cfg["window_ns"]
         # 0: one window in n // 16 (1 below 32 servers): the learning step is O(n) per window
-        # while the evidence it learns from grows with n (bench: docs/policy.md "Scale")
+        # while the evidence it learns from grows with n (bench: docs/policy-log.md, "Scale:
+        # earlier sessions")
         self.learn_every = cfg["learn_every"] if cfg["learn_every"] > 0 else max(1, n // 16)
         # 0: four learning windows a step, so a cold start settles sooner (docs/policy.md,
         # the default's item 11) and 64 servers keep the thesis's 1.6 ms (and its cost)
@@ -668,7 +669,7 @@ cdef class MalcolmPolicy(GatewayRules):
         The prior enters as a weight, softmax(g + log w) = w exp(g) / sum(w exp(g)), and a
         mask as w = 0 (``AgentState._migrate_weights``, ``_steal_weights``): no logs per
         window (the n logs of the prior were a quarter of the publish step on a 64-server
-        rack; docs/policy.md "Scale").
+        rack; docs/policy-log.md "Scale: earlier sessions").
         """
         cdef int n = self.n
         self._actor_inputs(self.u_pub)     # the inputs the published logits are computed from

@@ -28,8 +28,8 @@ ctypedef struct PeerRec:
 cdef class AgentState(Policy):
     # What every heartbeat reads and writes (observe_peer, n - 1 times per window), first
     # and together: spread over the object they cost a cache line each per heartbeat on a
-    # 64-server rack (docs/policy.md "Scale", sixth session). Read-mostly first, then the
-    # fields observe_peer writes.
+    # 64-server rack (docs/policy-log.md "Scale: earlier sessions", sixth session). Read-mostly
+    # first, then the fields observe_peer writes.
     cdef readonly int64_t window_ns
     cdef readonly double load_scale    # ns per unit of scaled load (derived when auto_scale)
     cdef readonly double load_clip

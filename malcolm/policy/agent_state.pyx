@@ -597,8 +597,9 @@ cdef class AgentState(Policy):
         if hb.n_theta == d:
             # Only copied here; checked by _peer_critics_checked at the consensus round that
             # reads it (one in consensus_every windows): checking every heartbeat was a third
-            # of this method, n - 1 times per window, on a 64-server rack (docs/policy.md
-            # "Scale"). 1: received, not yet checked. d = 5 (symmetric): a few moves.
+            # of this method, n - 1 times per window, on a 64-server rack (docs/policy-log.md
+            # "Scale: earlier sessions"). 1: received, not yet checked. d = 5 (symmetric): a
+            # few moves.
             pt = &self.peer_theta[<Py_ssize_t>src * d]
             if d == 5:
                 memcpy(pt, hb.theta, sizeof(double) * 5)

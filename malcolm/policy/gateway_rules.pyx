@@ -7,8 +7,8 @@ tables, except where its own queue *now* decides. The policy thread publishes, w
 tables, what those rules need (``_gate_accept``: the budget K, the shed threshold T and the
 steal bars, each a relaxed 64-bit store); the gateway counts what it kept and saw complete
 since. Nothing here is learnt, so the frozen control (``learn=0``) has the same rules.
-docs/policy.md, "The default policy" items 7, 8 and 10, "Tiny racks: the shed rule and idle-only
-steals" and "Twelfth session".
+docs/policy.md, "The default policy" items 7, 8 and 10; docs/policy-log.md, "Tiny racks: the shed
+rule and idle-only steals" and "Twelfth session".
 """
 from libc.math cimport ceil, floor, log2
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t, uint64_t
