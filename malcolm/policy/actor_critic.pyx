@@ -216,8 +216,7 @@ cdef class MalcolmPolicy(GatewayRules):
             raise ValueError(f"MalcolmPolicy: {d} critic features exceed MAX_THETA={MAX_THETA}")
         self.window_ns = cfg["window_ns"]
         # 0: one window in n // 16 (1 below 32 servers): the learning step is O(n) per window
-        # while the evidence it learns from grows with n (bench: docs/policy-log.md, "Scale:
-        # earlier sessions")
+        # while its evidence grows with n (docs/policy-log.md, "Scale: earlier sessions")
         self.learn_every = cfg["learn_every"] if cfg["learn_every"] > 0 else max(1, n // 16)
         # 0: four learning windows a step, so a cold start settles sooner (docs/policy.md,
         # the default's item 11) and 64 servers keep the thesis's 1.6 ms (and its cost)
