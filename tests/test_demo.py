@@ -102,6 +102,11 @@ def test_demo_compare_sim_and_json_to_stdout(tmp_path):
     assert row["sim_saturated"] is (max(row["server_util"]) >= 0.99)
     assert row["sim"]["costs"]["service_samples"] > 0
     assert "sim p99" in r.stderr
+    # the stated bound is checked, the row counted in exactly one of the check's lists
+    tc = data["twin_check"]
+    assert tc["bound"] == [0.77, 1.3]
+    assert sum(len(tc[k]) for k in ("within", "outside", "saturated", "flagged")) == 1
+    assert "simulator twin: real / twin p99 within [0.77, 1.3]" in r.stderr
     assert not _demo_servers(tmp_path)
 
 

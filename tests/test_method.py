@@ -340,6 +340,37 @@ def test_the_demo_verdict_names_only_separated_intervals_and_their_coverage():
     assert "0.56" in format_row(r) and "a server saturated" in format_row(r)
 
 
+def test_the_twin_check_counts_clean_unsaturated_points_against_the_stated_bound():
+    """Principle 1: the simulator predicts the runtime within a stated ratio, and the demo
+    checks it. Flagged rows and rows with a saturated server are counted apart."""
+    from malcolm.loadgen.table import TWIN_BOUND, format_row, format_twin_check, twin_check
+    assert TWIN_BOUND == (0.77, 1.3)            # issue 11's acceptance, docs/loadgen.md
+    base = dict(effective_load=0.8, used=3, late_fraction=0.0, migrations_per_task=0.0,
+                steals_per_task=0.0, server_util=[0.8], p99_ci_us=[1.0, 2.0], p99_us=1.5)
+
+    def r(policy, load, ratio, valid=True, sat=False):
+        return dict(base, policy=policy, load=load, sim_ratio=ratio, valid=valid,
+                    sim_saturated=sat, sim_p99_us=1.0)
+    assert twin_check([dict(base, policy="jsq", load=0.5, valid=True)]) is None
+    rows = [r("malcolm", 0.5, 1.0), r("malcolm", 0.8, 1.3), r("jsq", 0.5, 0.77),
+            r("po2", 0.8, 0.69), r("jsq", 0.8, 2.5, sat=True), r("po2", 0.5, 1.6, valid=False),
+            r("malcolm:learn=0", 0.8, 1.31)]
+    c = twin_check(rows)
+    assert [x[:2] for x in c["within"]] == [["malcolm", 0.5], ["malcolm", 0.8], ["jsq", 0.5]]
+    assert c["outside"] == [["po2", 0.8, 0.69], ["malcolm:learn=0", 0.8, 1.31]]
+    assert c["saturated"] == [["jsq", 0.8, 2.5]] and c["flagged"] == [["po2", 0.5, 1.6]]
+    line = format_twin_check(c)
+    assert line.startswith("simulator twin: real / twin p99 within [0.77, 1.3] at 3 of 5 "
+                           "clean point(s); outside: po2 at 0.8 (0.69), malcolm:learn=0 at 0.8 "
+                           "(1.31)")
+    assert line.endswith("(1 with a saturated server and 1 with no clean run: no test)")
+    assert "outside the twin's bound 0.77-1.3" in format_row(rows[3])
+    assert "outside" not in format_row(rows[1]) and "outside" not in format_row(rows[4])
+    assert "outside" not in format_row(dict(rows[0], sim_ratio=float("nan")))
+    c = twin_check(rows[:2])
+    assert format_twin_check(c).endswith("at 2 of 2 clean point(s)")
+
+
 def test_a_saturated_server_is_named_so_its_sim_ratio_is_no_test():
     """A server that never idles has a queue that grows with the run, and so does its p99:
     the twin's far longer run is then not comparable (loadgen.table.saturated)."""

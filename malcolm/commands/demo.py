@@ -257,6 +257,7 @@ def demo(quick, png, png_old, json_out, policy_list, policies, load_list, loads,
 
     from malcolm.loadgen.experiment import HEADER as ROW_HEADER
     from malcolm.loadgen.experiment import Experiment, ExperimentError, format_row
+    from malcolm.loadgen.table import format_twin_check, twin_check
     from malcolm.runtime.launcher import LocalRack
     cfg = QUICK if quick else FULL
     stop = threading.Event()
@@ -304,6 +305,10 @@ def demo(quick, png, png_old, json_out, policy_list, policies, load_list, loads,
     best = lowest_at_top(result)
     if rows:
         echo(verdict_at_top(result))
+    twin = twin_check(rows)
+    if twin is not None:
+        echo(format_twin_check(twin))
+        result["twin_check"] = twin
     result["lowest_at_top"] = best
     if json_path:
         from malcolm._metadata import run_metadata
