@@ -105,6 +105,12 @@ def test_po2_client():
     assert picks.count(1) / 6000 == pytest.approx(0.5, abs=0.03)   # in 3 of 6 pairs
     with pytest.raises(ValueError, match="d must be"):
         PowerOfDClient(4, d=5)
+    # the default is two choices, and one on a one-server rack (it was an error there that
+    # no option had asked for: `malcolm demo --workers 2` stopped on "d must be in 1..1")
+    assert PowerOfDClient(4).d == 2 and PowerOfDClient(1).d == 1
+    assert registry.make_client_policy("po2", 1).py_pick() == 0
+    with pytest.raises(ValueError, match="d must be"):
+        PowerOfDClient(1, d=2)
 
 
 def test_registry_builds_every_policy():

@@ -258,12 +258,15 @@ cdef class PowerOfDClient(ClientPolicy):
     seed, stream : int
         Random stream of this client.
     d : int
-        Servers sampled per task (1..n), default 2.
+        Servers sampled per task (1..n); 0 (the default): 2, or 1 on a one-server rack,
+        where the default would otherwise be an error nobody asked for.
     """
 
     def __init__(self, int n, unsigned long long seed=0, unsigned long long stream=0,
-                 int d=2):
+                 int d=0):
         ClientPolicy.__init__(self, n, seed, stream)
+        if d == 0:
+            d = 2 if n >= 2 else 1
         if not 1 <= d <= n:
             raise ValueError(f"po2: d must be in 1..{n}, got {d}")
         self.d = d

@@ -68,7 +68,8 @@ POLICIES: dict[str, PolicyInfo] = {
                          "count_own": _COUNT_OWN}),
     "po2": PolicyInfo("po2", "client", "malcolm.policy.baselines", "PowerOfDClient",
                       "client-side power-of-d on loads piggybacked on responses",
-                      {"d": (int, 2, "servers sampled per task")}),
+                      {"d": (int, 0, "servers sampled per task (0: two, or one on a "
+                                     "one-server rack)")}),
     "cfcfs": PolicyInfo("cfcfs", "central", None, None,
                         "ideal centralized FCFS: one rack-wide queue (simulator only)",
                         {"delay": (float, 0.0, "one-way scheduler<->server delay, µs")},
