@@ -124,6 +124,20 @@ def test_same_seed_identical_different_seed_differs():
     assert not np.array_equal(a.latencies_us, c.latencies_us)
 
 
+def test_every_policy_runs_a_one_server_rack():
+    """A rack of one server has nothing to balance, and every policy must still run it: po2
+    and racksched's default of two choices once stopped on 'd must be in 1..1'."""
+    from malcolm.policy import registry
+    names = [*registry.SERVER_POLICIES, *registry.CLIENT_POLICIES, *registry.CENTRAL_POLICIES]
+    assert {"po2", "racksched", "malcolm"} <= set(names)
+    for name in names:
+        r = simulate("1x2", name, "exp:50", 0.5, 2_000, seed=3)
+        assert r.completed == r.generated >= 2_000, name
+        assert r.migrations == 0, name
+    with pytest.raises(ValueError, match="d must be in 1..1"):
+        simulate("1x2", "racksched:d=2", "exp:50", 0.5, 2_000)
+
+
 @pytest.mark.parametrize("policy", ["random", "jsq", "jbt", "jiq", "sed", "po2", "cfcfs",
                                     "racksched", "steal:min_victim=1,max_own=100",
                                     "cfcfs:delay=2"])

@@ -77,7 +77,8 @@ POLICIES: dict[str, PolicyInfo] = {
     "racksched": PolicyInfo("racksched", "central", None, None,
                             "ideal centralized power-of-d on true queue lengths, zero delay, "
                             "PS in servers (simulator only)",
-                            {"d": (int, 2, "servers sampled per task"),
+                            {"d": (int, 0, "servers sampled per task (0: two, or one on a "
+                                           "one-server rack)"),
                              "quantum": (float, 500.0, "PS quantum, µs (0: ideal PS)"),
                              "sched": (str, "ps", "intra-server scheduling: ps or fcfs")},
                             sim_mode="central_pod"),

@@ -541,8 +541,9 @@ def _setup_central(plan: _Plan, info) -> dict:
     p, n = plan.params, plan.rack.n
     delay_us = float(p.get("delay", 0.0))
     _check_time(f"{info.name} delay", delay_us)
-    pod_d = int(p.get("d", 2))
-    if "d" in p and not 1 <= pod_d <= n:
+    # d = 0, the default: two choices, or one on a one-server rack; a d the user gave is checked
+    pod_d = int(p.get("d", 0)) or min(2, n)
+    if not 1 <= pod_d <= n:
         raise ValueError(f"{info.name} d must be in 1..{n}")
     sched = p.get("sched", "fcfs")
     if sched not in ("ps", "fcfs"):
