@@ -282,7 +282,8 @@ def demo(quick, png, png_old, json_out, policy_list, policies, load_list, loads,
     stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     old = {sig: signal.signal(sig, lambda *a: stop.set()) for sig in stop_signals}
     t0 = time.monotonic()
-    echo(f"malcolm demo: {len(exp.workers)} servers (workers {exp.workers}, bench handler, "
+    ns = len(exp.workers)
+    echo(f"malcolm demo: {ns} server{'s' * (ns != 1)} (workers {exp.workers}, bench handler, "
          f"udp), workload {exp.wl.describe()}, {exp.window_us:g} µs windows; loads "
          f"{', '.join(f'{x:g}' for x in exp.loads)}; {exp.repeat} repeat(s), policies "
          "interleaved")

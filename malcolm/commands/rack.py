@@ -70,7 +70,8 @@ def check(rack_pos, rack_opt):
     auth = (f"authenticated (key {key_path(cfg)})" if checked["key"] is not None
             else "UNAUTHENTICATED (no key_file): any host that can reach it can join")
     params = f" {cfg.policy_params}" if cfg.policy_params else ""
-    click.echo(f"rack {cfg.name}: {len(cfg.servers)} servers over {cfg.transport}, "
+    ns = len(cfg.servers)
+    click.echo(f"rack {cfg.name}: {ns} server{'s' * (ns != 1)} over {cfg.transport}, "
                f"policy {cfg.policy}{params}, window {cfg.window_us} µs, "
                f"poll {cfg.poll}, {auth}")
     for s in cfg.servers:
@@ -149,7 +150,8 @@ def up(rack_pos, rack_opt, stats, duration, logdir, keep_going):
                                    f"its output is in {lr.out_path(e.server)}") from None
     except (RuntimeError, TimeoutError) as e:
         raise click.ClickException(str(e)) from None
-    click.echo(f"rack {lr.cfg.name} up: {len(lr.ids)} servers over {lr.cfg.transport} "
+    ns = len(lr.ids)
+    click.echo(f"rack {lr.cfg.name} up: {ns} server{'s' * (ns != 1)} over {lr.cfg.transport} "
                f"(output in {lr.logdir}); Ctrl-C stops it")
     t_end = None if duration is None else time.monotonic() + duration
     offsets = {k: 0 for k in lr.ids}

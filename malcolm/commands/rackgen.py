@@ -462,5 +462,5 @@ def gen(from_slurm, hostfile, hosts, per_host, transport, port, workers, handler
         except OSError as e:
             raise click.BadParameter(f"cannot write {shown(output)}: {e.strerror}",
                                      param_hint="--output") from None
-        click.echo(f"wrote {shown(output)}: {total} servers on {len(stand_in)} host(s) over "
-                   f"{transport}", err=True)
+        click.echo(f"wrote {shown(output)}: {total} server{'s' * (total != 1)} on "
+                   f"{len(stand_in)} host(s) over {transport}", err=True)
