@@ -600,3 +600,32 @@ def test_cli_runtime_mechanics(tmp_path):
     assert "Traceback" not in res.output
     res = runner.invoke(main, ["sim", "--workload", "empirical:/nonexistent", "--tasks", "9"])
     assert res.exit_code != 0 and "cannot read" in res.output
+
+
+def test_cli_refuses_a_run_larger_than_the_memory_available(monkeypatch):
+    """On Linux a run past the memory available is not refused by malloc: the OOM killer
+    ends it later with no message. The CLI checks --tasks first, in one line; a MemoryError
+    all the same (ulimit -v) is one line too."""
+    from malcolm.cli import main
+    from malcolm.commands import sim as sim_cmd
+
+    assert sim_cmd._available_bytes() is None or sim_cmd._available_bytes() > 0
+    monkeypatch.setattr(sim_cmd, "_available_bytes", lambda: 1_000_000 * sim_cmd.BYTES_PER_TASK)
+    res = CliRunner().invoke(main, ["sim", "--tasks", "1000001"])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert "--tasks 1000001: a run needs about 0.1 GiB" in res.stderr
+    assert "at most about 1,000,000 tasks fit" in res.stderr
+    res = CliRunner().invoke(main, ["sim", "--tasks", "1000000", "--servers", "2x1"])
+    assert res.exit_code == 0, res.output
+
+    import functools
+
+    import malcolm.sim.run
+
+    @functools.wraps(malcolm.sim.run.simulate)      # check_simulate binds to its signature
+    def no_memory(*a, **kw):
+        raise MemoryError()
+    monkeypatch.setattr(malcolm.sim.run, "simulate", no_memory)
+    res = CliRunner().invoke(main, ["sim", "--tasks", "1000", "--policy", "jsq"])
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert "out of memory simulating jsq exp:50 at load 0.8 with 1000 tasks" in res.stderr

@@ -24,6 +24,37 @@ from malcolm.commands.types import (
 
 MAX_POINTS = 1000       # values one START:STOP:STEP range may expand to
 
+# A run's peak memory grows with --tasks: the engine's per-task arrays (latency, send time,
+# type, service time, drop flag) and the result's copies of them, 81-83 bytes a task as
+# measured (8x8 and 64x1, 1-6 M tasks, every policy kind); 96 leaves room. It is checked
+# against the memory available before the run: on Linux an allocation past it is not
+# refused, the OOM killer ends the process later, with no message.
+BYTES_PER_TASK = 96
+
+
+def _available_bytes():
+    """MemAvailable from /proc/meminfo, in bytes; None where it cannot be read."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_memory(tasks, available=None):
+    """Raise ``click.UsageError`` if a ``tasks``-task run would not fit in the memory
+    available (``available`` bytes; default: read now)."""
+    avail = _available_bytes() if available is None else available
+    need = tasks * BYTES_PER_TASK
+    if avail is not None and need > avail:
+        raise click.UsageError(
+            f"--tasks {tasks}: a run needs about {need / 2**30:.1f} GiB of memory (about "
+            f"{BYTES_PER_TASK} bytes a task) and {avail / 2**30:.1f} GiB is available here; "
+            f"at most about {avail // BYTES_PER_TASK:,} tasks fit")
+
 
 def _floats(values, what):
     out = []
@@ -261,12 +292,16 @@ def sim(rack, rack_file, policies, workloads, loads, tasks, seed, delay, jitter,
             check_simulate(**kwargs(*run))
     except (TypeError, ValueError) as e:        # either is one line, not a traceback
         raise click.UsageError(str(e)) from None
+    check_memory(tasks)             # the runs are one at a time: one run's peak counts
 
     def one(p, w, ld):
         try:
             r = simulate(**kwargs(p, w, ld))
         except ValueError as e:
             raise click.UsageError(str(e)) from None
+        except MemoryError:         # a limit below what MemAvailable said (ulimit -v, say)
+            raise click.ClickException(f"out of memory simulating {p} {w} at load {ld:g} "
+                                       f"with {tasks} tasks; use fewer --tasks") from None
         # keep the summary only: a sweep of 10^6-task runs would otherwise hold GBs
         r.latencies_us = r.types = r.service_us = r.loads = None
         results.append(r)
