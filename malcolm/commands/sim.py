@@ -44,10 +44,10 @@ def _available_bytes():
     return None
 
 
-def check_memory(tasks, available=None):
+def check_memory(tasks):
     """Raise ``click.UsageError`` if a ``tasks``-task run would not fit in the memory
-    available (``available`` bytes; default: read now)."""
-    avail = _available_bytes() if available is None else available
+    available now."""
+    avail = _available_bytes()
     need = tasks * BYTES_PER_TASK
     if avail is not None and need > avail:
         raise click.UsageError(

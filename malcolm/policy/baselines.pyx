@@ -266,7 +266,7 @@ cdef class PowerOfDClient(ClientPolicy):
                  int d=0):
         ClientPolicy.__init__(self, n, seed, stream)
         if d == 0:
-            d = 2 if n >= 2 else 1
+            d = min(2, n)
         if not 1 <= d <= n:
             raise ValueError(f"po2: d must be in 1..{n}, got {d}")
         self.d = d
