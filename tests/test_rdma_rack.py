@@ -133,3 +133,34 @@ def test_verbs_rack_server_restart_is_found_again_by_its_peer_and_its_client(tmp
         t = x["transport"]
         assert t["authenticated"] == keyed and x["authenticated"] == keyed, t
         assert t["ctl_bad_mac"] == t["ctl_replay"] == t["ctl_unsolicited"] == 0, t
+
+
+def test_malcolm_loadgen_loads_a_verbs_rack_from_its_rack_file(tmp_path):
+    """The operator's path on an RDMA rack (docs/deploy.md): ``malcolm loadgen --rack`` takes
+    the transport (verbs) and the key from the rack file, binds the RDMA device's address on
+    its own, and every task it sends is answered, by both servers."""
+    import subprocess
+    import sys
+
+    path = _rack_file(tmp_path, 'name = "random"', keyed=True)
+    out = tmp_path / "load.json"
+    with _rack(path) as lr:
+        r = subprocess.run([sys.executable, "-m", "malcolm", "loadgen", "--rack", path,
+                            "--rate", "1000", "--duration", "2s", "--warmup", "0.5s",
+                            "--workload", "exp:20", "--timeout", "10s", "--json", str(out)],
+                           capture_output=True, text=True, timeout=300)
+        codes = lr.down()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert set(codes.values()) == {0}, codes
+    d = json.loads(out.read_text())
+    (x,) = d["runs"]
+    t = x["transport"]              # the client endpoint's counters: only verbs has ctl_*
+    assert t.get("ctl_bad_mac") == t.get("ctl_replay") == t.get("ctl_unsolicited") == 0, t
+    assert x["authenticated"] and x["forged"] == 0, x
+    assert x["accounted"] and x["completed"] == x["sent"] > 1000, x
+    answered = x["per_server"]["answered"]
+    assert len(answered) == 2 and min(answered) > 200, answered
+    st = _final_stats(lr)
+    assert sum(s["responses"] for s in st) == x["sent"] + x["warmup"]["sent"], st
+    for s in st:
+        assert s["authenticated"] and s["transport"]["ctl_bad_mac"] == 0, s["transport"]
