@@ -159,11 +159,19 @@ def test_kill_stop_and_restart_under_load_lose_nothing_unreported(tmp_path):
         st = [fr.stats(k) for k in (0, 1)]
         restarted = fr.stats(2)
         codes = fr.down()
+        logs = [open(fr.lr.out_path(k)).read() for k in (0, 1)]
     assert restarted["forwarded_in"] > 50 and restarted["peer_joins"] == 2, restarted
     for x in st:
         assert x["peer_restarts"] >= 1 and 2 in x["peers_up"], x
         assert x["peer_leaves"] >= 1                # it was missed while down
     assert codes[0] == codes[1] == 0
+    # and each survivor's log says so, in the order it happened (serve's PeerLog)
+    addr = fr.lr.cfg.addresses[2]
+    for k, text in enumerate(logs):
+        assert f"server {k}: all 2 peers heard" in text, text
+        said = [ln for ln in text.splitlines() if f"server {k}: peer 2 ({addr}" in ln]
+        # down 0.3 s: it left (100 ms) and was back within a tick, or over two ticks
+        assert said and "left the rack" in said[0] and "back" in said[-1], text
 
 
 # Time dilation for the netem runs: every time in them (service times, windows, the peers'

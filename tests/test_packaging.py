@@ -221,6 +221,36 @@ def test_rack_gen_writes_a_valid_rack_in_rank_order(tmp_path):
     assert all(s.workers == 1 for s in cfg.servers)
 
 
+def test_rack_gen_keys_the_rack_with_a_new_or_an_existing_key(tmp_path):
+    """--key-file writes key_file into [rack] and creates the key beside the rack file
+    (where every server resolves a relative one), mode 0600; a second run keeps it; a key
+    that serve would refuse is refused here in one line. Without it, gen says the rack is
+    unauthenticated."""
+    import stat
+
+    from malcolm.runtime.config import check_rack, rack_key
+    out = tmp_path / "rack.toml"
+    code, text = run("rack", "gen", "--hosts", "127.0.0.1", "--key-file", "rack.key",
+                     "-o", str(out))
+    assert code == 0 and "keyed with a new 32-byte key" in text, text
+    key = tmp_path / "rack.key"
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600 and key.stat().st_size == 32
+    cfg = load_rack(str(out))
+    assert cfg.key_file == "rack.key" and check_rack(cfg)["key"] == rack_key(cfg) is not None
+    before = key.read_bytes()
+    code, text = run("rack", "gen", "--hosts", "127.0.0.1", "--key-file", "rack.key",
+                     "-o", str(out))
+    assert code == 0 and "keyed with the existing" in text and key.read_bytes() == before
+    key.chmod(0o644)
+    code, text = run("rack", "gen", "--hosts", "127.0.0.1", "--key-file", "rack.key",
+                     "-o", str(out))
+    assert code != 0 and "--key-file" in text and "chmod 600" in text, text
+    assert "Traceback" not in text
+    code, text = run("rack", "gen", "--hosts", "127.0.0.1", "-o", str(tmp_path / "open.toml"))
+    assert code == 0 and "unauthenticated" in text, text
+    assert load_rack(str(tmp_path / "open.toml")).key_file is None
+
+
 def test_rack_gen_from_slurm_environment(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-2]")
     monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "2(x2)")

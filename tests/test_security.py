@@ -355,3 +355,43 @@ def test_serve_logs_the_address_datagrams_a_verbs_transport_dropped(caplog):
         log_malformed(3, cur, cur)          # nothing new: nothing logged
     assert caplog.text.count("dropped address datagram") == 1
     assert "server 3 dropped address datagram(s): 3 bad MAC, 2 replayed\n" in caplog.text
+
+
+def test_serve_logs_which_peers_left_came_back_restarted_or_were_never_heard(caplog):
+    """The serve loop's peer log (PeerLog), on snapshots of the statistics: one line per
+    kind of change per tick, naming each peer by index and address."""
+    from malcolm.commands.serve import PeerLog
+    addrs = ["a:1", "b:2", "c:3", "d:4"]
+
+    def snap(up, left=(0, 0, 0, 0), ep=(0, 5, 6, 7)):
+        return {"peers_up": list(up), "peer_left": list(left), "peer_epoch": list(ep),
+                "peer_timeout_ms": 100.0}
+
+    pl = PeerLog(0, addrs, wait_s=5.0)
+    t0 = pl.t0
+    with caplog.at_level("INFO"):
+        start = snap([], ep=(0, 0, 0, 0))
+        pl.update(start, snap([1, 2]), t0 + 1)          # 3 not heard yet: nothing said
+        assert caplog.text == ""
+        pl.update(snap([1, 2]), snap([1, 2]), t0 + 6)   # ... and after 5 s, said once
+        pl.update(snap([1, 2]), snap([1, 2]), t0 + 7)
+        pl.update(snap([1, 2]), snap([1, 2, 3]), t0 + 8)
+        pl.update(snap([1, 2, 3]), snap([2, 3], left=(0, 1, 0, 0)), t0 + 9)
+        pl.update(snap([2, 3], left=(0, 1, 0, 0)),
+                  snap([1, 2, 3], left=(0, 1, 0, 0), ep=(0, 9, 6, 7)), t0 + 10)
+        pl.update(snap([1, 2, 3]), snap([1, 2, 3], left=(0, 0, 1, 0), ep=(0, 5, 8, 7)),
+                  t0 + 11)
+        pl.update(snap([1, 2, 3]), snap([1, 2, 3], ep=(0, 5, 6, 9)), t0 + 12)
+        pl.update(snap([1, 2, 3]), snap([1, 2, 3]), t0 + 13)      # nothing new
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "server 0: peer 3 (d:4) not heard from in 6 s (not started, another rack key, or "
+        "unreachable)",
+        "server 0: all 3 peers heard",
+        "server 0: peer 1 (b:2) left the rack (silent for 100 ms): no task goes there until "
+        "it is heard again",
+        "server 0: peer 1 (b:2, restarted) back in the rack",
+        "server 0: peer 2 (c:3, restarted) left the rack (silent for 100 ms) and came back "
+        "within 1.0 s",
+        "server 0: peer 3 (d:4) restarted (a new epoch), taken back at once",
+    ], lines

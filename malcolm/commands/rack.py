@@ -75,7 +75,8 @@ def check(rack_pos, rack_opt):
                f"policy {cfg.policy}{params}, window {cfg.window_us} µs, "
                f"poll {cfg.poll}, {auth}")
     for s in cfg.servers:
-        click.echo(f"  server {s.index}: {s.address}  {s.workers} workers  {s.handler}")
+        click.echo(f"  server {s.index}: {s.address}  {s.workers} worker"
+                   f"{'s' * (s.workers != 1)}  {s.handler}")
 
 
 @rack.command(epilog="""

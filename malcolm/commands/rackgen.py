@@ -193,11 +193,13 @@ def host_key(host: str) -> str:
 
 def rack_toml(hosts: list[tuple[str, int]], transport: str = "udp", port: int = 7001,
               workers: int | None = None, handler: str | None = None,
-              policy: str = "malcolm", name: str = "rack", seed: int = 1) -> str:
+              policy: str = "malcolm", name: str = "rack", seed: int = 1,
+              key_file: str | None = None) -> str:
     """The text of a rack file with ``count`` servers on each ``(host, count)``, in order.
 
     The servers of a host get the ports from ``port`` up; a host named twice continues where
-    its first entry stopped.
+    its first entry stopped. ``key_file`` is written into ``[rack]`` as it is given (each
+    server resolves a relative one against the rack file's folder).
 
     Raises
     ------
@@ -213,6 +215,8 @@ def rack_toml(hosts: list[tuple[str, int]], transport: str = "udp", port: int = 
         lines.append(f"workers = {workers}")
     if handler is not None:
         lines.append(f"handler = {_toml_str(handler)}")
+    if key_file is not None:
+        lines.append(f"key_file = {_toml_str(key_file)}")
     lines += ["", "[policy]", f"name = {_toml_str(pname)}", f"seed = {seed}"]
     for k, v in params.items():
         lines.append(f"{k} = {_toml_value(k, v)}")
@@ -226,6 +230,28 @@ def rack_toml(hosts: list[tuple[str, int]], transport: str = "udp", port: int = 
         for p in range(first, first + count):
             lines += ["", "[[server]]", f"address = {_toml_str(f'{h}:{p}')}"]
     return "\n".join(lines) + "\n"
+
+
+def _rack_key(key_file: str | None, output: str) -> str:
+    """Make sure the rack's key exists where its servers will read it (a relative path
+    beside the rack file; with the rack on stdout, here), creating it when it does not; an
+    existing one is kept, and must be a valid key. Returns what the final line says."""
+    from malcolm.runtime.config import ConfigError, read_key, write_key
+    if key_file is None:
+        return "unauthenticated (any host that can reach it can join; --key-file FILE keys it)"
+    if not key_file.strip() or "\0" in key_file:
+        raise click.BadParameter("is not a file name", param_hint="--key-file")
+    path = key_file
+    if not os.path.isabs(path) and output != "-":
+        path = os.path.join(os.path.dirname(os.path.abspath(output)), path)
+    try:
+        if os.path.lexists(path):
+            read_key(path)
+            return f"keyed with the existing {shown(path)}"
+        write_key(path)
+    except ConfigError as e:
+        raise click.BadParameter(str(e), param_hint="--key-file") from None
+    return f"keyed with a new 32-byte key in {shown(path)} (mode 0600)"
 
 
 def _check_host(host: str) -> None:
@@ -378,10 +404,14 @@ Examples:
                    "interfaces.")
 @click.option("--resolve", is_flag=True,
               help="Write IPv4 addresses, resolved here, instead of host names.")
+@click.option("--key-file", "key_file", default=None, metavar="FILE",
+              help="Authenticate the rack with this key: written into [rack] as key_file, "
+                   "and created (32 random bytes, mode 0600) when it does not exist. A "
+                   "relative FILE is beside the rack file, as every server reads it.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-",
               show_default=True, help="Rack file to write ('-': stdout).")
 def gen(from_slurm, hostfile, hosts, per_host, transport, port, workers, handler, policy,
-        name, host_suffix, resolve, output):
+        name, host_suffix, resolve, key_file, output):
     """Write a rack file for several machines: one [[server]] per launcher rank, in order.
 
     Start every server with the same rack file and let the launcher give each its rank
@@ -422,7 +452,8 @@ def gen(from_slurm, hostfile, hosts, per_host, transport, port, workers, handler
         total = sum(c for _, c in counts)
         if total > 64:
             raise ValueError(f"{total} servers: a rack has at most 64")
-        text = rack_toml(counts, transport, port, workers, handler, policy, name)
+        text = rack_toml(counts, transport, port, workers, handler, policy, name,
+                         key_file=key_file)
         if handler is not None:
             check_handler(handler)
     except ValueError as e:
@@ -448,6 +479,7 @@ def gen(from_slurm, hostfile, hosts, per_host, transport, port, workers, handler
         raise click.ClickException(f"the generated rack is invalid: {e}") from None
     except (ValueError, TypeError, OverflowError) as e:
         raise click.ClickException(f"--policy: {e}") from None
+    key_note = _rack_key(key_file, output)
     unknown = [h for h in dict.fromkeys(h for h, _ in counts) if not _resolves(h)]
     if unknown:
         click.echo(f"rack gen: note: {', '.join(unknown[:4])}{' ...' if len(unknown) > 4 else ''}"
@@ -455,6 +487,7 @@ def gen(from_slurm, hostfile, hosts, per_host, transport, port, workers, handler
                    err=True)
     if output == "-":
         click.echo(text, nl=False)
+        click.echo(f"rack gen: {key_note}", err=True)
     else:
         try:
             with open(output, "w") as f:
@@ -463,4 +496,4 @@ def gen(from_slurm, hostfile, hosts, per_host, transport, port, workers, handler
             raise click.BadParameter(f"cannot write {shown(output)}: {e.strerror}",
                                      param_hint="--output") from None
         click.echo(f"wrote {shown(output)}: {total} server{'s' * (total != 1)} on "
-                   f"{len(stand_in)} host(s) over {transport}", err=True)
+                   f"{len(stand_in)} host(s) over {transport}, {key_note}", err=True)

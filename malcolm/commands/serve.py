@@ -52,6 +52,79 @@ def log_malformed(k, prev, cur):
     log.warning("server %d dropped %d malformed message(s): %s%s", k, new, ", ".join(parts), src)
 
 
+class PeerLog:
+    """Log, once a tick, the peers that left the rack (silent for ``peer_timeout_ms``: no
+    task goes to them), came back or restarted, and when every peer has first been heard;
+    an operator reads a dead or misconfigured peer here rather than in statistics.
+
+    Parameters
+    ----------
+    k : int
+        This server's index.
+    addresses : list of str
+        Every server's address, by index.
+    wait_s : float
+        After this long with peers never heard, say which (once).
+    """
+
+    def __init__(self, k, addresses, wait_s=5.0):
+        self.k, self.addresses = k, addresses
+        self.peers = set(range(len(addresses))) - {k}
+        self.ever: set[int] = set()         # heard at least once
+        self.t0, self.wait_s = time.monotonic(), wait_s
+        self.t_prev = self.t0
+        self.said_all = self.said_wait = not self.peers
+
+    def _names(self, js, new_epoch=()):
+        js = sorted(js)
+        shown = ", ".join(f"{j} ({self.addresses[j]}{', restarted' * (j in new_epoch)})"
+                          for j in js[:8])
+        more = f" and {len(js) - 8} more" if len(js) > 8 else ""
+        return f"peer{'s' * (len(js) > 1)} {shown}{more}"
+
+    def update(self, prev, cur, now=None):
+        """Compare two statistics snapshots and log what changed between them."""
+        now = time.monotonic() if now is None else now
+        was, up = set(prev.get("peers_up", ())), set(cur.get("peers_up", ()))
+        n = len(self.addresses)
+        left0, left1 = prev.get("peer_left", [0] * n), cur.get("peer_left", [0] * n)
+        ep0, ep1 = prev.get("peer_epoch", [0] * n), cur.get("peer_epoch", [0] * n)
+        gone, back, blip, restarted = [], [], [], []
+        renewed = {j for j in self.peers if ep0[j] != 0 and ep1[j] != ep0[j]}
+        for j in sorted(self.peers):
+            if j in was and j not in up:
+                gone.append(j)
+            elif j in up and j not in was and j in self.ever:
+                back.append(j)          # its leaving was logged at an earlier tick
+            elif j in up and left1[j] > left0[j]:
+                blip.append(j)          # left and came back between two ticks
+            elif j in renewed:
+                restarted.append(j)     # a restart quicker than the peers' timeout
+        timeout = cur.get("peer_timeout_ms", float("nan"))
+        if gone:
+            log.warning("server %d: %s left the rack (silent for %g ms): no task goes "
+                        "there until it is heard again", self.k, self._names(gone), timeout)
+        if blip:
+            log.warning("server %d: %s left the rack (silent for %g ms) and came back "
+                        "within %.1f s", self.k, self._names(blip, renewed), timeout,
+                        now - self.t_prev)
+        if back:
+            log.info("server %d: %s back in the rack", self.k, self._names(back, renewed))
+        if restarted:
+            log.info("server %d: %s restarted (a new epoch), taken back at once",
+                     self.k, self._names(restarted))
+        self.ever |= up
+        self.t_prev = now
+        if not self.said_all and self.ever >= self.peers:
+            self.said_all = self.said_wait = True
+            log.info("server %d: all %d peers heard", self.k, len(self.peers))
+        elif not self.said_wait and now - self.t0 >= self.wait_s:
+            self.said_wait = True
+            log.warning("server %d: %s not heard from in %.0f s (not started, another "
+                        "rack key, or unreachable)", self.k,
+                        self._names(self.peers - self.ever), now - self.t0)
+
+
 @click.command(epilog="""
 \b
 Examples:
@@ -171,12 +244,14 @@ def serve(rack_path, server_id, stats, interval, stats_json, duration, handler):
     srv.start()
     addr = cfg.servers[k].address
     click.echo(f"malcolm serve: server {k} of {len(cfg.servers)} ready on {addr} "
-               f"({cfg.transport}, {cfg.servers[k].workers} workers, {cfg.servers[k].handler}, "
+               f"({cfg.transport}, {cfg.servers[k].workers} worker"
+               f"{'s' * (cfg.servers[k].workers != 1)}, {cfg.servers[k].handler}, "
                f"policy {cfg.policy}, poll {cfg.poll}, "
                f"{'authenticated' if srv.authenticated else 'UNAUTHENTICATED'})", nl=True)
     sys.stdout.flush()
     t_end = None if duration is None else time.monotonic() + duration
     prev, t_prev = srv.stats(), time.monotonic()
+    peers = PeerLog(k, cfg.addresses)
     # Besides the kernel's signal (Linux), a server whose launcher died without stopping it
     # (SIGKILL, a crash) sees that it was re-parented within a second, and stops.
     while not got:
@@ -193,6 +268,7 @@ def serve(rack_path, server_id, stats, interval, stats_json, duration, handler):
             continue                    # woke early only to look at the launcher
         cur = srv.stats()
         log_malformed(k, prev, cur)
+        peers.update(prev, cur, now)
         if stats and now > t_prev:
             click.echo(_format_line(k, cur, prev, now - t_prev), err=True)
         if stats_json:

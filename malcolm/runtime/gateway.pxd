@@ -75,6 +75,7 @@ cdef class Gateway:
     # membership
     cdef int64_t peer_seen[MAX_SERVERS]    # last message from each peer (gateway clock)
     cdef bint peer_up[MAX_SERVERS]         # heard from within peer_timeout_ns
+    cdef uint32_t peer_left[MAX_SERVERS]   # times each peer left (serve logs who, by index)
     cdef int64_t next_member_check
     # authentication (docs/runtime.md, "Wire format"): the rack key, this run's epoch, a
     # sequence number per destination server (so each receiver sees a dense sequence and a

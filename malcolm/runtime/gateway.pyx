@@ -162,11 +162,16 @@ cdef class Gateway:
         d["steal_timeouts"] = self.steals.timeouts        # the gate was full
         d["steal_late_replies"] = self.steals.late_replies
         d["peers_up"] = [j for j in range(self.n) if j != self.me and self.peer_up[j]]
+        # per peer, what serve's log names: how often it left, and its epoch (a new one is
+        # a restart; 0: never heard)
+        d["peer_left"] = [int(self.peer_left[j]) for j in range(self.n)]
+        d["peer_epoch"] = [int(self.rx_replay[j].epoch) for j in range(self.n)]
         # per peer: migrations to it and the last one's time (CLOCK_MONOTONIC ns, as
         # time.monotonic_ns()): how fast the survivors stop sending to a failed server
         d["migrated_to"] = [int(self.mig_to[j]) for j in range(self.n)]
         d["last_migrated_to_ns"] = [int(self.mig_last_ns[j]) for j in range(self.n)]
         d["suspect_ms"] = self.suspect_ns / 1e6
+        d["peer_timeout_ms"] = self.peer_timeout_ns / 1e6
         d["last_bad"] = (wire_error_name(self.last_bad_code).decode(),
                          addr_py(&self.last_bad_addr)) if self.last_bad_code else None
         return d
@@ -510,6 +515,7 @@ cdef class Gateway:
         for j in range(self.n):
             if self.peer_up[j] and now - self.peer_seen[j] > self.peer_timeout_ns:
                 self.peer_up[j] = False
+                self.peer_left[j] += 1
                 self.count.peer_leaves += 1
 
     # ------------------------------------------------------------ completions and steals
