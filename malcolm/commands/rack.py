@@ -17,9 +17,9 @@ from malcolm.runtime.launcher import LocalRack, ServerExited, too_many_threads
 @click.group(epilog="""
 \b
 Examples:
-  malcolm rack gen --hosts node1,node2 --per-host 2 -o rack.toml
+  malcolm rack gen --hosts node1,node2 --per-host 2 --key-file rack.key -o rack.toml
   malcolm rack check --rack rack.toml
-  malcolm rack keygen rack.key
+  malcolm rack keygen rack.key      (a key of its own; rack gen --key-file makes one)
   malcolm rack up --rack rack.toml --stats
 """)
 def rack():

@@ -368,7 +368,7 @@ def _resolve(host: str) -> str:
 @click.command("gen", epilog="""
 \b
 Examples:
-  malcolm rack gen --hosts 10.0.0.1,10.0.0.2,10.0.0.3 -o rack.toml
+  malcolm rack gen --hosts 10.0.0.1,10.0.0.2,10.0.0.3 --key-file rack.key -o rack.toml
   malcolm rack gen --slurm --transport verbs --host-suffix -ib -o rack.toml   (in sbatch)
   malcolm rack gen --hostfile hosts.txt --per-host 2 --port 7100 -o rack.toml
   scontrol show hostnames is used for --slurm when it is on PATH.

@@ -769,21 +769,23 @@ class Experiment:
             clients=getattr(self.layout, "client_threads", None))   # po2's view (twin.py)
 
     def simulate(self, rows):
-        """``sim_p99_us`` and the twin's figures for every row (same rack, effective load,
-        policy, measured costs)."""
-        from malcolm.sim.twin import runtime_twin
+        """``sim_p99_us`` and the twin's figures for every row (``runs_twin``, costs measured)."""
+        from malcolm.sim.twin import runs_twin, runtime_twin
         for row in rows:
             if self.stop.is_set():
                 return
             runs = [x for x in self.runs if x["policy"] == row["policy"]
                     and x["load"] == row["load"]]
             costs = self.costs_for(runs)
-            load = row["effective_load"] if math.isfinite(row["effective_load"]) \
-                else row["load"]
+            load = row["effective_load"] if math.isfinite(row["effective_load"]) else row["load"]
             try:        # Malcolm's defaults in both: load_scale derived from the rates
-                tw = runtime_twin(workers=self.workers, workload=self.workload, load=load,
-                                  policy=row["policy"], window_us=self.window_us,
-                                  tasks=self.sim_tasks, costs=costs)
+                kw = dict(workers=self.workers, workload=self.workload, load=load,
+                          policy=row["policy"], window_us=self.window_us, costs=costs)
+                tw = runs_twin(measured=[x["completed"] for x in runs if not x["flags"]]
+                               or [x["completed"] for x in runs], **kw,
+                               warmup_share=self.warmup_s / (self.warmup_s + self.duration_s))
+                if os.environ.get("MALCOLM_TWIN_AB"):     # the long twin, to compare
+                    row["sim_long_p99_us"] = runtime_twin(tasks=self.sim_tasks, **kw)["p99_us"]
             except Exception as e:          # report, do not lose the real measurements
                 row["sim_error"] = f"{type(e).__name__}: {e}"
                 self.echo(f"  sim twin of {row['policy']} at {row['load']:g} failed: "
@@ -792,6 +794,7 @@ class Experiment:
             row["sim_p99_us"] = tw["p99_us"]
             row["sim_ratio"] = row["p99_us"] / tw["p99_us"] if tw["p99_us"] else float("nan")
             row["sim_saturated"] = table.saturated(row)       # then the ratio tests nothing
-            row["sim"] = {k: tw[k] for k in ("p50_us", "p99_us", "migrations_per_task",
-                                              "steals_per_task", "mean_load_us", "costs")}
+            row["sim"] = {k: tw[k] for k in (
+                "p50_us", "p99_us", "p99_runs_us", "tasks_per_run", "migrations_per_task",
+                "steals_per_task", "mean_load_us", "costs")}
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 
 # A server whose measured utilisation reaches this is saturated: its workers never idle, its
-# queue grows for as long as the run lasts, and so does a p99. Against the simulator's twin
-# (sim_tasks, far more tasks than a run measures) the ratio then tests nothing.
+# queue grows for as long as the run lasts, and so does a p99, and a percent more or less
+# utilisation moves it several times over. Against the simulator's twin the ratio then
+# tests nothing.
 SATURATED = 0.99
 
 
