@@ -236,14 +236,12 @@ def _rack_key(key_file: str | None, output: str) -> str:
     """Make sure the rack's key exists where its servers will read it (a relative path
     beside the rack file; with the rack on stdout, here), creating it when it does not; an
     existing one is kept, and must be a valid key. Returns what the final line says."""
-    from malcolm.runtime.config import ConfigError, read_key, write_key
+    from malcolm.runtime.config import ConfigError, beside_rack, read_key, write_key
     if key_file is None:
         return "unauthenticated (any host that can reach it can join; --key-file FILE keys it)"
     if not key_file.strip() or "\0" in key_file:
         raise click.BadParameter("is not a file name", param_hint="--key-file")
-    path = key_file
-    if not os.path.isabs(path) and output != "-":
-        path = os.path.join(os.path.dirname(os.path.abspath(output)), path)
+    path = key_file if output == "-" else beside_rack(output, key_file)
     try:
         if os.path.lexists(path):
             read_key(path)

@@ -406,9 +406,13 @@ def key_path(cfg: RackConfig | None) -> str | None:
         return env
     if cfg is None or not cfg.key_file:
         return None
-    if os.path.isabs(cfg.key_file):
-        return cfg.key_file
-    return os.path.join(os.path.dirname(os.path.abspath(cfg.path)), cfg.key_file)
+    return beside_rack(cfg.path, cfg.key_file)
+
+
+def beside_rack(rack_path: str, name: str) -> str:
+    """Where a file the rack file names lives: ``name`` itself if absolute, else in the rack
+    file's folder (the rule for ``key_file``, which ``rack gen --key-file`` follows too)."""
+    return os.path.join(os.path.dirname(os.path.abspath(rack_path)), name)
 
 
 def read_key(path: str) -> bytes:

@@ -11,6 +11,7 @@ service-time distribution) is decided here, by the fields of :class:`RuntimeCost
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import asdict, dataclass, field
 
 from malcolm.policy.defaults import (
@@ -166,21 +167,16 @@ def runs_twin(*, measured, warmup_share, min_seeds=9, **kw) -> dict:
         medians over the seeds, ``p99_runs_us`` every seed's p99, and ``tasks_per_run``.
     """
     measured = list(measured)
-    if not (measured and _median(measured) >= 1 and 0.0 <= warmup_share < 1.0):
+    if not (measured and statistics.median(measured) >= 1 and 0.0 <= warmup_share < 1.0):
         raise ValueError(f"measured {measured!r} must hold a median of at least one task and "
                          f"warmup_share {warmup_share!r} be in [0, 1)")
-    tasks = max(2, int(round(_median(measured) / (1.0 - warmup_share))))
+    tasks = max(2, int(round(statistics.median(measured) / (1.0 - warmup_share))))
     outs = [runtime_twin(tasks=tasks, warmup=warmup_share, seed=s, **kw)
             for s in range(1, max(len(measured), min_seeds) + 1)]
     res = dict(outs[0])
-    res["p50_us"] = _median([o["p50_us"] for o in outs])
-    res["p99_us"] = _median([o["p99_us"] for o in outs])
+    res["p50_us"] = statistics.median([o["p50_us"] for o in outs])
+    res["p99_us"] = statistics.median([o["p99_us"] for o in outs])
     res["p99_runs_us"] = [o["p99_us"] for o in outs]
     res["tasks_per_run"] = tasks
     return res
 
-
-def _median(xs):
-    xs = sorted(xs)
-    m = len(xs) // 2
-    return xs[m] if len(xs) % 2 else 0.5 * (xs[m - 1] + xs[m])
