@@ -80,6 +80,11 @@ def test_demo_quick(tmp_path):
         assert 0 < row["effective_load"] < 1.5
     for run in data["runs"]:
         assert run["accounted"] and run["completed"] > 0
+        # each run's draw offered its load within 1%, the same draw for every policy
+        assert run["draw"]["within"] and abs(run["draw"]["work_ratio"] - 1) <= 0.01
+        assert run["draw"] == next(x for x in data["runs"] if x["load"] == run["load"]
+                                   and x["repeat"] == run["repeat"]
+                                   and x["attempt"] == run["attempt"])["draw"]
         if run["policy"] == "po2":        # gateways accept everything
             assert run["migrations_per_task"] == 0 and run["steals_per_task"] == 0
     # jsq migrates: the slow servers get tasks they pass on
@@ -101,6 +106,9 @@ def test_demo_compare_sim_and_json_to_stdout(tmp_path):
     assert row["sim_p99_us"] > 0 and row["sim_ratio"] > 0
     assert row["sim_saturated"] is (max(row["server_util"]) >= 0.99)
     assert row["sim"]["costs"]["service_samples"] > 0
+    # the twin's seeds offered their load as the runs' draws did
+    assert len(row["sim"]["seeds"]) >= 9 and row["sim"]["seeds_tried"] >= 9
+    assert all(abs(x - 1) <= 0.01 for x in row["sim"]["work_ratios"])
     assert "sim p99" in r.stderr
     # the stated bound is checked, the row counted in exactly one of the check's lists
     tc = data["twin_check"]

@@ -82,6 +82,9 @@ def test_sampling_note_predicts_how_often_chance_alone_flags_a_run():
     # the default demo (3,3,1,1 at Exp(50), 3 s) is long enough to say nothing
     exp = parse_workload("exp:50")
     assert method.sampling_note(0.85, 0.85 * 8 / 50e-6 / 50, 3.0, exp.scv, "exp") is None
+    # where each run's draw is picked for its load, chance flags nothing: the note says so
+    held = method.sampling_note(load, rate, dur, wl.scv, wl.name, held=0.01)
+    assert held.startswith("draws: ") and "within 1%" in held and "flagged" not in held
 
 
 def test_corrected_rate():

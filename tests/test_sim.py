@@ -602,6 +602,32 @@ def test_runs_twin_mirrors_the_demos_runs_and_their_median():
             runs_twin(**bad, **kw)
 
 
+def test_runs_twin_keeps_the_seeds_that_offered_their_load_as_the_runner_does():
+    """With ``draw_tol`` the twin keeps only seeds whose run offered its load within it, as
+    the load generator picks its draws (malcolm/loadgen/draws.py). HyperExp-2 over 2 400
+    measured tasks offers its load within 1% in about one seed of ten, by chance."""
+    from malcolm.sim.run import simulate
+    from malcolm.sim.twin import runs_twin
+
+    kw = dict(workers=[4, 1, 1, 1, 1], workload="hyperexp2", load=0.9, policy="jsq",
+              window_us=100.0)
+    out = runs_twin(measured=[2400] * 3, warmup_share=0.125, draw_tol=0.01, **kw)
+    assert len(out["seeds"]) == 9 and out["seeds_tried"] > 9 and out["draw_tol"] == 0.01
+    assert all(abs(r - 1) <= 0.01 for r in out["work_ratios"])
+    free = runs_twin(measured=[2400] * 3, warmup_share=0.125, **kw)
+    assert free["seeds"] == list(range(1, 10)) and "work_ratios" not in free
+    # the ratio is the run's own: its measured tasks' drawn work over its rate's ask
+    r = simulate(rack="1x4,4x1", policy="jsq", workload="hyperexp2", load=0.9, tasks=2743,
+                 seed=out["seeds"][0], warmup=0.125)
+    assert r.offered_work_ratio == out["work_ratios"][0]
+    # too few within the tolerance: the nearest fill in
+    few = runs_twin(measured=[2400], warmup_share=0.125, draw_tol=0.001, max_tries=12,
+                    min_seeds=3, **kw)
+    assert few["seeds_tried"] == 12 and len(few["seeds"]) == 3
+    with pytest.raises(ValueError, match="draw_tol"):
+        runs_twin(measured=[2400], warmup_share=0.1, draw_tol=1.5, **kw)
+
+
 def test_cli_runtime_mechanics(tmp_path):
     from malcolm.cli import main
 

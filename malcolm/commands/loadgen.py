@@ -115,6 +115,10 @@ def _refuse_orphans(ctx, raw, app, poll, bad_fraction):
                    "µs).")
 @click.option("--seed", default=1, show_default=True, type=INT,
               help="Seed of the arrival, server-choice and service-time streams.")
+@click.option("--hold-load", default=None, metavar="TOL",
+              help="Pick each run's draw (arrivals, service times) among seeded candidates "
+                   "so that the work it offers in the measured window is within TOL (1% or "
+                   "0.01) of what its rate asks, as malcolm demo does. Not with --app.")
 @click.option("--bind", default=None, help="udp, verbs: local address to bind (udp default "
               "0.0.0.0:0; verbs: the RDMA device's first IPv4 address, port 0).")
 @click.option("--segment", default=None, type=Duration("s", min=0, min_open=True), metavar="TIME",
@@ -155,7 +159,8 @@ def _refuse_orphans(ctx, raw, app, poll, bad_fraction):
                    "Default: MALCOLM_RACK_KEY_FILE.")
 def loadgen(rack_path, servers, transport, rates, arrivals, payload_size, payload_content,
             check_echo, workload, duration, warmup, threads, timeout, shares, changes, policy,
-            poll, spin_us, spin_us_old, raw, raw_max, lag_threshold, seed, bind, segment,
+            poll, spin_us, spin_us_old, raw, raw_max, lag_threshold, seed, hold_load, bind,
+            segment,
             json_out, csv_out,
             hdr_out, raw_out, app, app_keys, app_value_size, key_dist, bad_fraction,
             max_timeouts, key_file):
@@ -215,7 +220,13 @@ def loadgen(rack_path, servers, transport, rates, arrivals, payload_size, payloa
             shares=parse_shares(shares, n) if shares else None,
             changes=[parse_change(c, n) for c in changes], policy=policy,
             busy=poll == "busy", spin_us=spin_us, raw=raw, raw_max=raw_max,
-            lag_threshold_us=lag_threshold, seed=seed, bind=bind, segment_s=segment or 0.0)
+            lag_threshold_us=lag_threshold, seed=seed, bind=bind, segment_s=segment or 0.0,
+            draw_tol=parse_share_limit(hold_load, "--hold-load") if hold_load else 0.0)
+        if hold_load and not 0 < spec.draw_tol < 1:
+            raise LoadgenError(f"--hold-load {hold_load!r} must be above 0% and below 100%")
+        if hold_load and app:
+            raise LoadgenError("--hold-load and --app exclude each other: an application "
+                               "does real work, it requests no service time to hold")
         if app:
             from malcolm.loadgen import apps
             shape = None

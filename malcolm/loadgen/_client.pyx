@@ -38,72 +38,6 @@ from malcolm.policy.base cimport MAX_SERVERS, ClientPolicy
 from malcolm._system cimport prctl, PR_SET_TIMERSLACK
 
 
-cdef enum:
-    MAX_PHASES = 64
-    MAX_SEGMENTS = 256
-    N_STATUS = 7
-    # request states in the window
-    R_FREE = 0
-    R_OUT = 1           # sent in the measured interval, not answered yet
-    R_OUT_WARM = 2      # sent during warm-up
-    R_DONE = 3          # answered (any status)
-    R_TIMED_OUT = 4     # given up on by the client
-    # arrival processes
-    A_POISSON = 0
-    A_FIXED = 1
-    A_TRACE = 2
-    # payload sizes and contents
-    PS_FIXED = 0
-    PS_UNIFORM = 1
-    PS_EXP = 2
-    PC_ZEROS = 0
-    PC_RANDOM = 1
-    PC_PATTERN = 2
-
-
-ctypedef struct Counts:
-    uint64_t sent
-    uint64_t sent_warm
-    uint64_t completed              # status ok, measured
-    uint64_t rejected[N_STATUS]     # by status (index 0 unused), measured
-    uint64_t timed_out              # no response within the timeout, measured
-    uint64_t warm_answered
-    uint64_t warm_timed_out
-    uint64_t migrated               # completed tasks that carried the migrated flag
-    uint64_t stolen
-    uint64_t late                   # responses that came after their task timed out
-    uint64_t duplicates             # second answers to a task (a different message)
-    uint64_t replayed               # copies of the answer already taken (same epoch, seq)
-    uint64_t unknown                # responses to ids this client never sent (or too old)
-    uint64_t foreign                # responses for another client id
-    uint64_t malformed
-    uint64_t forged                 # responses whose MAC did not verify (not the rack's key)
-    uint64_t unexpected             # valid messages that are not responses
-    uint64_t send_failed
-    uint64_t window_full            # tasks given up early because the window was full
-    uint64_t late_sends             # sends later than lag_threshold behind schedule
-    uint64_t late_episodes          # runs of consecutive late sends
-    uint64_t svc_req_ns             # sum of the service times asked for, measured sends
-    uint64_t svc_ns                 # sum of the service times servers measured, completed
-    uint64_t payload_bytes          # payload bytes sent, measured sends
-    uint64_t echo_checked           # completed responses checked against the pattern
-    uint64_t echo_bad               # ... whose payload was not the pattern of their task
-    uint64_t sent_to[MAX_SERVERS]
-    uint64_t answered_by[MAX_SERVERS]
-
-
-# Per segment of the measured interval (by intended send time): what a long run needs to see
-# drift (latency, losses, moves) over time rather than one figure for the whole run.
-ctypedef struct SegCounts:
-    uint64_t sent
-    uint64_t completed
-    uint64_t rejected[N_STATUS]     # by status (index 0 unused)
-    uint64_t timed_out
-    uint64_t late_sends
-    uint64_t migrated
-    uint64_t stolen
-
-
 cdef inline int64_t _i64max() noexcept nogil:
     return 0x7FFFFFFFFFFFFFFF
 
@@ -197,7 +131,7 @@ cdef class LoadClient:
     cdef uint64_t tx_seq[MAX_SERVERS]      # per server: each sees a dense sequence
     cdef int arrival
     cdef double* trace
-    cdef uint64_t trace_n, trace_pos
+    cdef uint64_t trace_n, trace_pos, trace_pos0
     cdef int64_t first_off_ns
     cdef int ps_kind, ps_a, ps_b, pcontent
     cdef bint check_echo
@@ -241,9 +175,6 @@ cdef class LoadClient:
         if not 0 <= client_id <= 0xFFFFFFFF:
             raise ValueError(f"client_id {client_id} must fit in 32 bits")
         self.client_id = <uint32_t>client_id
-        # the random stream: per client id (distinct across runs and processes), or a given
-        # one (``stream`` >= 0: common random numbers, the same arrivals in every run)
-        rng_seed(&self.rng, seed, 7919 + (client_id if stream < 0 else stream))
         self.use_pol = policy is not None
         self.app = app
         self.use_app = app is not None
@@ -282,6 +213,7 @@ cdef class LoadClient:
         self._init_arrivals(arrival, trace, trace_start, first_offset_s)
         self._init_payload(payload_size, payload_content, check_echo)
         self._init_segments(segment_s, duration_s)
+        self._seed(seed, stream)
         # The request window must hold every task that can be outstanding: those sent
         # within one timeout at the highest rate, with a margin for bursts.
         if window <= 0:
@@ -340,7 +272,7 @@ cdef class LoadClient:
         cdef double[::1] g = gaps
         for i in range(self.trace_n):
             self.trace[i] = g[i]
-        self.trace_pos = <uint64_t>(trace_start % <long long>self.trace_n)
+        self.trace_pos0 = <uint64_t>(trace_start % <long long>self.trace_n)
 
     cdef _init_segments(self, double segment_s, double duration_s):
         if segment_s == 0:
@@ -373,7 +305,7 @@ cdef class LoadClient:
         return <int>i if i < self.n_seg else self.n_seg - 1
 
     cdef _init_payload(self, payload_size, int content, bint check_echo):
-        cdef int kind, a, b, i
+        cdef int kind, a, b
         kind, a, b = (int(x) for x in payload_size)
         if kind not in (PS_FIXED, PS_UNIFORM, PS_EXP):
             raise ValueError(f"payload size kind {kind} must be 0, 1 or 2")
@@ -393,7 +325,15 @@ cdef class LoadClient:
         if self.pbuf == NULL:
             raise MemoryError()
         memset(self.pbuf, 0, 2 * MAX_PAYLOAD)
-        if content == PC_RANDOM:
+
+    cdef void _seed(self, unsigned long long seed, long long stream) noexcept nogil:
+        """Start the client's random stream: per client id (distinct across runs and
+        processes), or a given one (``stream`` >= 0: common random numbers, the same arrivals
+        in every run). Random payload content is a window of its first draws."""
+        cdef int i
+        rng_seed(&self.rng, seed, 7919 + (self.client_id if stream < 0 else <uint64_t>stream))
+        self.trace_pos = self.trace_pos0
+        if self.pcontent == PC_RANDOM:
             for i in range(2 * MAX_PAYLOAD):
                 self.pbuf[i] = <uint8_t>(rng_next(&self.rng) >> 56)
 
@@ -738,6 +678,45 @@ cdef class LoadClient:
         self.finished_ns = mc_now_ns()
         self.end_ns = send_end
         self.c.send_failed = self.tr.n_send_failed - sent0
+
+    def plan(self, unsigned long long seed, long long stream=-1):
+        """What a run from ``seed`` and ``stream`` (as the constructor takes them) would
+        send, drawn without sending: ``(measured sends, the sum of their requested service
+        times in ns)``, the ``sent`` and ``svc_req_ns`` that run would count (unless it is
+        stopped early). The draws are the run's, in its order: the server, the service time,
+        the payload, the next gap. The client's own stream is left as it was (call it
+        before :meth:`run`); :meth:`reseed` adopts a planned one."""
+        cdef Rng keep = self.rng
+        cdef uint64_t keep_pos = self.trace_pos
+        cdef int64_t keep_t0 = self.t0_ns, t, end = self.warm_ns + self.dur_ns
+        cdef int ph = 0, tt
+        cdef uint64_t n = 0, work = 0, svc
+        cdef WireTask scratch
+        with nogil:
+            self._seed(seed, stream)
+            self.t0_ns = 0
+            t = self._next_time(0, &ph) + self.first_off_ns
+            while t < end:
+                rng_uniform(&self.rng)      # the server: _server_for draws one, always
+                svc = <uint64_t><int64_t>wl_sample(&self.wl, &self.rng, &tt)
+                if self.use_app:
+                    svc = 0                 # the application does real work (_send)
+                else:
+                    scratch.request_id = n
+                    self._payload(&scratch)
+                if t >= self.warm_ns:
+                    n += 1
+                    work += svc
+                t = self._next_time(t, &ph)
+            self.rng = keep
+        self.trace_pos = keep_pos
+        self.t0_ns = keep_t0
+        return int(n), int(work)
+
+    def reseed(self, unsigned long long seed, long long stream=-1):
+        """Restart the client's random stream from ``seed`` and ``stream`` (before
+        :meth:`run`): the run then sends what :meth:`plan` drew from them."""
+        self._seed(seed, stream)
 
     def preview(self, int n):
         """The first ``n`` intended send times, ns after the start (tests and tools). It

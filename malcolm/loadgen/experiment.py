@@ -27,7 +27,8 @@ One experiment is a rack shape (workers per server), a workload, policies and lo
 * **Effective load** = arrival rate x measured mean service time / workers (from the
   responses' ``service_ns``). The arrival rate is corrected by the handler's measured
   slowness (the ratio of measured to requested service time in the runs so far) and the
-  report says by how much.
+  report says by how much. Each run's draw is picked before it runs so that the work it
+  offers is its load within 1% (``malcolm/loadgen/draws.py``; the twin picks its seeds so).
 * **Flags**: a run whose generator was late for more than 1% of its sends, whose effective
   load is more than 0.03 off, that lost or timed out tasks, is listed with the reason, left
   out of the median and run again (``retries``); a point with no clean run is ``valid: false``.
@@ -45,10 +46,11 @@ import threading
 import time
 import types
 
-from malcolm.loadgen import method, table
+from malcolm.loadgen import draws, method, table
 from malcolm.loadgen.method import SPIN_US, rack_toml  # noqa: F401 (their home; re-exported)
 from malcolm.loadgen.table import HEADER, format_row, format_run  # noqa: F401 (re-exported)
 from malcolm.net.ports import free_udp_ports
+from malcolm.runtime.cpus import NICE, raise_priority
 from malcolm.runtime.launcher import LocalRack, ServerExited
 
 BASE_POLICIES = {
@@ -60,7 +62,6 @@ BASE_POLICIES = {
     "po2": ({"name": "jbt", "threshold": 1e9}, "po2"),
 }
 LAG_US = 50.0                   # late-send threshold at K = 1
-NICE = -10                      # the rack's and the generator's threads, where permitted
 # Per-hop one-way delay of the real rack (µs, rack time): half the median eRPC round trip
 # between machines in the thesis (Table 7.1: 4.2 µs, 3.8-3.9 on one machine), rounded to the
 # simulator's default delay_us = 2.0 so that both clocks see the same network by default.
@@ -68,21 +69,6 @@ HOP_DELAY_US = 2.0
 PORT_TRIES = 3                  # rack starts on fresh ports when a chosen port was taken
 # 1000 repeats of the demo's 12 runs are 12 hours: more is a typo (unbounded, it ran for ever)
 MAX_REPEAT, MAX_RETRIES = 1000, 100
-
-
-def raise_priority(pid):
-    """Give every thread of process ``pid`` nice NICE; False if not permitted.
-
-    Why: on a machine shared with other jobs the kernel otherwise slices the rack's and the
-    load generator's threads evenly against them, which shows up as late sends and slow
-    handlers, i.e. as runs that measure the machine rather than the policy.
-    """
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            os.setpriority(os.PRIO_PROCESS, int(tid), NICE)
-        return True
-    except (OSError, ValueError):
-        return False
 
 
 class ExperimentError(RuntimeError):
@@ -382,7 +368,7 @@ class Experiment:
                         warmup_s=warmup, threads=threads, timeout_s=max(1.0, 0.02 * k),
                         policy=rack.client_policy, busy=self.layout.poll == "busy",
                         spin_us=SPIN_US / k, cpus=cpus, lag_threshold_us=LAG_US * k,
-                        seed=seed, crn=True,
+                        seed=seed, crn=True, draw_tol=draws.DRAW_TOL,
                         nice=NICE if self.prioritized else None)
 
     def check_dilation(self, k):
@@ -564,7 +550,8 @@ class Experiment:
                       if self.prioritized else "priority: unchanged (not root)")
             top = max(self.loads)
             note = method.sampling_note(top, top * self.capacity(), self.duration_s,
-                                        self.wl.scv, self.wl.name)
+                                        self.wl.scv, self.wl.name,
+                                        held=0.0 if self.app is not None else draws.DRAW_TOL)
             if note:
                 self.echo(note)
             for r in range(self.repeat):
@@ -711,7 +698,8 @@ class Experiment:
                "timed_out": rep["timed_out"], "accounted": rep["accounted"],
                "migrations_per_task": rep["migrated"] / done,
                "steals_per_task": rep["stolen"] / done, "server_util": util,
-               "padded": padded, "overruns": overruns, "flags": fl, "_delta": delta}
+               "padded": padded, "overruns": overruns, "flags": fl, "_delta": delta,
+               "draw": rep.get("draw")}
         if padded:
             # the dilating handler's own view, µs per call: the real GET's CPU time (real,
             # undilated), the target it padded to and the wall time it took (rack scale;
@@ -783,7 +771,8 @@ class Experiment:
                           policy=row["policy"], window_us=self.window_us, costs=costs)
                 tw = runs_twin(measured=[x["completed"] for x in runs if not x["flags"]]
                                or [x["completed"] for x in runs], **kw,
-                               warmup_share=self.warmup_s / (self.warmup_s + self.duration_s))
+                               warmup_share=self.warmup_s / (self.warmup_s + self.duration_s),
+                               draw_tol=None if self.app is not None else draws.DRAW_TOL)
                 if os.environ.get("MALCOLM_TWIN_AB"):     # the long twin, to compare
                     row["sim_long_p99_us"] = runtime_twin(tasks=self.sim_tasks, **kw)["p99_us"]
             except Exception as e:          # report, do not lose the real measurements
@@ -796,5 +785,6 @@ class Experiment:
             row["sim_saturated"] = table.saturated(row)       # then the ratio tests nothing
             row["sim"] = {k: tw[k] for k in (
                 "p50_us", "p99_us", "p99_runs_us", "tasks_per_run", "migrations_per_task",
-                "steals_per_task", "mean_load_us", "costs")}
+                "steals_per_task", "mean_load_us", "costs", "seeds", "seeds_tried",
+                "work_ratios") if k in tw}
 

@@ -127,7 +127,7 @@ def hop_text(hop_us, k):
             "measured below")
 
 
-def sampling_note(load, rate_per_s, duration_s, scv, name):
+def sampling_note(load, rate_per_s, duration_s, scv, name, held=0.0):
     """A note for the banner where a run is too short for its effective load to stay within
     :data:`LOAD_TOL` of ``load`` by chance alone (None where it mostly does).
 
@@ -138,13 +138,20 @@ def sampling_note(load, rate_per_s, duration_s, scv, name):
     fifth to a third of such runs were flagged and run again, a whole load at a time (the
     policies share their arrivals), which looks like a machine that cannot keep its load.
     Said once, before the runs, with the --duration that brings it under one in twenty (two
-    standard deviations within the tolerance)."""
+    standard deviations within the tolerance).
+
+    ``held`` > 0: each run's draw is picked to offer its load within that fraction
+    (:mod:`malcolm.loadgen.draws`), so chance no longer flags runs; the note says so."""
     tasks = rate_per_s * duration_s
     if not (tasks > 0 and math.isfinite(scv) and scv >= 0):
         return None
     sd = load * math.sqrt((1.0 + scv) / tasks)
     if 2.0 * sd <= LOAD_TOL:
         return None
+    if held:
+        return (f"draws: a {duration_s:g} s run at load {load:g} draws about {tasks:.0f} "
+                f"{name} tasks, whose offered load varies by +/-{sd:.3f} (1 sd) by chance; "
+                f"each run's draw is picked to offer its load within {100 * held:g}%")
     off = math.erfc(LOAD_TOL / sd / math.sqrt(2.0))       # P(|N(0, sd)| > LOAD_TOL)
     need_s = (2.0 * load / LOAD_TOL) ** 2 * (1.0 + scv) / rate_per_s
     return (f"note: a {duration_s:g} s run at load {load:g} draws about {tasks:.0f} {name} "

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from malcolm import _units
-from malcolm.loadgen import hist, traffic
+from malcolm.loadgen import draws, hist, traffic
 from malcolm.net import wire
 
 STATUS_NAMES = {int(s): s.name.lower() for s in wire.Status}
@@ -285,6 +285,7 @@ class LoadSpec:
     arrivals: object = None              # a malcolm.loadgen.traffic.Arrivals (None: Poisson)
     payload: object = None               # a malcolm.loadgen.traffic.Payload (None: empty)
     segment_s: float = 0.0               # > 0: also report the run in segments this long
+    draw_tol: float = 0.0                # > 0: the draw's offered work within it (draws.py)
 
     def validate(self):
         from malcolm.workloads import parse_workload
@@ -314,6 +315,8 @@ class LoadSpec:
         if not 0 < self.lag_threshold_us <= MAX_RUN_S * 1e6:       # NaN fails this too
             raise LoadgenError(f"--lag-threshold {self.lag_threshold_us:g} µs must be > 0 "
                                f"and at most {MAX_RUN_S * 1e6:g} µs ({MAX_RUN_S:g} s)")
+        if not 0 <= self.draw_tol < 1:
+            raise LoadgenError(f"draw tolerance {self.draw_tol} must be in [0, 1)")
         if not 1 <= self.raw_max <= 1 << 31:
             raise LoadgenError(f"--raw-max {self.raw_max} must be in 1..2**31")
         if self.raw and self.raw_max < self.threads:
@@ -433,7 +436,7 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
     phases = spec.phases(rate)
     per = [(t, r / spec.threads, s) for t, r, s in phases]
     base_id = (os.getpid() * 64 + int(time.monotonic_ns() // 1000)) & 0x3FFFFFF
-    clients, trs, kv = [], [], []
+    clients, trs, kv, seeds, streams = [], [], [], [], []
     try:
         arr = spec.arrivals
         pl = spec.payload
@@ -452,10 +455,12 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
             cid = ((base_id << 6) + i) & 0xFFFFFFFF
             stream = (spec.seed * 64 + i) & 0x7FFFFFFFFFFFFFFF if spec.crn else -1
             kv.append(spec.app.make(cid if stream < 0 else stream) if spec.app else None)
+            seeds.append((spec.seed * 1_000_003 + int(rate)) & 0xFFFFFFFFFFFFFFFF)
+            streams.append(stream)
             try:
                 clients.append(LoadClient(
                     tr, servers, wl.native(), client_id=cid, stream=stream,
-                    seed=(spec.seed * 1_000_003 + int(rate)) & 0xFFFFFFFFFFFFFFFF, phases=per,
+                    seed=seeds[-1], phases=per,
                     warmup_s=spec.warmup_s, duration_s=spec.duration_s,
                     timeout_s=spec.timeout_s, policy=spec.client_policy(i), busy=spec.busy,
                     spin_us=spec.spin_us,
@@ -468,6 +473,11 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
                     check_echo=pl is not None and pl.check_echo, segment_s=spec.segment_s))
             except ValueError as e:     # its request window: too high a rate x timeout
                 raise LoadgenError(f"rate {rate:g}/s: {e}") from None
+        draw = None
+        if spec.draw_tol and spec.app is None:     # an application requests no service time
+            work = draws.expected_work_ns(phases, spec.warmup_s, spec.duration_s,
+                                          wl.mean_us * 1e3)
+            draw = draws.choose(clients, seeds, streams, work, spec.draw_tol) if work else None
         from malcolm._core import now_ns
         t0 = now_ns() + 20_000_000         # every thread starts on the same schedule
         threads = [threading.Thread(target=_pinned_run, args=(c, t0, spec.cpus, i, spec.nice),
@@ -514,6 +524,8 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
         for tr in trs:
             tr.close()
     rep = report(spec, rate, results, wl)
+    if draw is not None:
+        rep["draw"] = draw
     if own:
         rep["transport"] = {k: sum(o[k] for o in own) for k in own[0]
                             if isinstance(own[0][k], int) and not isinstance(own[0][k], bool)}
@@ -779,7 +791,7 @@ def notes(rep):
     if not rep["accounted"]:
         out.append(f"  WARNING: {rep['unaccounted']} task(s) unaccounted for")
     from malcolm.loadgen import apps
-    out.extend(apps.lines(rep))
+    out.extend(apps.lines(rep) + draws.lines(rep))
     if rep.get("interrupted"):
         out.append("  interrupted: the run was cut short")
     return out

@@ -145,6 +145,7 @@ cdef class Engine:
     cdef double* svc
     cdef uint8_t* dropped       # per task: answered "dropped" (capacity), not served
     cdef uint64_t n_dropped
+    cdef double work_measured   # the measured tasks' drawn service times, summed (ns)
     cdef double area
     cdef int64_t area_t
     # events

@@ -345,6 +345,8 @@ cdef class Engine:
         if t.idx < self.n_tasks:
             self.sent[t.idx] = self.now
             self.ttype[t.idx] = tt
+            if t.idx >= self.n_warm:
+                self.work_measured += t.work
         self.generated += 1
         if self.generated >= self.n_tasks and (
                 self.completed_measured >= self.n_measured or self.generated >= self.gen_cap):

@@ -25,6 +25,7 @@ def collect(Engine e):
         generated=e.generated, completed=e.completed - e.n_dropped,
         n_dropped=e.n_dropped,
         events=e.events, end_ns=e.now, area=e.area, loop_s=e.loop_s,
+        work_measured_ns=e.work_measured,
         hb_sent=e.hb_sent, hb_lost=e.hb_lost, hb_overrun=e.hb_overrun,
     )
     fields = ("accepted", "completed", "migrations", "steals", "steal_requests",

@@ -94,6 +94,9 @@ class SimResult:
     gateway_util: list | None = None
     #: Why ``throughput`` is NaN (a run too short to measure it); None when it is a number.
     throughput_note: str | None = None
+    #: The measured tasks' drawn service times over what the arrival rate asks of the time
+    #: they were sent in (1: the run offered its load exactly; NaN with any ``changes``).
+    offered_work_ratio: float = math.nan
 
     @property
     def events_per_s(self) -> float:
@@ -110,7 +113,7 @@ class SimResult:
                 "steal_requests", "steal_empty", "heartbeats_lost", "generated", "completed",
                 "measured", "sim_time_s", "events", "wall_s", "loop_s", "dropped",
                 "heartbeats_overrun", "steal_suppressed", "steal_timeouts", "gateway_util",
-                "throughput_note")
+                "throughput_note", "offered_work_ratio")
         out = {k: _json_safe(getattr(self, k)) for k in keys}
         out["events_per_s"] = _json_safe(self.events_per_s)
         out["config"] = self.config
@@ -689,6 +692,9 @@ def _assemble(plan: _Plan, raw: dict, wall: float) -> SimResult:
                      load_us=raw["rec_load_ns"] / 1e3, queue=raw["rec_queue"],
                      true_load_us=raw["rec_true_ns"] / 1e3)
     end_ns = raw["end_ns"]
+    sent = raw["sent_ns"][n_warm:]
+    want = (float(sent[-1] - sent[0]) * plan.rate * plan.workload.mean_us * 1e3
+            if len(sent) > 1 and not a["changes"] else 0.0)
     return SimResult(
         config=config, p50_us=float(q[0]), p99_us=float(q[1]), p999_us=float(q[2]),
         p9999_us=float(q[3]), mean_us=float(lat.mean()) if len(lat) else math.nan,
@@ -716,4 +722,5 @@ def _assemble(plan: _Plan, raw: dict, wall: float) -> SimResult:
         steal_timeouts=int(per["steal_timeouts"].sum()),
         gateway_util=[float(m * plan.gateway_ns / end_ns) if end_ns else 0.0
                       for m in per["gateway_msgs"]],
+        offered_work_ratio=raw["work_measured_ns"] / want if want > 0 else math.nan,
     )

@@ -133,10 +133,12 @@ def runtime_twin(*, workers, workload, load, policy, window_us, seed=1, tasks=20
         dropped=res.dropped, steal_suppressed=res.steal_suppressed,
         mean_load_us=[x if math.isfinite(x) else None for x in res.mean_load],
         gateway_util=res.gateway_util, costs=costs.summary(), config=res.config,
+        offered_work_ratio=res.offered_work_ratio,
     )
 
 
-def runs_twin(*, measured, warmup_share, min_seeds=9, **kw) -> dict:
+def runs_twin(*, measured, warmup_share, min_seeds=9, draw_tol=None, max_tries=None,
+              **kw) -> dict:
     """The twin of a row as the demo measured it: runs as long as the real ones, and the
     median of their p99s.
 
@@ -157,26 +159,53 @@ def runs_twin(*, measured, warmup_share, min_seeds=9, **kw) -> dict:
     min_seeds : int
         The twin runs as many seeds as there are real runs, and at least this many (seeds
         1, 2, ...), so that its own median is steadier than the real one.
+    draw_tol : float, optional
+        Keep only the seeds whose run offered its load within this fraction
+        (``offered_work_ratio``), as the load generator picks its runs' draws
+        (:mod:`malcolm.loadgen.draws`): seeds 1, 2, ... are tried until enough are kept, at
+        most ``max_tries`` (default 100 x the seeds wanted), then the nearest of the others
+        fill in. None: every seed is kept.
     **kw
         Everything else as :func:`runtime_twin` takes it.
 
     Returns
     -------
     dict
-        :func:`runtime_twin`'s keys for the first seed, with ``p50_us`` and ``p99_us`` the
-        medians over the seeds, ``p99_runs_us`` every seed's p99, and ``tasks_per_run``.
+        :func:`runtime_twin`'s keys for the first seed kept, with ``p50_us`` and ``p99_us``
+        the medians over the seeds kept, ``p99_runs_us`` and ``seeds`` theirs,
+        ``tasks_per_run``, and with ``draw_tol``, ``seeds_tried`` and ``work_ratios``.
     """
     measured = list(measured)
     if not (measured and statistics.median(measured) >= 1 and 0.0 <= warmup_share < 1.0):
         raise ValueError(f"measured {measured!r} must hold a median of at least one task and "
                          f"warmup_share {warmup_share!r} be in [0, 1)")
     tasks = max(2, int(round(statistics.median(measured) / (1.0 - warmup_share))))
-    outs = [runtime_twin(tasks=tasks, warmup=warmup_share, seed=s, **kw)
-            for s in range(1, max(len(measured), min_seeds) + 1)]
+    want = max(len(measured), min_seeds)
+    if draw_tol is None:
+        outs = [runtime_twin(tasks=tasks, warmup=warmup_share, seed=s, **kw)
+                for s in range(1, want + 1)]
+        for s, o in enumerate(outs, 1):
+            o["seed"] = s
+    else:
+        if not 0 < draw_tol < 1:
+            raise ValueError(f"draw_tol {draw_tol!r} must be in (0, 1)")
+        kept, others, s = [], [], 0
+        while len(kept) < want and s < (max_tries or 100 * want):
+            s += 1
+            o = dict(runtime_twin(tasks=tasks, warmup=warmup_share, seed=s, **kw), seed=s)
+            (kept if abs(o["offered_work_ratio"] - 1.0) <= draw_tol else others).append(o)
+        # a run too short to have a ratio (NaN) is the last to fill in
+        others.sort(key=lambda o: abs(o["offered_work_ratio"] - 1.0)
+                    if math.isfinite(o["offered_work_ratio"]) else math.inf)
+        outs = kept + others[:want - len(kept)]
     res = dict(outs[0])
     res["p50_us"] = statistics.median([o["p50_us"] for o in outs])
     res["p99_us"] = statistics.median([o["p99_us"] for o in outs])
     res["p99_runs_us"] = [o["p99_us"] for o in outs]
+    res["seeds"] = [o["seed"] for o in outs]
+    if draw_tol is not None:
+        res.update(draw_tol=draw_tol, seeds_tried=s,
+                   work_ratios=[o["offered_work_ratio"] for o in outs])
     res["tasks_per_run"] = tasks
     return res
 
