@@ -525,3 +525,33 @@ def test_skewed_rack_at_high_load_does_not_run_away():
     mq = np.asarray(r.mean_queue, float)
     assert mq.max() < 64, mq
     assert r.p99_us < 5_000
+
+
+def test_the_simulator_reports_the_guards_per_server_and_says_when_they_fired():
+    """``malcolm sim`` carries each server's ``stats()`` in its JSON (``policy_stats``) and
+    says in a note when a guard fired; the same counters ``malcolm serve`` logs. An agent
+    with a step of 0.5 on every window runs its queue away on a big-and-small rack at 0.95
+    and is reset; the default, on the same rack, never is."""
+    import json
+
+    from click.testing import CliRunner
+
+    from malcolm.cli import main
+    from malcolm.commands.sim import guard_note
+    args = ["sim", "--servers", "2x16,14x1", "--load", "0.95", "--tasks", "100000", "--policy"]
+    r = CliRunner().invoke(main, args + ["malcolm:actor_lr=0.5,batch_windows=1,"
+                                         "runaway_windows=10", "--json", "-"])
+    assert r.exit_code == 0, r.output
+    ps = json.loads(r.stdout)["runs"][0]["policy_stats"]
+    assert len(ps) == 16 and all(d["windows"] > 100 and d["learn"] for d in ps)
+    at = [i for i, d in enumerate(ps) if d["resets"]]
+    assert at and all(ps[i]["load_scale_ns"] > 0 for i in range(16))
+    note = guard_note(ps)
+    assert note == (f"the policy's guards fired: {sum(ps[i]['resets'] for i in at)} runaway "
+                    f"reset(s) of the actors (server{'s' * (len(at) > 1)} "
+                    f"{', '.join(map(str, at))})")
+    assert "note: " in r.stderr and note in r.stderr
+    r = CliRunner().invoke(main, args + ["malcolm"])
+    assert r.exit_code == 0 and "guards fired" not in r.output, r.output
+    r = CliRunner().invoke(main, ["sim", "--policy", "jsq", "--tasks", "2000", "--json", "-"])
+    assert json.loads(r.stdout)["runs"][0]["policy_stats"] is None

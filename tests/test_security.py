@@ -395,3 +395,44 @@ def test_serve_logs_which_peers_left_came_back_restarted_or_were_never_heard(cap
         "within 1.0 s",
         "server 0: peer 3 (d:4) restarted (a new epoch), taken back at once",
     ], lines
+
+
+def test_a_members_huge_critic_is_refused_by_the_policy_and_logged(caplog):
+    """A member that signs with the rack's key (compromised, or broken) and sends a finite
+    but huge critic: the MAC passes it, the policy's consensus refuses it (issue 13's first
+    attack, θ = 1e300, now on a real server). The refusal is in the server's statistics
+    (``policy``, from the policy's ``stats()``) and in serve's log, the server keeps its own
+    critic bounded and keeps serving."""
+    import numpy as np
+
+    from malcolm.commands.serve import log_policy
+    from malcolm.net.client import Client
+    from malcolm.policy.registry import make_policy
+    d = len(make_policy("malcolm", 2, 0, 1).py_heartbeat()["theta"])
+    srv, addr, peers = _server(policy="malcolm", window_us=500)
+    try:
+        before = srv.stats()
+        assert before["policy"]["consensus_rejected"] == 0 and before["policy"]["learn"]
+        for i in range(1, 6):
+            peers[0].send(addr, wire.encode_heartbeat(1, seq=i, load=1000.0, rate=1e-4,
+                                                      theta=[1e300] * d, key=KEY, epoch=7,
+                                                      auth_seq=i))
+            time.sleep(0.02)
+        assert _wait(lambda: srv.stats()["policy"]["consensus_rejected"] >= 1)
+        after = srv.stats()
+        assert after["hb_observed"] == 5 and after["malformed"] == 0     # the MAC passed
+        theta = srv.policy_obj.theta
+        assert np.all(np.isfinite(theta)) and np.abs(theta).max() < 1e3
+        with Client("udp", [addr], key=KEY) as c:
+            assert len(c.run(20, service_ns=0, rate=2000, timeout=5).answered) == 20
+        with caplog.at_level("WARNING"):
+            log_policy(0, before, after)
+            log_policy(0, after, after)                   # nothing new: nothing said
+        (line,) = [r.getMessage() for r in caplog.records]
+        n = after["policy"]["consensus_rejected"]
+        assert line == (f"server 0: the policy's guards fired: {n} peer critic(s) refused "
+                        "in consensus"), line
+    finally:
+        srv.stop()
+        for p in peers:
+            p.close()

@@ -52,6 +52,19 @@ def log_malformed(k, prev, cur):
     log.warning("server %d dropped %d malformed message(s): %s%s", k, new, ", ".join(parts), src)
 
 
+def log_policy(k, prev, cur):
+    """Log, once a tick, the policy's guards that fired since the last snapshot (its
+    ``stats()`` under ``policy``: a runaway reset, peers' critics refused, heartbeat fields
+    clamped); the simulator says the same of a run (``malcolm sim``'s notes)."""
+    from malcolm.policy.agent_state import GUARDS
+
+    now, was = cur.get("policy") or {}, prev.get("policy") or {}
+    parts = [f"{now[key] - was.get(key, 0)} {what}" for key, what in GUARDS
+             if now.get(key, 0) > was.get(key, 0)]
+    if parts:
+        log.warning("server %d: the policy's guards fired: %s", k, ", ".join(parts))
+
+
 class PeerLog:
     """Log, once a tick, the peers that left the rack (silent for ``peer_timeout_ms``: no
     task goes to them), came back or restarted, and when every peer has first been heard;
@@ -268,6 +281,7 @@ def serve(rack_path, server_id, stats, interval, stats_json, duration, handler):
             continue                    # woke early only to look at the launcher
         cur = srv.stats()
         log_malformed(k, prev, cur)
+        log_policy(k, prev, cur)
         peers.update(prev, cur, now)
         if stats and now > t_prev:
             click.echo(_format_line(k, cur, prev, now - t_prev), err=True)

@@ -161,6 +161,22 @@ def from_rack_file(path):
     return spec, cfg.policy + (f":{params}" if params else ""), cfg.window_us
 
 
+def guard_note(policy_stats):
+    """What the policy's guards did in a run, per server (None where they did nothing):
+    the same counters ``malcolm serve`` logs (``SimResult.policy_stats``)."""
+    from malcolm.policy.agent_state import GUARDS
+
+    parts = []
+    for key, what in GUARDS:
+        at = [i for i, d in enumerate(policy_stats or ()) if d.get(key)]
+        if at:
+            where = ", ".join(map(str, at[:8])) + (f" and {len(at) - 8} more" if len(at) > 8
+                                                   else "")
+            parts.append(f"{sum(policy_stats[i][key] for i in at)} {what} "
+                         f"(server{'s' * (len(at) > 1)} {where})")
+    return "the policy's guards fired: " + "; ".join(parts) if parts else None
+
+
 @click.command("sim", epilog="""
 \b
 Examples:
@@ -320,10 +336,11 @@ def sim(rack, rack_file, policies, workloads, loads, tasks, seed, delay, jitter,
     if json_out != "-":
         click.echo(_table([_row(r) for r in results]))
     for r in results:           # why a KTPS is n/a (in the JSON: "throughput_note")
-        if r.throughput_note:
-            c = r.config
-            click.echo(f"note: {c['policy']} {c['workload']} load {c['load']:.3f}: "
-                       f"{r.throughput_note}", err=True)
+        c = r.config
+        for why in (r.throughput_note, guard_note(r.policy_stats)):
+            if why:
+                click.echo(f"note: {c['policy']} {c['workload']} load {c['load']:.3f}: "
+                           f"{why}", err=True)
     if plot:
         try:
             plot_p99(results, plot, title=f"rack {rack}, delay {delay:g} µs")

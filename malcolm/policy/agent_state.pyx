@@ -75,6 +75,13 @@ cdef inline void* _zalloc(Py_ssize_t nbytes) noexcept nogil:
     return p
 
 
+# The counters of ``AgentState.stats`` that say a guard fired (worth a line in a log): the
+# key and what one count is.
+GUARDS = (("resets", "runaway reset(s) of the actors"),
+          ("consensus_rejected", "peer critic(s) refused in consensus"),
+          ("hb_clamped", "heartbeat field(s) clamped to sane bounds"))
+
+
 cdef class AgentState(Policy):
     """The state of a Malcolm agent; construct ``MalcolmPolicy``, its only subclass."""
 
@@ -458,6 +465,28 @@ cdef class AgentState(Policy):
         """What the tilt multiplies at the last publish: log r_j - the peers' mean log
         rate (0 for accepting, for peers without a rate, and with ``tilt_lr=0``)."""
         return [self.tl[j] for j in range(self.n)]
+
+    def stats(self):
+        """The agent's counters and what it derived, as one JSON-ready dict: what
+        ``malcolm serve --stats-json`` reports under ``policy`` and ``malcolm sim --json``
+        per server under ``policy_stats``, so that the guards are seen where they fire.
+
+        ``windows``, ``batches`` (learning steps), ``consensus_rounds``; the guards:
+        ``resets`` (runaway resets of the actors), ``consensus_rejected`` (peers' critics
+        refused), ``hb_clamped`` (heartbeat fields clamped), ``trust_clips``, ``masked``
+        (migrate outcomes masked at publish), ``gated`` (arrivals the hop gate kept),
+        ``shed_count`` (arrivals sent away by the overload rule), ``speed_slower``; and
+        ``load_scale_ns``, ``hop_ns`` (the one-way hop cost charged), ``svc_mean_ns``,
+        ``learn``. Read while the policy thread runs, each value is whole but the set is
+        not one instant."""
+        return {"windows": self.windows, "batches": self.batches,
+                "consensus_rounds": self.consensus_rounds, "resets": self.resets,
+                "consensus_rejected": self.consensus_rejected, "hb_clamped": self.hb_clamped,
+                "trust_clips": self.trust_clips, "masked": self.masked, "gated": self.gated,
+                "shed_count": self.shed_count, "speed_slower": self.speed_slower,
+                "load_scale_ns": self.load_scale,
+                "hop_ns": self.hop_est if self.auto_hop else self.hop_ns,
+                "svc_mean_ns": self.svc_mean_ns, "learn": bool(self.learn)}
 
     cdef void _migrate_weights(self, double* w) noexcept nogil:
         """w <- the migrate outcomes' weights: the capacity prior (the softmax of g + log w is

@@ -50,6 +50,8 @@ def _json_safe(v):
         return None
     if isinstance(v, list):
         return [_json_safe(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _json_safe(x) for k, x in v.items()}
     return v
 
 
@@ -97,6 +99,9 @@ class SimResult:
     #: The measured tasks' drawn service times over what the arrival rate asks of the time
     #: they were sent in (1: the run offered its load exactly; NaN with any ``changes``).
     offered_work_ratio: float = math.nan
+    #: Per server, its policy's counters and guards (``stats()``: Malcolm's runaway resets,
+    #: refused critics, clamps...), where the policy has them; else None.
+    policy_stats: list | None = field(default=None, repr=False)
 
     @property
     def events_per_s(self) -> float:
@@ -113,7 +118,7 @@ class SimResult:
                 "steal_requests", "steal_empty", "heartbeats_lost", "generated", "completed",
                 "measured", "sim_time_s", "events", "wall_s", "loop_s", "dropped",
                 "heartbeats_overrun", "steal_suppressed", "steal_timeouts", "gateway_util",
-                "throughput_note", "offered_work_ratio")
+                "throughput_note", "offered_work_ratio", "policy_stats")
         out = {k: _json_safe(getattr(self, k)) for k in keys}
         out["events_per_s"] = _json_safe(self.events_per_s)
         out["config"] = self.config
@@ -692,6 +697,7 @@ def _assemble(plan: _Plan, raw: dict, wall: float) -> SimResult:
                      load_us=raw["rec_load_ns"] / 1e3, queue=raw["rec_queue"],
                      true_load_us=raw["rec_true_ns"] / 1e3)
     end_ns = raw["end_ns"]
+    pols = plan.engine.get("policies")
     sent = raw["sent_ns"][n_warm:]
     want = (float(sent[-1] - sent[0]) * plan.rate * plan.workload.mean_us * 1e3
             if len(sent) > 1 and not a["changes"] else 0.0)
@@ -723,4 +729,5 @@ def _assemble(plan: _Plan, raw: dict, wall: float) -> SimResult:
         gateway_util=[float(m * plan.gateway_ns / end_ns) if end_ns else 0.0
                       for m in per["gateway_msgs"]],
         offered_work_ratio=raw["work_measured_ns"] / want if want > 0 else math.nan,
+        policy_stats=[p.stats() for p in pols] if pols and hasattr(pols[0], "stats") else None,
     )
