@@ -178,3 +178,46 @@ def test_gateway_steals_through_the_drivers_steal_gate():
         peer.close()
         client.close()
     assert rep["stuck_threads"] == []
+
+
+def test_a_runaway_queue_resets_the_actors_on_a_real_server(caplog):
+    """The runaway guard in the runtime, not only in the simulator: server 0 (one worker,
+    5 ms tasks, learning Malcolm) gets ten times what it can serve, while server 1 (this
+    test) reports itself idle and answers nothing. The own queue runs far above the idle
+    peer's and keeps growing, and the policy resets its actors to the safe start: counted in
+    the statistics (``policy``) and said in serve's log."""
+    from malcolm.commands.serve import log_policy
+    peer = open_transport("udp", "127.0.0.1:0")
+    client = open_transport("udp", "127.0.0.1:0")
+    tr = open_transport("udp", "127.0.0.1:0")
+    d = len(make_policy("malcolm", 2, 0, 1).py_heartbeat()["theta"])
+    pol = make_policy("malcolm", 2, 0, 1)
+    srv = Server(tr, [tr.address, peer.address], 0, pol, handler="sleep", workers=1,
+                 window_us=500.0, peer_timeout_ms=60_000.0).start()
+    try:
+        before = srv.stats()
+        t_end = time.monotonic() + 5.0
+        seq = 0
+        while time.monotonic() < t_end and srv.stats()["policy"]["resets"] == 0:
+            seq += 1            # an idle peer of the same speed (the rate: tasks per ns)
+            peer.send(tr.address, wire.encode_heartbeat(1, seq=seq, sent_ns=now_ns(),
+                                                        load=0.0, rate=2e-7, theta=[0.0] * d))
+            for i in range(4):  # 2 000 tasks/s of 5 ms on one worker: 10x its capacity
+                client.send(tr.address, wire.encode_task(1, 4 * seq + i, service_ns=5_000_000,
+                                                         send_ns=now_ns()))
+            time.sleep(0.002)
+            peer.recv(0)        # whatever it migrated to us, dropped
+        after = srv.stats()
+        assert after["policy"]["resets"] >= 1, after["policy"]
+        assert after["policy"]["windows"] > 20 and after["queue_len"] > 16
+        caplog.clear()                          # the start's "no rack key" warning
+        with caplog.at_level("WARNING"):
+            log_policy(0, before, after)
+        assert [r.getMessage() for r in caplog.records] == [
+            f"server 0: the policy's guards fired: {after['policy']['resets']} runaway "
+            "reset(s) of the actors"]
+    finally:
+        rep = srv.stop(grace_s=0.5)
+        peer.close()
+        client.close()
+    assert rep["stuck_threads"] == []
