@@ -103,3 +103,35 @@ def test_loadgen_hold_load_holds_the_work_and_says_so():
                      (["--hold-load", "1%", "--app", "rocksdb1"], "exclude each other")):
         r = CliRunner().invoke(main, base + bad)
         assert r.exit_code != 0 and msg in r.output and "Traceback" not in r.output, r.output
+
+
+def test_plan_leaves_the_stream_as_it_was_and_reseed_adopts_the_planned_one():
+    import numpy as np
+    from malcolm.loadgen._client import LoadClient
+    from malcolm.net.transport import open_transport
+    trs = []
+
+    def client(seed, stream):
+        trs.append(open_transport("udp", "127.0.0.1:0"))
+        return LoadClient(trs[-1], ["127.0.0.1:9"], parse_workload("bimodal").native(),
+                          client_id=1, seed=seed, stream=stream,
+                          phases=[(0.0, 5000.0, None)], warmup_s=0.1, duration_s=1.0,
+                          timeout_s=1.0, payload_size=(1, 0, 64), payload_content=1)
+    try:
+        a, b, c = client(5, 3), client(5, 3), client(99, 4)
+        n, work = a.plan(99, 4)
+        assert a.plan(99, 4) == (n, work) and 4000 < n < 6000
+        assert a.plan(5, 3) != (n, work)
+        assert np.array_equal(a.preview(300), b.preview(300))   # its own stream, untouched
+        d = client(5, 3)
+        d.reseed(99, 4)
+        assert np.array_equal(d.preview(300), c.preview(300))   # the planned stream
+    finally:
+        for t in trs:
+            t.close()
+
+
+def test_choose_stops_planning_at_its_time_budget():
+    c = _Fake([2000] * 1000)
+    d = draws.choose([c], [7], [0], 1000.0, budget_s=0.0)
+    assert d["tried"] == 1 and d["candidate"] == 0 and not d["within"]

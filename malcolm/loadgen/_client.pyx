@@ -20,7 +20,7 @@ client), which is enough to detect timeouts in order of intended send time.
 """
 from libc.stdint cimport UINT32_MAX, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 
 import numpy as np
 
@@ -684,8 +684,10 @@ cdef class LoadClient:
         send, drawn without sending: ``(measured sends, the sum of their requested service
         times in ns)``, the ``sent`` and ``svc_req_ns`` that run would count (unless it is
         stopped early). The draws are the run's, in its order: the server, the service time,
-        the payload, the next gap. The client's own stream is left as it was (call it
-        before :meth:`run`); :meth:`reseed` adopts a planned one."""
+        the payload, the next gap. The client's own stream, and the random payload window
+        drawn from it, are left as they were (call it before :meth:`run`); :meth:`reseed`
+        adopts a planned one."""
+        cdef uint8_t keep_buf[2 * MAX_PAYLOAD]
         cdef Rng keep = self.rng
         cdef uint64_t keep_pos = self.trace_pos
         cdef int64_t keep_t0 = self.t0_ns, t, end = self.warm_ns + self.dur_ns
@@ -693,6 +695,7 @@ cdef class LoadClient:
         cdef uint64_t n = 0, work = 0, svc
         cdef WireTask scratch
         with nogil:
+            memcpy(keep_buf, self.pbuf, 2 * MAX_PAYLOAD)
             self._seed(seed, stream)
             self.t0_ns = 0
             t = self._next_time(0, &ph) + self.first_off_ns
@@ -709,6 +712,7 @@ cdef class LoadClient:
                     work += svc
                 t = self._next_time(t, &ph)
             self.rng = keep
+            memcpy(self.pbuf, keep_buf, 2 * MAX_PAYLOAD)
         self.trace_pos = keep_pos
         self.t0_ns = keep_t0
         return int(n), int(work)

@@ -26,11 +26,16 @@ to the load.
 
 from __future__ import annotations
 
+import time
+
 #: A run's offered work (the sum of the requested service times of its measured sends) is
 #: held within this fraction of what its rate asks (rate x duration x mean service time).
 DRAW_TOL = 0.01
-#: Candidate draws tried at most; beyond, the nearest one runs, and the report says so.
+#: Candidate draws tried at most, and the time their planning may take (s): beyond, the
+#: nearest one runs, and the report says so. A plan costs about 15 ns a task, so a long run
+#: (millions of tasks, whose own draw is within a tight tolerance anyway) tries fewer.
 MAX_CANDIDATES = 1000
+PLAN_BUDGET_S = 2.0
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _MASK = (1 << 64) - 1
@@ -68,9 +73,11 @@ def lines(rep):
             f"{tol}; the nearest ran ({d['work_ratio']:.4f} x)"]
 
 
-def choose(clients, seeds, streams, expected_ns, tol=DRAW_TOL, limit=MAX_CANDIDATES):
+def choose(clients, seeds, streams, expected_ns, tol=DRAW_TOL, limit=MAX_CANDIDATES,
+           budget_s=PLAN_BUDGET_S):
     """Reseed ``clients`` (one per thread, not yet run) with the first candidate draw whose
-    offered work is within ``tol`` of ``expected_ns``, or the nearest of ``limit``.
+    offered work is within ``tol`` of ``expected_ns``, or the nearest of those tried within
+    ``limit`` candidates and ``budget_s`` seconds (at least one).
 
     Parameters
     ----------
@@ -91,7 +98,10 @@ def choose(clients, seeds, streams, expected_ns, tol=DRAW_TOL, limit=MAX_CANDIDA
         raise ValueError(f"expected work {expected_ns!r} must be > 0, tol {tol!r} in (0, 1) "
                          f"and limit {limit!r} >= 1")
     best_c, best_r, tried = 0, None, 0
+    t_end = time.monotonic() + budget_s
     for c in range(limit):
+        if c and time.monotonic() > t_end:
+            break
         tried += 1
         work = sum(cl.plan(candidate_seed(s, c), st)[1]
                    for cl, s, st in zip(clients, seeds, streams, strict=True))
