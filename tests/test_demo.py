@@ -85,6 +85,9 @@ def test_demo_quick(tmp_path):
         assert run["draw"] == next(x for x in data["runs"] if x["load"] == run["load"]
                                    and x["repeat"] == run["repeat"]
                                    and x["attempt"] == run["attempt"])["draw"]
+        # the policy's guards that fired on its servers (none of the baselines has any)
+        assert isinstance(run["guards"], dict)
+        assert run["guards"] == {} or run["policy"].startswith("malcolm")
         if run["policy"] == "po2":        # gateways accept everything
             assert run["migrations_per_task"] == 0 and run["steals_per_task"] == 0
     # jsq migrates: the slow servers get tasks they pass on

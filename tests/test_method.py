@@ -391,3 +391,26 @@ def test_headroom_runs_one_rung_above_the_calibrated_k():
     assert method.with_headroom(20) == 50
     assert method.with_headroom(ladder[-1]) == ladder[-1]
     assert method.with_headroom(7) == 7              # not on the ladder: as given
+
+
+def test_a_runs_guards_come_from_its_servers_statistics_and_show_in_its_line():
+    """A demo run counts the policy's guards that fired on its servers (their ``policy``
+    statistics, before and after the run) and its line says which."""
+    from malcolm.loadgen import table
+    a = {"policy": {"resets": 1, "consensus_rejected": 0, "hb_clamped": 0}}
+    b = {"policy": {"resets": 3, "consensus_rejected": 0, "hb_clamped": 0}}
+    c = {"policy": {"resets": 0, "consensus_rejected": 2, "hb_clamped": 0}}
+    deltas = [method.stats_delta(a, b), method.stats_delta(c, c), method.stats_delta({}, c),
+              method.stats_delta({}, {}), None]
+    assert deltas[0]["guards"] == {"resets": 2, "consensus_rejected": 0, "hb_clamped": 0}
+    assert deltas[3]["guards"] == {"resets": 0, "consensus_rejected": 0, "hb_clamped": 0}
+    fired = method.guards_fired(deltas)
+    assert fired == {"resets": 2, "consensus_rejected": 2}
+    assert method.guards_fired([deltas[1], deltas[3], None]) == {}
+    run = {"repeat": 0, "policy": "malcolm", "load": 0.85, "p99_us": 300.0,
+           "effective_load": 0.85, "late_fraction": 0.0, "migrations_per_task": 0.4,
+           "steals_per_task": 0.1, "flags": [], "guards": fired}
+    assert table.format_run(run).endswith(
+        ", guards fired: 2 runaway reset(s) of the actors, 2 peer critic(s) refused in "
+        "consensus")
+    assert "guards" not in table.format_run(dict(run, guards={}))

@@ -699,7 +699,7 @@ class Experiment:
                "migrations_per_task": rep["migrated"] / done,
                "steals_per_task": rep["stolen"] / done, "server_util": util,
                "padded": padded, "overruns": overruns, "flags": fl, "_delta": delta,
-               "draw": rep.get("draw")}
+               "draw": rep.get("draw"), "guards": method.guards_fired(delta)}
         if padded:
             # the dilating handler's own view, µs per call: the real GET's CPU time (real,
             # undilated), the target it padded to and the wall time it took (rack scale;

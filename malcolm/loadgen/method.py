@@ -463,4 +463,19 @@ def stats_delta(a, b):
     ha, hb = a.get("handler") or {}, b.get("handler") or {}
     for k in ("calls", "overruns", "cpu_ns", "target_ns", "wall_ns"):
         d["pad_" + k] = hb.get(k, 0) - ha.get(k, 0)
+    # the policy's guards that fired (its stats(), under "policy"; none for the baselines)
+    from malcolm.policy.agent_state import GUARDS
+    pa, pb = a.get("policy") or {}, b.get("policy") or {}
+    d["guards"] = {k: pb.get(k, 0) - pa.get(k, 0) for k, _ in GUARDS}
     return d
+
+
+def guards_fired(delta):
+    """The policy's guards that fired in a run, summed over its servers' ``stats_delta``s:
+    ``{counter: count}`` for the counters above zero (empty: none fired)."""
+    out = {}
+    for d in delta:
+        for k, v in ((d or {}).get("guards") or {}).items():
+            if v > 0:
+                out[k] = out.get(k, 0) + v
+    return out
