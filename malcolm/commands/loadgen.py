@@ -160,10 +160,8 @@ def _refuse_orphans(ctx, raw, app, poll, bad_fraction):
 def loadgen(rack_path, servers, transport, rates, arrivals, payload_size, payload_content,
             check_echo, workload, duration, warmup, threads, timeout, shares, changes, policy,
             poll, spin_us, spin_us_old, raw, raw_max, lag_threshold, seed, hold_load, bind,
-            segment,
-            json_out, csv_out,
-            hdr_out, raw_out, app, app_keys, app_value_size, key_dist, bad_fraction,
-            max_timeouts, key_file):
+            segment, json_out, csv_out, hdr_out, raw_out, app, app_keys, app_value_size,
+            key_dist, bad_fraction, max_timeouts, key_file):
     """Send open-loop load to a rack and report latency and accounting.
 
     Latency is measured from each task's intended send time, so a stalled server or a
