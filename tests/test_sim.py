@@ -628,6 +628,27 @@ def test_runs_twin_keeps_the_seeds_that_offered_their_load_as_the_runner_does():
         runs_twin(measured=[2400], warmup_share=0.1, draw_tol=1.5, **kw)
 
 
+def test_runs_twin_drops_the_seeds_a_real_run_would_have_flagged_for_a_timeout():
+    """A real run with a task answered after the load generator's timeout is flagged and
+    left out of its row; with ``timeout_us`` the twin leaves out such seeds too. po2 on a
+    HyperExp-2 rack at 0.9: about four seeds in five have a task past 50 ms, and the p99 of
+    those left is lower."""
+    from malcolm.sim.twin import runs_twin
+
+    kw = dict(workers=[4, 1, 1, 1, 1], workload="hyperexp2", load=0.9, policy="po2",
+              window_us=100.0, measured=[2500] * 3, warmup_share=0.143)
+    every = runs_twin(**kw)
+    clean = runs_twin(timeout_us=50_000.0, **kw)
+    assert "seeds_timed_out" not in every
+    assert len(clean["seeds"]) == 9 and clean["seeds_timed_out"] > 9
+    assert clean["seeds_tried"] == 9 + clean["seeds_timed_out"]
+    assert clean["p99_us"] < 0.8 * every["p99_us"]
+    both = runs_twin(timeout_us=50_000.0, draw_tol=0.05, **kw)
+    assert all(abs(r - 1) <= 0.05 for r in both["work_ratios"][:len(both["seeds"])])
+    with pytest.raises(ValueError, match="timeout_us"):
+        runs_twin(timeout_us=0.0, **kw)
+
+
 def test_cli_runtime_mechanics(tmp_path):
     from malcolm.cli import main
 

@@ -365,7 +365,7 @@ class Experiment:
         wl = self.workload if self.app is not None else method.dilate_workload(self.wl, k)
         return LoadSpec(Target("udp", rack.addresses, rack.path, hop=rack.hop), app=self.app,
                         workload=wl, duration_s=duration,
-                        warmup_s=warmup, threads=threads, timeout_s=max(1.0, 0.02 * k),
+                        warmup_s=warmup, threads=threads, timeout_s=method.client_timeout_s(k),
                         policy=rack.client_policy, busy=self.layout.poll == "busy",
                         spin_us=SPIN_US / k, cpus=cpus, lag_threshold_us=LAG_US * k,
                         seed=seed, crn=True, draw_tol=draws.DRAW_TOL,
@@ -772,7 +772,8 @@ class Experiment:
                 tw = runs_twin(measured=[x["completed"] for x in runs if not x["flags"]]
                                or [x["completed"] for x in runs], **kw,
                                warmup_share=self.warmup_s / (self.warmup_s + self.duration_s),
-                               draw_tol=None if self.app is not None else draws.DRAW_TOL)
+                               draw_tol=None if self.app is not None else draws.DRAW_TOL,
+                               timeout_us=method.client_timeout_s(self.dilate) * 1e6 / self.dilate)
                 if os.environ.get("MALCOLM_TWIN_AB"):     # the long twin, to compare
                     row["sim_long_p99_us"] = runtime_twin(tasks=self.sim_tasks, **kw)["p99_us"]
             except Exception as e:          # report, do not lose the real measurements
@@ -786,5 +787,5 @@ class Experiment:
             row["sim"] = {k: tw[k] for k in (
                 "p50_us", "p99_us", "p99_runs_us", "tasks_per_run", "migrations_per_task",
                 "steals_per_task", "mean_load_us", "costs", "seeds", "seeds_tried",
-                "work_ratios") if k in tw}
+                "work_ratios", "seeds_timed_out") if k in tw}
 

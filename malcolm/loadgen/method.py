@@ -360,6 +360,13 @@ STEAL_TIMEOUT_US, MAX_WAIT_MS = 2000.0, 200.0
 SPIN_US = 50.0
 
 
+def client_timeout_s(k):
+    """The load generator's timeout in an experiment at dilation ``k`` (real seconds): 1 s,
+    or 20 ms of rack time where that is longer. A task answered later is timed out, and its
+    run flagged (:func:`flags`); the twin drops its seeds that would have been."""
+    return max(1.0, 0.02 * k)
+
+
 def rack_times(k, window_us, hop_us):
     """An experiment rack's ``[rack]`` times at dilation ``k`` (:func:`rack_toml`'s keywords,
     real time) from the nominal ones."""
