@@ -57,6 +57,12 @@ def test_effective_load_and_flags():
     assert method.flags(0.0, 0.85, 0.85, overruns=10, padded=1000) == []
     f = method.flags(0.0, 0.85, 0.85, overruns=11, padded=1000)
     assert len(f) == 1 and "11 of 1000 handler calls overran" in f[0]
+    # tasks the rack refused for its load are missing from the tail, as timed-out ones are;
+    # a bad request refused on purpose (bad_input) is not
+    assert method.flags(0.0, 0.85, 0.85, rejected={"bad_input": 5}) == []
+    (r,) = method.flags(0.0, 0.85, 0.85, rejected={"overloaded": 3, "dropped": 1,
+                                                      "timed_out": 2, "bad_input": 5})
+    assert r == "6 task(s) refused by the rack for its load (the tail is a lower bound)"
 
 
 def test_sampling_note_predicts_how_often_chance_alone_flags_a_run():
@@ -414,3 +420,12 @@ def test_a_runs_guards_come_from_its_servers_statistics_and_show_in_its_line():
         ", guards fired: 2 runaway reset(s) of the actors, 2 peer critic(s) refused in "
         "consensus")
     assert "guards" not in table.format_run(dict(run, guards={}))
+
+
+def test_the_clients_timeout_is_long_enough_for_the_workloads_tail():
+    """1 s, 20 ms of rack time, or 400 mean service times: Exp(50) keeps what it had, a
+    heavy-tailed workload gets room for its long tasks' queues."""
+    assert method.client_timeout_s(50, 50.0) == 1.0 and method.client_timeout_s(100, 50.0) == 2.0
+    assert method.client_timeout_s(1, 50.0) == 1.0
+    t = method.client_timeout_s(20, 387.5)                  # HyperExp-2 at K = 20
+    assert t == pytest.approx(3.1) and t / 20 * 1e3 == pytest.approx(155.0)   # ms, rack

@@ -30,8 +30,9 @@ One experiment is a rack shape (workers per server), a workload, policies and lo
   report says by how much. Each run's draw is picked before it runs so that the work it
   offers is its load within 1% (``malcolm/loadgen/draws.py``; the twin picks its seeds so).
 * **Flags**: a run whose generator was late for more than 1% of its sends, whose effective
-  load is more than 0.03 off, that lost or timed out tasks, is listed with the reason, left
-  out of the median and run again (``retries``); a point with no clean run is ``valid: false``.
+  load is more than 0.03 off, that lost, timed out or had refused for load tasks, is listed
+  with the reason, left out of the median and run again (``retries``); a point with no clean
+  run is ``valid: false``.
 """
 
 from __future__ import annotations
@@ -358,6 +359,10 @@ class Experiment:
             rep["service_us"]["requested_mean"] = self.wl.mean_us * k
         return rep
 
+    def timeout_s(self, k):
+        """The load generator's timeout at dilation ``k`` (real s): method.client_timeout_s."""
+        return method.client_timeout_s(k, self.wl.mean_us)
+
     def _spec(self, rack, k, threads, cpus, duration, warmup, seed=7):
         from malcolm.loadgen.run import LoadSpec, Target
         # with an app the client requests no service time (the workload only draws
@@ -365,7 +370,7 @@ class Experiment:
         wl = self.workload if self.app is not None else method.dilate_workload(self.wl, k)
         return LoadSpec(Target("udp", rack.addresses, rack.path, hop=rack.hop), app=self.app,
                         workload=wl, duration_s=duration,
-                        warmup_s=warmup, threads=threads, timeout_s=method.client_timeout_s(k),
+                        warmup_s=warmup, threads=threads, timeout_s=self.timeout_s(k),
                         policy=rack.client_policy, busy=self.layout.poll == "busy",
                         spin_us=SPIN_US / k, cpus=cpus, lag_threshold_us=LAG_US * k,
                         seed=seed, crn=True, draw_tol=draws.DRAW_TOL,
@@ -682,7 +687,8 @@ class Experiment:
         pad = {k: sum(d["pad_" + k] for d in delta if d is not None)
                for k in ("calls", "overruns", "cpu_ns", "target_ns", "wall_ns")}
         padded, overruns = pad["calls"], pad["overruns"]
-        fl = method.flags(late, eff, load, rep["accounted"], rep["timed_out"], overruns, padded)
+        fl = method.flags(late, eff, load, rep["accounted"], rep["timed_out"], overruns, padded,
+                          rep["rejected"])
         done = max(1, rep["completed"])
         # busy fraction of each server's workers over the run (warm-up included: the
         # service-time counters cover it)
@@ -773,7 +779,7 @@ class Experiment:
                                or [x["completed"] for x in runs], **kw,
                                warmup_share=self.warmup_s / (self.warmup_s + self.duration_s),
                                draw_tol=None if self.app is not None else draws.DRAW_TOL,
-                               timeout_us=method.client_timeout_s(self.dilate) * 1e6 / self.dilate)
+                               timeout_us=self.timeout_s(self.dilate) * 1e6 / self.dilate)
                 if os.environ.get("MALCOLM_TWIN_AB"):     # the long twin, to compare
                     row["sim_long_p99_us"] = runtime_twin(tasks=self.sim_tasks, **kw)["p99_us"]
             except Exception as e:          # report, do not lose the real measurements
