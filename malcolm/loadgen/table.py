@@ -31,9 +31,8 @@ def format_run(x):
     """One line per run, as it finishes."""
     flag = "  FLAGGED: " + "; ".join(x["flags"]) if x["flags"] else ""
     if x.get("guards"):         # the policy's guards that fired (method.guards_fired)
-        from malcolm.policy.agent_state import GUARDS
-        flag = ", guards fired: " + ", ".join(f"{x['guards'][k]} {what}" for k, what in GUARDS
-                                              if k in x["guards"]) + flag
+        from malcolm.policy.agent_state import guards_text
+        flag = ", guards fired: " + guards_text(x["guards"]) + flag
     return (f"  run {x['repeat'] + 1} {x['policy']:<16} load {x['load']:4.2f}: p99 "
             f"{_f(x['p99_us'], 7)} µs, eff. load {x['effective_load']:.3f}, late "
             f"{100 * x['late_fraction']:.2f}%, migr {x['migrations_per_task']:.2f}/task, "

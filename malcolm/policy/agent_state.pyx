@@ -82,6 +82,13 @@ GUARDS = (("resets", "runaway reset(s) of the actors"),
           ("hb_clamped", "heartbeat field(s) clamped to sane bounds"))
 
 
+def guards_text(counts):
+    """``counts`` (a guard's key: how often it fired) in words, in :data:`GUARDS`' order:
+    "2 runaway reset(s) of the actors, ..." ('' where none fired). The one wording of
+    ``malcolm serve``'s log and the demo's run lines."""
+    return ", ".join(f"{counts[k]} {what}" for k, what in GUARDS if counts.get(k, 0) > 0)
+
+
 cdef class AgentState(Policy):
     """The state of a Malcolm agent; construct ``MalcolmPolicy``, its only subclass."""
 
