@@ -51,3 +51,65 @@ def test_frozen_start_has_the_rule_too():
     base = simulate(policy="malcolm:learn=0,steal_grant=0", **RACK)
     some = simulate(policy="malcolm:learn=0,steal_grant=2", **RACK)
     assert some.steals < base.steals
+
+
+def _one_worker_victim(peer_tasks=2.0, **kw):
+    """Server 0 of four one-worker servers after one window, a 10 µs hop, 50 µs tasks
+    measured by 1000 completions, every peer reporting ``peer_tasks``: the bar is
+    published."""
+    import math
+    T, hop = 50_000.0, 10_000.0
+    p = make_policy("malcolm", 4, 0, 1, hop_ns=hop, learn=False, **kw)
+    p.py_completions(1000, 1000 * math.log(T), 1000 * T)
+    p.py_observe_local(0, 0.0, 0.0, 1.0 / T)
+    for j in range(1, 4):
+        p.py_observe_peer(0, j, peer_tasks * T, rate=1.0 / T)
+    p.py_end_window(0)
+    return p, 1.0 / T
+
+
+def test_the_bar_adds_the_victims_task_times_as_busy_as_the_peers_are():
+    # busy peers, grant_tasks=1: two hops (20 µs) + one task time (50 µs); one waiting task
+    # is 50 µs of waiting work, two are 100
+    p, r = _one_worker_victim(grant_tasks=1.0)
+    assert p.grant_tasks == 1.0
+    assert not p.py_grant_steal(1.0, r) and p.grant_refused == 1
+    assert p.py_grant_steal(2.0, r)
+    # a thief's next arrivals cost only as often as they come: idle peers add nothing, and
+    # peers busy half the time (half a task each) add half a task time
+    q, r = _one_worker_victim(peer_tasks=0.0, grant_tasks=1.0)
+    assert q.py_grant_steal(1.0, r) and q.grant_refused == 0
+    assert q.py_grant_steal(0.41, r) and not q.py_grant_steal(0.39, r)    # 20 µs: 0.4 tasks
+    h, r = _one_worker_victim(peer_tasks=0.5, grant_tasks=1.0)
+    assert h.py_grant_steal(0.91, r) and not h.py_grant_steal(0.89, r)    # 20 + 25 µs
+    # hops alone: one waiting task is worth the 20 µs
+    q, r = _one_worker_victim(grant_tasks=0.0)
+    assert q.py_grant_steal(1.0, r) and q.grant_refused == 0
+    # both 0: every steal granted
+    z, r = _one_worker_victim(steal_grant=0.0, grant_tasks=0.0)
+    assert z.py_grant_steal(1e-9, r)
+
+
+def test_grant_tasks_is_checked_and_waits_for_a_measured_task_time():
+    for bad in (-1.0, 1e4, float("nan")):
+        with pytest.raises(ValueError):
+            make_policy("malcolm", 4, 0, 1, grant_tasks=bad)
+    # no completion measured yet: the bar is the hops alone
+    p = make_policy("malcolm", 4, 0, 1, hop_ns=10_000.0, learn=False, grant_tasks=1000.0)
+    p.py_observe_local(0, 0.0, 0.0, 1.0 / 50_000)
+    p.py_observe_peer(0, 1, 0.0, rate=1.0 / 50_000)
+    p.py_end_window(0)
+    assert p.svc_mean_ns == 0.0
+    assert p.py_grant_steal(1.0, 1.0 / 50_000)
+
+
+def test_task_times_in_the_bar_refuse_the_steals_that_cost_the_thief_more():
+    # a homogeneous rack of two-worker servers with constant 30 µs tasks at 0.9 and a 3 µs
+    # hop, where two hops (6 µs) grant nearly every steal: the stolen task keeps the thief's
+    # worker for a whole task time, and its own next arrivals queue behind it or move on
+    rack = dict(rack="16x2", workload="mix:1:const:30", load=0.9, tasks=60_000, seed=1,
+                delay_us=3.0)
+    hops = simulate(policy="malcolm:grant_tasks=0", **rack)
+    tasks = simulate(policy="malcolm:grant_tasks=1", **rack)
+    assert tasks.steals < 0.6 * hops.steals
+    assert tasks.p99_us < 0.95 * hops.p99_us

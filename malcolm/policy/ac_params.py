@@ -59,6 +59,8 @@ DEFAULTS = dict(
     steal_idle=True,            # steal only into an open gate, or from a peer above the mean
     steal_grant=2.0,            # victim: give a task only if its waiting work >= this many hops;
     #                             0: every steal granted (the sixteenth session's)
+    grant_tasks=0.0,            # ... plus this many own mean task times x the peers' busy
+    #                             fraction (a thief's next arrivals queue behind it); 0: off
     steal_state="decision",     # a steal's advantage at the own queue where it went ahead;
     #                             "window": at the window's end (the fourteenth session's)
     trust=8.0,                  # 0 disables the trust region around the initial actors
@@ -157,6 +159,7 @@ def check_params(params):
     num("shed")
     num("mask_factor", 0.0)
     num("steal_grant", 0.0, 1000.0)
+    num("grant_tasks", 0.0, 1000.0)
     num("speed_band", 0.0)
     if 0.0 < cfg["speed_band"] < 1.0:
         raise ValueError(f"MalcolmPolicy: speed_band={cfg['speed_band']} must be 0 (off) or >= 1")

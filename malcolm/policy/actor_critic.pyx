@@ -79,10 +79,8 @@ cdef class MalcolmPolicy(GatewayRules):
 
     Parameters
     ----------
-    n : int
-        Servers in the rack (1..64).
-    me : int
-        This server's index.
+    n, me : int
+        Servers in the rack (1..64), and this server's index.
     seed : int
         Seeds the gateway's generator and, with ``init="random"``, the initial parameters.
     window_ns : int
@@ -159,8 +157,9 @@ cdef class MalcolmPolicy(GatewayRules):
     steal_idle, steal_state : bool, str
         Live gate: steal into an open gate or from a peer above the mean (default on); a
         steal's own load where it went ahead (``"decision"``) or at the window end.
-    steal_grant : float
-        Hop gate: as a victim, answer a steal only while waiting work >= this many hops (2).
+    steal_grant, grant_tasks : float
+        Hop gate: as a victim, answer a steal only while waiting work >= ``steal_grant`` hops
+        (2) + ``grant_tasks`` (0: off) own task times x the peers' busy fraction (0-1).
     speed_band : float
         Live gate: slower than its idle migration targets beyond this factor (heartbeats'
         speeds), keep no arrival outright (1.5; 0: off; ``GatewayRules._speed_shift``).

@@ -187,8 +187,10 @@ cdef class AgentState(Policy):
     cdef uint64_t stl_dq, stl_dn
     cdef uint64_t stl_dq_seen, stl_dn_seen
     cdef double q_gate
-    # steal_grant (hops; 0: off): the victim's bar on waiting work, published in ns
+    # steal_grant (hops) + grant_tasks (own mean task times); both 0: off: the victim's bar
+    # on waiting work, published in ns
     cdef readonly double steal_grant
+    cdef readonly double grant_tasks
     cdef uint64_t grant_pub
     cdef readonly uint64_t grant_refused     # steal requests answered empty by the bar
 
