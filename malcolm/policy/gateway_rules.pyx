@@ -337,11 +337,12 @@ cdef class GatewayRules(AgentState):
     cdef bint grant_steal(self, int64_t now, double waiting, double rate) noexcept nogil:
         """The victim's side of a steal: give the oldest waiting task only if the waiting
         work, ``waiting / rate``, is at least ``steal_grant`` one-way hops plus
-        ``grant_tasks`` own mean task times (``_grant_bar``). Below the hops the task would
-        start here before it could reach the thief, so the move saves less than its
-        transfer costs. The task times are the thief's side: a server that has just gone
-        idle takes on a whole task, and its own next arrivals then queue behind it or move
-        on (docs/policy.md, items 13 and 16). Refusals are counted in ``grant_refused``."""
+        ``grant_tasks`` own mean task times x the peers' busy fraction (``_grant_bar``).
+        Below the hops the task would start here before it could reach the thief, so the
+        move saves less than its transfer costs. The task times are the thief's side: a
+        server that has just gone idle takes on a whole task, and its own next arrivals then
+        queue behind it or move on (docs/policy.md, item 13, and "Open problems", small
+        homogeneous racks). Refusals are counted in ``grant_refused``."""
         cdef uint64_t bar = mc_load_relaxed(&self.grant_pub)
         if bar == 0 or waiting >= <double>bar * rate:
             return True
