@@ -1,16 +1,29 @@
 """Tiny racks: Malcolm variants against JSQ, JBT and po2 on small racks of small servers.
 
-Draws ``--scenarios`` racks from ``--seed``: 2-8 servers of 1 or 2 workers each, all alike
-(``--family homogeneous``, the default) or one 1- or 2-worker server among 3-15-worker ones
-(``--family small-among-big``), every sweep workload, loads 0.5-0.95, one-way delays 2-10
-µs; the issue's ranges, but the corner of them that ``bench/sweep.py`` rarely draws. Each
-``--policies`` entry runs ``--seeds`` simulation seeds; JSQ, JBT and po2 run seed 1. Prints,
-per policy: the fraction of racks where its seed-median p99 is within 5% of the best
-baseline or below it, its worst ratio to the best baseline, and its geometric-mean p99
-against the first policy. docs/policy-log.md, "Tiny racks: the shed rule and idle-only steals"::
+Draws ``--scenarios`` racks from ``--seed``, one family at a time:
+
+* ``homogeneous`` (the default): 2-8 servers of 1 or 2 workers each, all alike, every sweep
+  workload, loads 0.5-0.95, one-way delays 2-10 µs; the issue's ranges, but the corner of
+  them that ``bench/sweep.py`` rarely draws;
+* ``small-among-big``: one 1- or 2-worker server among 3-15-worker ones, the same draws;
+* ``regular``: 4-32 servers of 1-4 workers, all alike, under regular or low-variance
+  service (constant 10 or 30 µs, uniform 20-60 µs, RocksDB-1/2, fig2.1a/b; Exp(50) and
+  HyperExp-1 as controls), loads 0.6-0.95, one-way delays 2-10 µs: where a steal that two
+  hops justify costs the thief a whole task (docs/policy.md, item 16);
+* ``short``: 2-8 servers of 1-4 workers, all alike, under 5-10 µs tasks (constant or
+  exponential), loads 0.6-0.95, one-way delays 1-5 µs: a 100 µs window is 10-20 task times
+  there ("Open problems", short tasks).
+
+Each ``--policies`` entry runs ``--seeds`` simulation seeds; JSQ, JBT and po2 run seed 1.
+Prints, per policy: the fraction of racks where its seed-median p99 is within 5% of the
+best baseline or below it, its worst ratio to the best baseline, and its geometric-mean p99
+against the first policy. docs/policy-log.md, "Tiny racks: the shed rule and idle-only
+steals"::
 
     python3 bench/tiny_racks.py
     python3 bench/tiny_racks.py --family small-among-big --scenarios 60 --seed 11
+    python3 bench/tiny_racks.py --family regular --scenarios 24 --seed 61206 \
+        --policies "malcolm;malcolm:grant_tasks=0"
 """
 import os
 import sys
@@ -22,6 +35,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from malcolm import _argparse as g  # noqa: E402
 
 WORKLOADS = ("bimodal", "hyperexp2", "hyperexp1", "exp:50", "rocksdb1", "rocksdb2")
+REGULAR = ("mix:1:const:30", "mix:1:const:10", "mix:1:uniform:20:60", "rocksdb1", "rocksdb2",
+           "fig2.1a", "fig2.1b", "exp:50", "hyperexp1")
+SHORT = ("mix:1:const:5", "mix:1:const:10", "exp:5", "exp:10")
+FAMILIES = ("homogeneous", "small-among-big", "regular", "short")
 BASES = ("jsq", "jbt", "po2")
 POLICIES = ("malcolm;malcolm:shed=1,steal_idle=1;malcolm:learn=0;"
             "malcolm:learn=0,shed=1,steal_idle=1")
@@ -31,6 +48,15 @@ def draw(family, count, seed):
     """``count`` scenarios: (rack, workload, load, one-way delay in µs)."""
     rng = np.random.default_rng([seed, 0x7151])
     out = []
+    if family in ("regular", "short"):
+        # racks, workloads, loads and delays of their own ranges (module docstring)
+        sizes, wls, delays = (((4, 6, 8, 12, 16, 24, 32), REGULAR, (2.0, 10.0))
+                              if family == "regular" else ((2, 3, 4, 6, 8), SHORT, (1.0, 5.0)))
+        for _ in range(count):
+            n, c = int(rng.choice(sizes)), int(rng.integers(1, 5))
+            out.append((f"{n}x{c}", str(rng.choice(wls)), round(float(rng.uniform(0.6, 0.95)), 3),
+                        round(float(rng.uniform(*delays)), 2)))
+        return out
     for _ in range(count):
         if family == "homogeneous":
             n = int(rng.choice([2, 3, 4, 6, 8]))
@@ -49,7 +75,7 @@ def _run(job):
     from malcolm.sim import simulate
 
     (rack, wl, load, delay), pol, seed, mult = job
-    workers = sum(int(s.split("x")[1]) for s in rack.split(","))
+    workers = sum(int(s.split("x")[0]) * int(s.split("x")[1]) for s in rack.split(","))
     tasks = int(mult * max(40_000, 1500 * workers) * (3 if wl == "hyperexp2" else 1))
     r = simulate(rack=rack, policy=pol, workload=wl, load=load, tasks=tasks, seed=seed,
                  delay_us=delay, warmup=0.3)
@@ -60,7 +86,7 @@ def main(argv=None):
     ap = g.parser(__doc__, """
         python3 bench/tiny_racks.py --tasks-mult 3
         python3 bench/tiny_racks.py --policies "malcolm;malcolm:shed=0,steal_idle=1" """)
-    ap.add_argument("--family", choices=("homogeneous", "small-among-big"),
+    ap.add_argument("--family", choices=FAMILIES,
                     default="homogeneous", help="which racks to draw (default homogeneous)")
     ap.add_argument("--scenarios", type=int, default=40, help="racks drawn (default 40)")
     ap.add_argument("--seed", type=int, default=5, help="draws the racks (default 5)")

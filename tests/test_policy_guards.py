@@ -262,6 +262,28 @@ def test_runaway_own_queue_resets_the_actors():
     assert q.resets == 0
 
 
+def test_runaway_bar_is_sixteen_own_task_times_not_sixteen_tasks():
+    """A 16-worker server whose 16 workers are busy with one task time of queue behind
+    them (32 tasks), rising, beside idle one-worker peers, is an M/M/16 queue at high load
+    swinging as it does, not a runaway: the bar is 16 own task times (256 tasks here), and
+    16 tasks, which a one-worker server keeps, was one task time at 16 workers. Growing
+    past 256 tasks it resets."""
+    n, me = 4, 0
+    rates = rates_of([16, 1, 1, 1])
+    p = MalcolmPolicy(n, me, seed=1, batch_windows=1, actor_lr=0.5, runaway_windows=10)
+    p.workers = 16
+    for w in range(30):                       # learn something
+        feed(p, w, np.array([16.0, 1.0, 0.0, 1.0]) / rates, rates)
+        hooks.sample_many(p, "arrival", 10)
+    assert p.resets == 0
+    for w in range(30, 60):                   # 17 ... 46 tasks: more than 16 + 4x an idle peer's
+        feed(p, w, np.array([w - 13.0, 0.0, 0.0, 0.0]) / rates, rates)
+    assert p.resets == 0
+    for w in range(60, 80):                   # 270 ... 460 tasks
+        feed(p, w, np.array([10.0 * w - 330.0, 0.0, 0.0, 0.0]) / rates, rates)
+    assert p.resets >= 1
+
+
 def _learnt(n, me, **kw):
     """An agent whose actors moved from the safe start (a reset has something to undo)."""
     p = MalcolmPolicy(n, me, seed=1, batch_windows=1, actor_lr=0.5, **kw)
@@ -530,8 +552,10 @@ def test_skewed_rack_at_high_load_does_not_run_away():
 def test_the_simulator_reports_the_guards_per_server_and_says_when_they_fired():
     """``malcolm sim`` carries each server's ``stats()`` in its JSON (``policy_stats``) and
     says in a note when a guard fired; the same counters ``malcolm serve`` logs. An agent
-    with a step of 0.5 on every window runs its queue away on a big-and-small rack at 0.95
-    and is reset; the default, on the same rack, never is."""
+    with a step of 0.5 on every window and no overload mask runs a one-worker server's
+    queue away on a big-and-small rack at 0.95 and is reset; the default, on the same rack,
+    never is (nor were the big servers' ordinary M/M/16 swings, with a bar of 16 own task
+    times instead of 16 tasks: item 16)."""
     import json
 
     from click.testing import CliRunner
@@ -540,7 +564,7 @@ def test_the_simulator_reports_the_guards_per_server_and_says_when_they_fired():
     from malcolm.commands.sim import guard_note
     args = ["sim", "--servers", "2x16,14x1", "--load", "0.95", "--tasks", "100000", "--policy"]
     r = CliRunner().invoke(main, args + ["malcolm:actor_lr=0.5,batch_windows=1,"
-                                         "runaway_windows=10", "--json", "-"])
+                                         "runaway_windows=10,mask_factor=0", "--json", "-"])
     assert r.exit_code == 0, r.output
     ps = json.loads(r.stdout)["runs"][0]["policy_stats"]
     assert len(ps) == 16 and all(d["windows"] > 100 and d["learn"] for d in ps)

@@ -14,6 +14,7 @@ RACK = dict(rack="3x11,3x1", workload="rocksdb2", load=0.891, tasks=40_000, seed
 
 def test_the_parameter_is_checked():
     assert make_policy("malcolm", 4, 0, 1).steal_grant == 2.0       # the default
+    assert make_policy("malcolm", 4, 0, 1).grant_tasks == 1.0       # the default
     assert make_policy("malcolm", 4, 0, 1, steal_grant=0).steal_grant == 0.0
     for bad, err in ((-1.0, ValueError), (1e4, ValueError), (float("nan"), ValueError),
                      ("2", ValueError)):      # the registry reports a TypeError as a bad parameter
@@ -27,18 +28,19 @@ def test_every_steal_is_granted_before_a_hop_is_known():
     assert make_policy("jsq", 4, 0, 1).py_grant_steal(0.5, 1.0)     # other policies: always
 
 
-def test_two_hops_is_the_default_bit_for_bit():
+def test_two_hops_and_one_task_time_are_the_default_bit_for_bit():
     a = simulate(policy="malcolm", **RACK)
-    b = simulate(policy="malcolm:steal_grant=2", **RACK)
-    c = simulate(policy="malcolm:steal_grant=0", **RACK)
+    b = simulate(policy="malcolm:steal_grant=2,grant_tasks=1", **RACK)
+    c = simulate(policy="malcolm:steal_grant=0,grant_tasks=0", **RACK)
+    d = simulate(policy="malcolm:grant_tasks=0", **RACK)
     assert (a.p99_us, a.steals, a.migrations) == (b.p99_us, b.steals, b.migrations)
-    assert c.steals > a.steals          # 0 turns the bar off: every steal granted
+    assert c.steals > d.steals > a.steals   # each part of the bar refuses steals; 0, 0: none
 
 
 def test_the_bar_refuses_steals_that_would_not_pay_for_their_hop():
-    base = simulate(policy="malcolm:steal_grant=0", **RACK)
-    some = simulate(policy="malcolm:steal_grant=2", **RACK)
-    none = simulate(policy="malcolm:steal_grant=1000", **RACK)
+    base = simulate(policy="malcolm:steal_grant=0,grant_tasks=0", **RACK)
+    some = simulate(policy="malcolm:steal_grant=2,grant_tasks=0", **RACK)
+    none = simulate(policy="malcolm:steal_grant=1000,grant_tasks=0", **RACK)
     assert base.steals > 0 and none.steal_requests > 0
     assert none.steals == 0                 # no queue here holds 1000 hops of work
     assert 0 < some.steals < base.steals
@@ -48,8 +50,8 @@ def test_the_bar_refuses_steals_that_would_not_pay_for_their_hop():
 
 
 def test_frozen_start_has_the_rule_too():
-    base = simulate(policy="malcolm:learn=0,steal_grant=0", **RACK)
-    some = simulate(policy="malcolm:learn=0,steal_grant=2", **RACK)
+    base = simulate(policy="malcolm:learn=0,steal_grant=0,grant_tasks=0", **RACK)
+    some = simulate(policy="malcolm:learn=0,steal_grant=2,grant_tasks=0", **RACK)
     assert some.steals < base.steals
 
 

@@ -159,7 +159,7 @@ cdef class MalcolmPolicy(GatewayRules):
         steal's own load where it went ahead (``"decision"``) or at the window end.
     steal_grant, grant_tasks : float
         Hop gate: as a victim, answer a steal only while waiting work >= ``steal_grant`` hops
-        (2) + ``grant_tasks`` (0: off) own task times x the peers' busy fraction (0-1).
+        (2) + ``grant_tasks`` (1; 0: off) own task times x the peers' busy fraction (0-1).
     speed_band : float
         Live gate: slower than its idle migration targets beyond this factor (heartbeats'
         speeds), keep no arrival outright (1.5; 0: off; ``GatewayRules._speed_shift``).
@@ -544,7 +544,8 @@ cdef class MalcolmPolicy(GatewayRules):
 
     cdef void _check_runaway(self) noexcept nogil:
         """A runaway own queue (far above the least loaded known peer's for ``runaway_windows``
-        windows, and higher at their end than at their start): reset the actors to the start."""
+        windows, and higher at their end than at their start): reset the actors to the start.
+        Far above: 4x that load + 16 own task times (16 tasks a worker; docs/policy.md, item 16)."""
         cdef int n = self.n, j, me = self.me
         cdef double vmin = 1e300, vme, sme, t, r = self.adv[2 * n + me]
         cdef const double* x = self.x
@@ -556,7 +557,7 @@ cdef class MalcolmPolicy(GatewayRules):
             return                      # no known peer
         vmin /= self.load_scale
         vme = self.x[self.me] / self.load_scale
-        sme = 1.0 / (r * self.load_scale) if r > 0.0 else 1.0
+        sme = max(self.n_workers, 1) / (r * self.load_scale) if r > 0.0 else 1.0  # a task time
         if not (vme > 4.0 * vmin + 16.0 * sme):
             self.runaway_run = 0
             return
