@@ -55,35 +55,43 @@ def test_frozen_start_has_the_rule_too():
     assert some.steals < base.steals
 
 
-def _one_worker_victim(peer_tasks=2.0, **kw):
-    """Server 0 of four one-worker servers after one window, a 10 µs hop, 50 µs tasks
-    measured by 1000 completions, every peer reporting ``peer_tasks``: the bar is
-    published."""
+def _one_worker_victim(peer_tasks=2.0, peer_workers=1, **kw):
+    """Server 0 of four servers after one window, a 10 µs hop, 50 µs tasks measured by 1000
+    completions, the three peers (``peer_workers`` workers each) reporting ``peer_tasks``
+    tasks (one number, or one each): the bar is published."""
     import math
     T, hop = 50_000.0, 10_000.0
+    tasks = peer_tasks if isinstance(peer_tasks, (list, tuple)) else [peer_tasks] * 3
     p = make_policy("malcolm", 4, 0, 1, hop_ns=hop, learn=False, **kw)
     p.py_completions(1000, 1000 * math.log(T), 1000 * T)
     p.py_observe_local(0, 0.0, 0.0, 1.0 / T)
     for j in range(1, 4):
-        p.py_observe_peer(0, j, peer_tasks * T, rate=1.0 / T)
+        r = peer_workers / T
+        p.py_observe_peer(0, j, tasks[j - 1] / r, rate=r)
     p.py_end_window(0)
     return p, 1.0 / T
 
 
-def test_the_bar_adds_the_victims_task_times_as_busy_as_the_peers_are():
+def test_the_bar_adds_a_task_time_as_often_as_the_peers_have_no_worker_idle():
     # busy peers, grant_tasks=1: two hops (20 µs) + one task time (50 µs); one waiting task
     # is 50 µs of waiting work, two are 100
     p, r = _one_worker_victim(grant_tasks=1.0)
     assert p.grant_tasks == 1.0
     assert not p.py_grant_steal(1.0, r) and p.grant_refused == 1
     assert p.py_grant_steal(2.0, r)
-    # a thief's next arrivals cost only as often as they come: idle peers add nothing, and
-    # peers busy half the time (half a task each) add half a task time
+    # a thief's next arrivals cost only where it has no other worker idle: idle peers add
+    # nothing, and one busy peer of three (rates alike) a third of a task time
     q, r = _one_worker_victim(peer_tasks=0.0, grant_tasks=1.0)
     assert q.py_grant_steal(1.0, r) and q.grant_refused == 0
     assert q.py_grant_steal(0.41, r) and not q.py_grant_steal(0.39, r)    # 20 µs: 0.4 tasks
-    h, r = _one_worker_victim(peer_tasks=0.5, grant_tasks=1.0)
-    assert h.py_grant_steal(0.91, r) and not h.py_grant_steal(0.89, r)    # 20 + 25 µs
+    h, r = _one_worker_victim(peer_tasks=[1.0, 0.0, 0.0], grant_tasks=1.0)
+    assert h.py_grant_steal(0.74, r) and not h.py_grant_steal(0.72, r)    # 20 + 16.7 µs
+    # four-worker peers with a worker idle each count for nothing; with all four busy, a
+    # whole task time (their tasks per worker, 3/4, counted until the thirtieth session)
+    f, r = _one_worker_victim(peer_tasks=3.0, peer_workers=4, grant_tasks=1.0)
+    assert f.py_grant_steal(0.41, r) and not f.py_grant_steal(0.39, r)
+    f, r = _one_worker_victim(peer_tasks=4.0, peer_workers=4, grant_tasks=1.0)
+    assert f.py_grant_steal(1.41, r) and not f.py_grant_steal(1.39, r)
     # hops alone: one waiting task is worth the 20 µs
     q, r = _one_worker_victim(grant_tasks=0.0)
     assert q.py_grant_steal(1.0, r) and q.grant_refused == 0

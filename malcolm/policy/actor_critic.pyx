@@ -171,9 +171,9 @@ cdef class MalcolmPolicy(GatewayRules):
         by ``trust + log n`` but never fall below it, the no-steal bias never rises above
         it) or ``trust / 4`` (weights) of their initial values. 0 disables.
     runaway_windows : int
-        An own load above 4x the least loaded known peer's + 16 tasks for this many
-        windows, and higher at their end than at their start, resets the actors to the
-        start (``resets``). 0 disables.
+        An own load above 4x the least loaded known peer's + 16 own task times (16 tasks a
+        worker) for this many windows, and higher at their end than at their start, resets
+        the actors to the start (``resets``). 0 disables.
     load_scale : float
         ns per unit of load. 0 (default): derived, 1 / mean of the reported service rates
         (the rack's mean task interval), re-derived when it moves by more than 5%.

@@ -337,12 +337,12 @@ cdef class GatewayRules(AgentState):
     cdef bint grant_steal(self, int64_t now, double waiting, double rate) noexcept nogil:
         """The victim's side of a steal: give the oldest waiting task only if the waiting
         work, ``waiting / rate``, is at least ``steal_grant`` one-way hops plus
-        ``grant_tasks`` own mean task times x the peers' busy fraction (``_grant_bar``).
-        Below the hops the task would start here before it could reach the thief, so the
-        move saves less than its transfer costs. The task times are the thief's side: a
-        server that has just gone idle takes on a whole task, and its own next arrivals then
-        queue behind it or move on (docs/policy.md, item 13, and "Open problems", small
-        homogeneous racks). Refusals are counted in ``grant_refused``."""
+        ``grant_tasks`` own mean task times x the peers' fraction with no worker idle
+        (``_grant_bar``). Below the hops the task would start here before it could reach
+        the thief, so the move saves less than its transfer costs. The task times are the
+        thief's side: a server that has just gone idle takes on a whole task, and its own
+        next arrivals then queue behind it or move on (docs/policy.md, items 13 and 16).
+        Refusals are counted in ``grant_refused``."""
         cdef uint64_t bar = mc_load_relaxed(&self.grant_pub)
         if bar == 0 or waiting >= <double>bar * rate:
             return True
@@ -351,31 +351,36 @@ cdef class GatewayRules(AgentState):
 
     cdef void _grant_bar(self, double h) noexcept nogil:
         """Publish the bar of ``grant_steal``: ``steal_grant`` hops of ``h`` ns plus
-        ``grant_tasks`` own mean task times t times the peers' busy fraction u (once
-        completions have measured t); 0 (every steal granted) while no hop is known.
+        ``grant_tasks`` own mean task times t times u, the peers' fraction with no worker
+        idle (once completions have measured t); 0 (every steal granted) while no hop is
+        known.
 
-        The stolen task keeps the thief, a server that has just gone idle, busy for about t,
-        and its own next arrivals then wait behind it or move on: as often as they come, so
-        u t. u is the peers' tasks per worker, each capped at 1, weighted by their rates
-        (x_j = tasks / rate, so tasks per worker is x_j / t_j, taken here as x_j / t). With
-        two hops alone a two-worker victim with one waiting task grants, and on a
-        homogeneous rack of regular tasks most steals then cost the thief more than they
-        save (docs/policy.md, "Open problems": 32x2 constant 30 µs tasks at 0.9, p99 151 µs
-        against JBT's 118, and 121 with ``grant_tasks=1``)."""
+        The stolen task keeps a worker of the thief, a server that has just gone idle, busy
+        for about t. Its own next arrivals pay for that only where it has no other worker
+        idle, and then wait behind the task or move on: as often as that, so u t. u is the
+        share of the peers, weighted by their rates, whose tasks (x_j r_j) fill their
+        workers (r_j t, taken at the own task time), half a task of slack for the rate
+        estimates' noise. On one-worker racks that is a peer with a task; a peer with an
+        idle worker among busy ones is not counted (its tasks per worker were, until the
+        thirtieth session: many-worker victims then refused steals until a task time of
+        queue had built up). With two hops alone a two-worker victim with one waiting task
+        grants, and on a homogeneous rack of regular tasks most steals then cost the thief
+        more than they save (32x2, constant 30 µs tasks at 0.9: p99 151 µs against JBT's
+        118, 122 with the bar)."""
         cdef double b = 0.0, t = self.svc_mean_ns, rs = 0.0, us = 0.0
         cdef const double* rate = self.adv + 2 * self.n
         cdef int j
         if h > 0.0:
             b = self.steal_grant * h
             if t > 0.0 and self.grant_tasks > 0.0:
-                # the peers' busy fraction, their tasks per worker capped at 1 each, weighted
-                # by their rates, in own task times: sum_j r_j min(x_j, t) / (t sum_j r_j)
+                # sum_j r_j [tasks_j >= workers_j - 1/2] / sum_j r_j, in own task times
                 for j in range(self.n):
                     if j != self.me:
                         rs += rate[j]
-                        us += rate[j] * (self.x[j] if self.x[j] < t else t)
+                        if self.x[j] * rate[j] >= rate[j] * t - 0.5:
+                            us += rate[j]
                 if rs > 0.0:
-                    b += self.grant_tasks * us / rs
+                    b += self.grant_tasks * t * us / rs
         mc_store_relaxed(&self.grant_pub, <uint64_t>(b if b < 1e15 else 1e15))
 
     cdef int _unshared_config(self, dict cfg) except -1:
