@@ -55,10 +55,11 @@ def test_frozen_start_has_the_rule_too():
     assert some.steals < base.steals
 
 
-def _one_worker_victim(peer_tasks=2.0, peer_workers=1, **kw):
+def _one_worker_victim(peer_tasks=2.0, peer_workers=1, peer_speed=1.0, codes=True, **kw):
     """Server 0 of four servers after one window, a 10 µs hop, 50 µs tasks measured by 1000
-    completions, the three peers (``peer_workers`` workers each) reporting ``peer_tasks``
-    tasks (one number, or one each): the bar is published."""
+    completions, the three peers (``peer_workers`` workers each, ``peer_speed`` times as
+    fast, their speed codes in the heartbeats unless ``codes`` is False) reporting
+    ``peer_tasks`` tasks (one number, or one each): the bar is published."""
     import math
     T, hop = 50_000.0, 10_000.0
     tasks = peer_tasks if isinstance(peer_tasks, (list, tuple)) else [peer_tasks] * 3
@@ -66,9 +67,11 @@ def _one_worker_victim(peer_tasks=2.0, peer_workers=1, **kw):
     p.py_completions(1000, 1000 * math.log(T), 1000 * T)
     p.py_observe_local(0, 0.0, 0.0, 1.0 / T)
     for j in range(1, 4):
-        r = peer_workers / T
-        p.py_observe_peer(0, j, tasks[j - 1] / r, rate=r)
+        r = peer_workers * peer_speed / T
+        code = round(256 * math.log2(T / peer_speed)) if codes else 0
+        p.py_observe_peer(0, j, tasks[j - 1] / r, rate=r, svc_lg=code)
     p.py_end_window(0)
+    assert p.svc_lg == round(256 * math.log2(T))
     return p, 1.0 / T
 
 
@@ -92,6 +95,18 @@ def test_the_bar_adds_a_task_time_as_often_as_the_peers_have_no_worker_idle():
     assert f.py_grant_steal(0.41, r) and not f.py_grant_steal(0.39, r)
     f, r = _one_worker_victim(peer_tasks=4.0, peer_workers=4, grant_tasks=1.0)
     assert f.py_grant_steal(1.41, r) and not f.py_grant_steal(1.39, r)
+    # a peer's workers are its rate times its own task time, which its speed code gives:
+    # an idle one-worker peer at half speed (0.5 / T, no worker filled) counts for nothing,
+    # a one-worker peer four times as fast with a task (4 / T) for a whole task time
+    f, r = _one_worker_victim(peer_tasks=0.0, peer_speed=0.5, grant_tasks=1.0)
+    assert f.py_grant_steal(0.41, r) and not f.py_grant_steal(0.39, r)
+    f, r = _one_worker_victim(peer_tasks=1.0, peer_speed=4.0, grant_tasks=1.0)
+    assert f.py_grant_steal(1.41, r) and not f.py_grant_steal(1.39, r)
+    # without the codes, both taken at the own speed: 0.5 and 4 workers
+    f, r = _one_worker_victim(peer_tasks=0.0, peer_speed=0.5, codes=False, grant_tasks=1.0)
+    assert not f.py_grant_steal(1.39, r)
+    f, r = _one_worker_victim(peer_tasks=1.0, peer_speed=4.0, codes=False, grant_tasks=1.0)
+    assert f.py_grant_steal(0.41, r)
     # hops alone: one waiting task is worth the 20 µs
     q, r = _one_worker_victim(grant_tasks=0.0)
     assert q.py_grant_steal(1.0, r) and q.grant_refused == 0

@@ -59,9 +59,9 @@ DEFAULTS = dict(
     steal_idle=True,            # steal only into an open gate, or from a peer above the mean
     steal_grant=2.0,            # victim: give a task only if its waiting work >= this many hops;
     #                             0: every steal granted (the sixteenth session's)
-    grant_tasks=1.0,            # ... plus this many own mean task times x the peers' busy
-    #                             fraction (a thief's next arrivals queue behind it); 0: off,
-    #                             the twenty-ninth session's default
+    grant_tasks=1.0,            # ... plus this many own mean task times x the peers' share
+    #                             with no worker idle (a thief's next arrivals queue behind
+    #                             it); 0: off, the twenty-ninth session's default
     steal_state="decision",     # a steal's advantage at the own queue where it went ahead;
     #                             "window": at the window's end (the fourteenth session's)
     trust=8.0,                  # 0 disables the trust region around the initial actors

@@ -159,7 +159,7 @@ cdef class MalcolmPolicy(GatewayRules):
         steal's own load where it went ahead (``"decision"``) or at the window end.
     steal_grant, grant_tasks : float
         Hop gate: as a victim, answer a steal only while waiting work >= ``steal_grant`` hops
-        (2) + ``grant_tasks`` (1; 0: off) own task times x the peers' busy fraction (0-1).
+        (2) + ``grant_tasks`` (1; 0: off) own task times x the peers' share with none idle.
     speed_band : float
         Live gate: slower than its idle migration targets beyond this factor (heartbeats'
         speeds), keep no arrival outright (1.5; 0: off; ``GatewayRules._speed_shift``).

@@ -359,25 +359,30 @@ cdef class GatewayRules(AgentState):
         for about t. Its own next arrivals pay for that only where it has no other worker
         idle, and then wait behind the task or move on: as often as that, so u t. u is the
         share of the peers, weighted by their rates, whose tasks (x_j r_j) fill their
-        workers (r_j t, taken at the own task time), half a task of slack for the rate
-        estimates' noise. On one-worker racks that is a peer with a task; a peer with an
+        workers (r_j t_j, t_j = t at j's speed code, which rate and code measure with noise:
+        half a task of slack). On one-worker racks that is a peer with a task; a peer with an
         idle worker among busy ones is not counted (its tasks per worker were, until the
         thirtieth session: many-worker victims then refused steals until a task time of
         queue had built up). With two hops alone a two-worker victim with one waiting task
         grants, and on a homogeneous rack of regular tasks most steals then cost the thief
         more than they save (32x2, constant 30 µs tasks at 0.9: p99 151 µs against JBT's
-        118, 122 with the bar)."""
-        cdef double b = 0.0, t = self.svc_mean_ns, rs = 0.0, us = 0.0
+        118, 124 with the bar)."""
+        cdef double b = 0.0, t = self.svc_mean_ns, rs = 0.0, us = 0.0, tj
         cdef const double* rate = self.adv + 2 * self.n
-        cdef int j
+        cdef const uint16_t* pc = self.pcode
+        cdef int j, lg = self.svc_lg
         if h > 0.0:
             b = self.steal_grant * h
             if t > 0.0 and self.grant_tasks > 0.0:
-                # sum_j r_j [tasks_j >= workers_j - 1/2] / sum_j r_j, in own task times
+                # sum_j r_j [tasks_j >= workers_j - 1/2] / sum_j r_j, in own task times; a
+                # code within 8 of the own (2%) is taken as the own speed: no exp2
                 for j in range(self.n):
                     if j != self.me:
                         rs += rate[j]
-                        if self.x[j] * rate[j] >= rate[j] * t - 0.5:
+                        tj = t
+                        if lg != 0 and pc[j] != 0 and abs(<int>pc[j] - lg) > 8:
+                            tj = t * mc_speed_ratio(<int>pc[j], lg)
+                        if self.x[j] * rate[j] >= rate[j] * tj - 0.5:
                             us += rate[j]
                 if rs > 0.0:
                     b += self.grant_tasks * t * us / rs
