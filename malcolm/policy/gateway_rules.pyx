@@ -367,22 +367,27 @@ cdef class GatewayRules(AgentState):
         grants, and on a homogeneous rack of regular tasks most steals then cost the thief
         more than they save (32x2, constant 30 µs tasks at 0.9: p99 151 µs against JBT's
         118, 124 with the bar)."""
-        cdef double b = 0.0, t = self.svc_mean_ns, rs = 0.0, us = 0.0, tj
+        cdef double b = 0.0, t = self.svc_mean_ns, rs = 0.0, us = 0.0, cw, c0
         cdef const double* rate = self.adv + 2 * self.n
         cdef const uint16_t* pc = self.pcode
-        cdef int j, lg = self.svc_lg
+        cdef int j, d, lg = self.svc_lg
         if h > 0.0:
             b = self.steal_grant * h
             if t > 0.0 and self.grant_tasks > 0.0:
-                # sum_j r_j [tasks_j >= workers_j - 1/2] / sum_j r_j, in own task times; a
-                # code within 8 of the own (2%) is taken as the own speed: no exp2
+                # sum_j r_j [tasks_j + 1/2 >= workers_j] / sum_j r_j, in own task times
                 for j in range(self.n):
                     if j != self.me:
                         rs += rate[j]
-                        tj = t
-                        if lg != 0 and pc[j] != 0 and abs(<int>pc[j] - lg) > 8:
-                            tj = t * mc_speed_ratio(<int>pc[j], lg)
-                        if self.x[j] * rate[j] >= rate[j] * tj - 0.5:
+                        cw = self.x[j] * rate[j] + 0.5          # its tasks + 1/2
+                        c0 = rate[j] * t                        # its workers at our speed
+                        d = <int>pc[j] - lg
+                        # at its speed: c0 2^(d/256). A code within 40 of ours (a factor
+                        # 0.897-1.115) decides nothing where the tasks are outside 0.89-1.12
+                        # of c0, the same answer without the exp2 (a code's noise: +-15)
+                        if lg != 0 and pc[j] != 0 and (d > 40 or d < -40 or (
+                                cw < 1.12 * c0 and cw > 0.89 * c0)):
+                            c0 = c0 * mc_speed_ratio(<int>pc[j], lg)
+                        if cw >= c0:
                             us += rate[j]
                 if rs > 0.0:
                     b += self.grant_tasks * t * us / rs
