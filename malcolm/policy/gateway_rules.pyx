@@ -383,7 +383,7 @@ cdef class GatewayRules(AgentState):
                         d = <int>pc[j] - lg
                         # at its speed: c0 2^(d/256). A code within 40 of ours (a factor
                         # 0.897-1.115) decides nothing where the tasks are outside 0.89-1.12
-                        # of c0, the same answer without the exp2 (a code's noise: +-15)
+                        # of c0: there the same answer without the exp2
                         if lg != 0 and pc[j] != 0 and (d > 40 or d < -40 or (
                                 cw < 1.12 * c0 and cw > 0.89 * c0)):
                             c0 = c0 * mc_speed_ratio(<int>pc[j], lg)
