@@ -186,7 +186,7 @@ def test_steals_move_work_to_idle_server():
     # how stealing moves work, without the runtime's one-request-in-flight limit
     kw = dict(rack="2x2", workload="exp:50", load=0.6, tasks=50_000, seed=1,
               shares=[0.95, 0.05], max_steals_in_flight=0)
-    lazy = simulate(policy="steal:min_victim=1000", **kw)
+    lazy = simulate(policy="steal:min_victim=1e9", **kw)     # never: no queue that long
     busy = simulate(policy="steal:min_victim=1,max_own=100", **kw)
     assert lazy.steals == 0
     assert busy.steals > 0.2 * busy.generated

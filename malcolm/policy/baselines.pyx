@@ -236,6 +236,11 @@ cdef class StealPolicy(HeartbeatView):
         if self.min_victim <= 0.0:
             j = <int>rng_below(&self.rng, self.n - 1)
             return j + 1 if j >= self.me else j
+        # Called after each completion: one task fewer here, as each accept was one more
+        # (count_own). Without it the own queue only grew between windows, and the test
+        # below refused every steal but those right after a window found the server empty.
+        if self.count_own and self.q[self.me] > 0.0:
+            self.q[self.me] -= 1.0
         if self.q[self.me] > self.max_own:
             return -1
         bq = self.min_victim - 1e-9
