@@ -11,6 +11,9 @@ simulator being built.
 Names
 -----
 ``exp:MEAN``      Exp(MEAN), one type.
+``const:V``, ``uniform:LO:HI``, ``lognormal:MEAN:SIGMA``
+                  one type of any of the mixture's distributions (below): ``const:5`` is
+                  ``mix:1:const:5``.
 ``bimodal``       90% 50 µs, 10% 500 µs (constants), thesis §7.1.2.
 ``hyperexp1``     50% Exp(50), 50% Exp(500).
 ``hyperexp2``     75% Exp(50), 20% Exp(500), 5% Exp(5000).
@@ -341,7 +344,8 @@ NAMED = {
     "fig3.2b": _mixture("fig3.2b", [(99.9, _exp(25)), (0.1, _exp(25025))]),
 }
 
-WORKLOAD_NAMES = ("exp:MEAN", *NAMED, "mix:W:DIST,...", "empirical:FILE")
+WORKLOAD_NAMES = ("exp:MEAN", "const:V", "uniform:LO:HI", "lognormal:MEAN:SIGMA", *NAMED,
+                  "mix:W:DIST,...", "empirical:FILE")
 
 
 def _read_samples(path, spec):
@@ -436,6 +440,9 @@ def parse_workload(spec: str | Workload) -> Workload:
         if not path:
             raise ValueError(f"workload {spec!r}: empirical needs a file, empirical:FILE")
         return Workload.empirical(_read_samples(path, spec), name=s)
+    if low.split(":", 1)[0] in ("const", "uniform", "lognormal"):
+        # one task type of a mixture's distribution, as exp:MEAN is
+        return Workload(s, (_parse_dist([f.strip() for f in low.split(":")], spec),))
     if low.startswith("mix:"):
         parts = [p.strip() for p in s[4:].split(",")]
         if not parts or parts == [""]:

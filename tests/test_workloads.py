@@ -103,7 +103,19 @@ def test_same_seed_same_draws():
     ("mix:1:exp:3:4", "takes 1 parameter"), ("mix:1:uniform:5:2", "LO <= HI"),
     ("mix:x:exp:3", "not a number"), ("", "non-empty"),
     ("mix:" + ",".join(["1:exp:1"] * 17), "at most 16"),
+    ("const:", "not a number"), ("const:5:6", "takes 1 parameter"),
+    ("uniform:5", "takes 2 parameter"), ("lognormal:30:9", "at most 3"),
 ])
 def test_bad_workloads(bad, msg):
     with pytest.raises(ValueError, match=msg):
         parse_workload(bad)
+
+
+@pytest.mark.parametrize("alone,mixed", [
+    ("const:5", "mix:1:const:5"), ("uniform:2:8", "mix:1:uniform:2:8"),
+    ("lognormal:30:0.1", "mix:1:lognormal:30:0.1"), ("CONST:5", "mix:1:const:5"),
+])
+def test_one_distribution_alone_is_one_type(alone, mixed):
+    # a DIST without mix: is the one-type mixture, as exp:MEAN is
+    a, b = parse_workload(alone), parse_workload(mixed)
+    assert a.components == b.components and a.n_types == 1 and a.name == alone

@@ -188,6 +188,7 @@ def workloads(json_out):
 
 def _workload_forms(wl) -> list[dict]:
     forms = [{"form": "exp:MEAN", "help": "exponential with mean MEAN µs, one type"},
+             {"form": "DIST", "help": "one type of any DIST below (const:5 is mix:1:const:5)"},
              {"form": "mix:W:DIST,W:DIST,...",
               "help": f"a mixture of at most {wl.MAX_COMPONENTS} types; weights W are "
                       "normalised; e.g. mix:90:const:50,10:exp:500"}]
@@ -195,9 +196,13 @@ def _workload_forms(wl) -> list[dict]:
                  "exp": ("exp:MEAN", "exponential, mean MEAN µs"),
                  "uniform": ("uniform:LO:HI", "uniform on [LO, HI] µs"),
                  "lognormal": ("lognormal:MEAN:SIGMA", "lognormal, mean MEAN µs, shape SIGMA")}
+    # the kinds a DIST may name (an empirical sample has its own form, below)
     for k in wl.KINDS:
-        form, text = dist_help.get(k, (k, ""))
-        forms.append({"form": f"  DIST = {form}", "help": text})
+        if k in dist_help:
+            form, text = dist_help[k]
+            forms.append({"form": f"  DIST = {form}", "help": text})
+    forms.append({"form": "empirical:FILE",
+                  "help": "measured service times, µs, from a text file; one type"})
     return forms
 
 

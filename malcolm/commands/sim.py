@@ -197,9 +197,10 @@ Examples:
 @click.option("--policy", "policies", multiple=True, default=("random",), show_default=True,
               help="Policy NAME[:key=val,...]; repeat to sweep. See `malcolm list policies`.")
 @click.option("--workload", "workloads", multiple=True, default=("exp:50",),
-              show_default=True, help="Service times in µs: exp:MEAN, bimodal, hyperexp1, "
-                                      "hyperexp2, rocksdb1, rocksdb2, fig2.1a/b, fig3.2a/b or "
-                                      "mix:...; repeat to sweep. See `malcolm list workloads`.")
+              show_default=True, help="Service times in µs: exp:MEAN, const:V, bimodal, "
+                                      "hyperexp1, hyperexp2, rocksdb1, rocksdb2, fig2.1a/b, "
+                                      "fig3.2a/b or mix:...; repeat to sweep. See `malcolm "
+                                      "list workloads`.")
 @click.option("--load", "loads", multiple=True, default=("0.8",), show_default=True,
               help="Load(s), fractions of the rack's capacity: 0.5,0.7 or 0.5:0.95:0.05 "
                    "(START:STOP:STEP, STOP included).")
