@@ -73,6 +73,8 @@ from malcolm._units import ascii_number
 
 MAX_COMPONENTS = 16
 KINDS = ("const", "exp", "uniform", "lognormal", "empirical")
+#: The distributions a ``DIST`` may name (alone, or in a mixture), and their parameters.
+DIST_PARAMS = {"const": 1, "exp": 1, "uniform": 2, "lognormal": 2}
 #: Quantiles kept of an empirical distribution (must match WL_EMP_N in _workload.pxd).
 EMP_QUANTILES = 2048
 #: The range of a service time (µs). The simulator and the runtime count time in integer ns:
@@ -390,12 +392,11 @@ def _num(text, what, spec, positive=True, hi=MAX_TIME_US):
 
 def _parse_dist(fields, spec):
     kind, args = fields[0], fields[1:]
-    need = {"const": 1, "exp": 1, "uniform": 2, "lognormal": 2}
-    if kind not in need:
+    if kind not in DIST_PARAMS:
         raise ValueError(f"workload {spec!r}: unknown distribution {kind!r} "
-                         f"(choose from {', '.join(need)})")
-    if len(args) != need[kind]:
-        raise ValueError(f"workload {spec!r}: {kind} takes {need[kind]} parameter(s), "
+                         f"(choose from {', '.join(DIST_PARAMS)})")
+    if len(args) != DIST_PARAMS[kind]:
+        raise ValueError(f"workload {spec!r}: {kind} takes {DIST_PARAMS[kind]} parameter(s), "
                          f"got {len(args)}")
     if kind == "uniform":
         lo = _num(args[0], "uniform low", spec, positive=False)
@@ -427,8 +428,6 @@ def parse_workload(spec: str | Workload) -> Workload:
     low = s.lower()
     if low in NAMED:
         return NAMED[low]
-    if low.startswith("exp:"):
-        return Workload(s, (Component(1.0, "exp", _num(s[4:], "mean", spec)),))
     name, colon, path = s.partition(":")
     if colon and name.lower() in MEASURED_MIXES:
         try:
@@ -440,8 +439,8 @@ def parse_workload(spec: str | Workload) -> Workload:
         if not path:
             raise ValueError(f"workload {spec!r}: empirical needs a file, empirical:FILE")
         return Workload.empirical(_read_samples(path, spec), name=s)
-    if low.split(":", 1)[0] in ("const", "uniform", "lognormal"):
-        # one task type of a mixture's distribution, as exp:MEAN is
+    if low.split(":", 1)[0] in DIST_PARAMS:
+        # one task type: exp:MEAN, const:V, ... (a mixture's DIST alone)
         return Workload(s, (_parse_dist([f.strip() for f in low.split(":")], spec),))
     if low.startswith("mix:"):
         parts = [p.strip() for p in s[4:].split(",")]

@@ -196,11 +196,9 @@ def _workload_forms(wl) -> list[dict]:
                  "exp": ("exp:MEAN", "exponential, mean MEAN µs"),
                  "uniform": ("uniform:LO:HI", "uniform on [LO, HI] µs"),
                  "lognormal": ("lognormal:MEAN:SIGMA", "lognormal, mean MEAN µs, shape SIGMA")}
-    # the kinds a DIST may name (an empirical sample has its own form, below)
-    for k in wl.KINDS:
-        if k in dist_help:
-            form, text = dist_help[k]
-            forms.append({"form": f"  DIST = {form}", "help": text})
+    for k in wl.DIST_PARAMS:       # an empirical sample has its own form, below
+        form, text = dist_help[k]
+        forms.append({"form": f"  DIST = {form}", "help": text})
     forms.append({"form": "empirical:FILE",
                   "help": "measured service times, µs, from a text file; one type"})
     return forms
