@@ -8,7 +8,7 @@ servers of 1-16 workers, every thesis workload, loads in ``--load-range``, one-w
 * ``jitter``: 0-10 µs of jitter on every hop;
 * ``loss``: 0-30% of the heartbeats lost;
 * ``gateway``: 50-400 ns of a server's gateway per message, heartbeats included;
-* ``window``: a policy window of 25, 50, 200 or 400 µs instead of 100;
+* ``window``: a fixed policy window of 25, 50, 200 or 400 µs instead of 100;
 * ``uneven``: client shares drawn from a Dirichlet(2) over the servers.
 
 Every policy runs on every rack (default Malcolm, JSQ, JBT, client po2, and each
@@ -67,6 +67,7 @@ def draw_racks(count, seed, loads=(0.3, 0.95), tasks=60_000):
             sc["gateway_ns"] = float(round(r.uniform(50, 400)))
         elif cond == "window":
             sc["window_us"] = float(r.choice([25, 50, 200, 400]))
+            sc["window_tasks"] = 0.0        # that window, fixed (not 5 task times)
         else:
             sc["shares"] = [float(x) for x in r.dirichlet(np.full(n, 2.0))]
         out.append(dict(id=k, condition=cond, **sc))

@@ -180,7 +180,17 @@ def test_sim_rack_is_a_rack_file_too(tmp_path):
     assert r.exit_code == 0, r.output
     c = json.loads(r.output)["runs"][0]["config"]
     assert c["rack"] == "2x3,1x1" and c["policy"].startswith("jbt")
-    assert c["window_us"] == 50
+    assert c["window_us"] == 50 and c["window_tasks"] == 5.0
+    # the rack file's window_tasks too, and --window-tasks over it
+    path.write_text(path.read_text().replace("window_us = 50\n",
+                                             "window_us = 50\nwindow_tasks = 0\n"))
+    r = CliRunner().invoke(main, ["sim", "--rack", str(path), "--tasks", "2000", "--json"])
+    assert r.exit_code == 0 and json.loads(r.output)["runs"][0]["config"]["window_tasks"] == 0
+    r = CliRunner().invoke(main, ["sim", "--rack", str(path), "--tasks", "2000", "--json",
+                                  "--window-tasks", "3"])
+    assert r.exit_code == 0 and json.loads(r.output)["runs"][0]["config"]["window_tasks"] == 3
+    r = CliRunner().invoke(main, ["sim", "--window-tasks", "-1"])
+    assert r.exit_code == 2 and "--window-tasks" in r.output and "Traceback" not in r.output
     r = CliRunner().invoke(main, ["sim", "--rack", str(path), "--servers", "2x2"])
     assert r.exit_code == 2 and "not both" in r.output
 

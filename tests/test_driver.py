@@ -187,3 +187,59 @@ def test_the_protocol_check_can_fail():
     del bad[2][k]
     with pytest.raises(AssertionError):
         check_protocol(bad, strict_seq=False)
+
+
+# ------------------------------------------------------------------ the window's length
+
+def test_window_is_task_times_within_its_bounds():
+    from malcolm.policy.driver import WINDOW_WARM_NATIVE, window_ns
+    base, warm = 100_000, WINDOW_WARM_NATIVE
+    # 5 µs tasks on one worker, after `warm` completions: 5 tasks = 25 µs
+    assert window_ns([(warm, warm * 5000.0)], 1, base, 5.0) == 25_000
+    # the task time is a task's, whatever the workers (four of them, 4 x the completions)
+    assert window_ns([(4 * warm, 4 * warm * 5000.0)], 4, base, 5.0) == 25_000
+    # never below base / WINDOW_SHRINK, never above the configured window
+    assert window_ns([(warm, warm * 1000.0)], 1, base, 5.0) == base // defaults.WINDOW_SHRINK
+    assert window_ns([(warm, warm * 50_000.0)], 1, base, 5.0) == base
+    # fixed: 0 task times, nothing completed, or too few completions a worker to trust
+    assert window_ns([(warm, warm * 5000.0)], 1, base, 0.0) == base
+    assert window_ns([], 1, base, 5.0) == base
+    assert window_ns([(4 * warm - 1, (4 * warm - 1) * 5000.0)], 4, base, 5.0) == base
+    # a recent mean: after 50 µs tasks, 5 µs ones take over within a few hundred completions
+    # (a weight of k / (k + warm c) per window of k), and a window without completions
+    # changes nothing
+    hist = [(warm, warm * 50_000.0)] + [(10, 10 * 5000.0)] * 40 + [(0, 0.0)] * 5
+    assert 25_000 <= window_ns(hist, 1, base, 5.0) <= 26_000
+    assert window_ns(hist[:3], 1, base, 5.0) == base
+
+
+def test_one_set_of_window_defaults():
+    from malcolm.policy.driver import WINDOW_SHRINK_NATIVE
+    from malcolm.runtime.policy_thread import PolicyThread  # noqa: F401 (built)
+    assert defaults.WINDOW_SHRINK == WINDOW_SHRINK_NATIVE
+    assert defaults.WINDOW_TASKS > 0
+    assert inspect.signature(run.simulate).parameters["window_tasks"].default == \
+        defaults.WINDOW_TASKS
+    assert config.RACK_KEYS["window_tasks"][1] == defaults.WINDOW_TASKS
+
+
+def test_simulated_windows_follow_the_task_time():
+    # 5 µs tasks: 25 µs windows, four per configured 100 µs (a few longer at the start,
+    # before the estimator has its completions); 50 µs tasks: 100 µs, as configured
+    short = run.simulate(rack="4x1", workload="const:5", load=0.8, tasks=40_000, seed=1,
+                         policy="jsq", record_loads=True)
+    fixed = run.simulate(rack="4x1", workload="const:5", load=0.8, tasks=40_000, seed=1,
+                         policy="jsq", window_tasks=0, record_loads=True)
+    w_short, w_fixed = short.per_server["windows"], fixed.per_server["windows"]
+    assert all(3.5 * f < s <= 4 * f + 1 for s, f in zip(w_short, w_fixed, strict=True)), \
+        (w_short, w_fixed)
+    # the recorded loads stay one row per configured window
+    assert abs(len(short.loads["t_us"]) - len(fixed.loads["t_us"])) <= 1
+    slow = run.simulate(rack="4x1", workload="exp:50", load=0.8, tasks=20_000, seed=1,
+                        policy="jsq")
+    slow0 = run.simulate(rack="4x1", workload="exp:50", load=0.8, tasks=20_000, seed=1,
+                         policy="jsq", window_tasks=0)
+    assert slow.per_server["windows"] == slow0.per_server["windows"]
+    assert slow.p99_us == slow0.p99_us
+    with pytest.raises(ValueError, match="window_tasks"):
+        run.simulate(rack="2x1", tasks=100, window_tasks=-1)

@@ -693,3 +693,19 @@ def test_stop_is_bounded_by_stop_bound_s_and_names_a_stuck_worker(inproc):
     assert rep["unfinished"] == 1 and len(rep["stuck_threads"]) == 1, rep["stuck_threads"]
     assert 0.2 <= took <= stop_bound_s(0.2, 1), took
     time.sleep(1.5)         # the sleeping task's thread ends before the next test
+
+
+def test_windows_follow_the_measured_task_time(inproc):
+    # 200 µs tasks and a 5 ms configured window: once each worker has completed its first
+    # tasks, a window is 5 task times, 1 ms (drv_window_ns, the simulator's rule)
+    r = inproc("udp", 1, handler="spin", workers=1, window_us=5000.0)
+    with r.client() as c:
+        acc = c.run(120, service_ns=200_000, rate=2000)
+    assert acc.lost == 0
+    st = r.servers[0].stats()
+    assert st["completed"] == 120
+    assert 900.0 <= st["window_us"] <= 2000.0, st["window_us"]
+    r2 = inproc("udp", 1, handler="spin", workers=1, window_us=5000.0, window_tasks=0)
+    with r2.client() as c:
+        c.run(60, service_ns=200_000, rate=2000)
+    assert r2.servers[0].stats()["window_us"] == 5000.0

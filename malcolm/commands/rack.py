@@ -72,7 +72,9 @@ def check(rack_pos, rack_opt):
     params = f" {cfg.policy_params}" if cfg.policy_params else ""
     ns = len(cfg.servers)
     click.echo(f"rack {cfg.name}: {ns} server{'s' * (ns != 1)} over {cfg.transport}, "
-               f"policy {cfg.policy}{params}, window {cfg.window_us} µs, "
+               f"policy {cfg.policy}{params}, window {cfg.window_us} µs"
+               + (f" (or {cfg.window_tasks:g} task times, down to {cfg.window_us / 5:g} µs)"
+                  if cfg.window_tasks > 0 else " (fixed)") + ", "
                f"poll {cfg.poll}, {auth}")
     for s in cfg.servers:
         click.echo(f"  server {s.index}: {s.address}  {s.workers} worker"

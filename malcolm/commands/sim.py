@@ -21,6 +21,7 @@ from malcolm.commands.types import (
     refuse_empty,
     write_json,
 )
+from malcolm.policy.defaults import WINDOW_TASKS
 
 MAX_POINTS = 1000       # values one START:STOP:STEP range may expand to
 
@@ -142,7 +143,8 @@ def plot_p99(results, path, title=None):
 
 def from_rack_file(path):
     """What a rack file says about the rack to simulate: ``(servers spec, policy spec,
-    window_us)``. A server with 0 workers (its gateway runs the tasks) is one worker here."""
+    window_us, window_tasks)``. A server with 0 workers (its gateway runs the tasks) is one
+    worker here."""
     from malcolm.runtime.config import ConfigError, load_rack
     try:
         cfg = load_rack(path)
@@ -158,7 +160,8 @@ def from_rack_file(path):
     spec = ",".join(f"{n}x{w}" for n, w in groups)
     params = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
                       for k, v in cfg.policy_params.items())
-    return spec, cfg.policy + (f":{params}" if params else ""), cfg.window_us
+    pol = cfg.policy + (f":{params}" if params else "")
+    return spec, pol, cfg.window_us, cfg.window_tasks
 
 
 def guard_note(policy_stats):
@@ -214,7 +217,11 @@ Examples:
               help="Extra uniform [0, jitter) on every message (bare number: µs).")
 @click.option("--window", default=100.0, show_default=True, type=Duration("us", min=0,
                                                                           min_open=True),
-              help="Load-broadcast window (bare number: µs).")
+              help="Load-broadcast window (bare number: µs), the longest (--window-tasks).")
+@click.option("--window-tasks", "window_tasks", default=WINDOW_TASKS, show_default=True,
+              type=FloatRange(0, 1e6),
+              help="Each server's window is this many of its measured task times, within "
+                   "[--window / 5, --window], as in `malcolm serve`; 0: --window, fixed.")
 @click.option("--sched", type=click.Choice(["fcfs", "ps"]), default="fcfs", show_default=True,
               help="Scheduling inside a server.")
 @click.option("--quantum", default=0.0, show_default=True, type=Duration("us"),
@@ -251,9 +258,9 @@ Examples:
 @json_option("every run's summary and the run metadata")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Write a p99-versus-load plot (PNG) to FILE.")
-def sim(rack, rack_file, policies, workloads, loads, tasks, seed, delay, jitter, window, sched,
-        quantum, shares, loss, clients, warmup, warmup_old, phase, ewma, gateway_ns,
-        gateway_ns_old, capacity, steals_in_flight, steal_timeout, json_out, plot):
+def sim(rack, rack_file, policies, workloads, loads, tasks, seed, delay, jitter, window,
+        window_tasks, sched, quantum, shares, loss, clients, warmup, warmup_old, phase, ewma,
+        gateway_ns, gateway_ns_old, capacity, steals_in_flight, steal_timeout, json_out, plot):
     """Simulate a rack: p50/p99/p99.9 latency, throughput, migrations and steals.
 
     Sweeps run every combination of --policy, --workload and --load. With --json the result
@@ -273,11 +280,13 @@ def sim(rack, rack_file, policies, workloads, loads, tasks, seed, delay, jitter,
         default = click.core.ParameterSource.DEFAULT
         if ctx.get_parameter_source("rack") != default:
             raise click.UsageError("give either --servers SPEC or --rack FILE, not both")
-        rack, pol, win = from_rack_file(rack_file)
+        rack, pol, win, wtasks = from_rack_file(rack_file)
         if ctx.get_parameter_source("policies") == default:
             policies = (pol,)
         if ctx.get_parameter_source("window") == default:
             window = win
+        if ctx.get_parameter_source("window_tasks") == default:
+            window_tasks = wtasks
     from malcolm.sim.rack import parse_rack_spec
     from malcolm.sim.run import check_simulate, simulate
     from malcolm.workloads import parse_workload
@@ -298,7 +307,8 @@ def sim(rack, rack_file, policies, workloads, loads, tasks, seed, delay, jitter,
 
     def kwargs(p, w, ld):
         return dict(rack=rack, policy=p, workload=w, load=ld, tasks=tasks, seed=seed,
-                    delay_us=delay, jitter_us=jitter, window_us=window, sched=sched,
+                    delay_us=delay, jitter_us=jitter, window_us=window,
+                    window_tasks=window_tasks, sched=sched,
                     quantum_us=quantum, shares=shares, loss=loss, clients=clients,
                     warmup=warmup, phase=phase, gateway_ns=gateway_ns, capacity=capacity,
                     max_steals_in_flight=steals_in_flight, steal_timeout_us=steal_timeout,

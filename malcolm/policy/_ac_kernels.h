@@ -36,7 +36,10 @@ static inline __attribute__((always_inline)) void mc_ac_adamw_at(double *restric
     v[i] = vi;
     if (kb > 0.0) {
         double d = (mi * c1) / den;
-        double q = fmin(1.0, d * d);
+        double q = d * d;
+        /* min(1, d^2) as a select, not fmin (a libm call per parameter that kept this loop
+           scalar); the same value, NaN included (fmin(1, NaN) = 1 = the select's) */
+        q = q < 1.0 ? q : 1.0;
         st *= 1.0 + kb * q * q;
     }
     p[i] = p[i] * decay - st;

@@ -18,6 +18,12 @@ workload's nominal mean instead, which it knows; a rack file may set ``prior_ser
 outstanding, given up after 2 ms), which the simulator follows by default.
 ``MAX_STEALS_IN_FLIGHT`` is the most the simulator can track (``STEAL_MAX_IN_FLIGHT`` in
 ``driver.pxd``; a test checks they agree).
+
+``WINDOW_TASKS``/``WINDOW_SHRINK``: a server's window (its heartbeat period and policy step)
+is ``WINDOW_TASKS`` of its own measured task times, at most the configured window
+(``window_us``) and at least that over ``WINDOW_SHRINK`` (``drv_window_ns`` in
+``driver.pxd``, which holds the same bound). With the thesis's 50 µs tasks and 100 µs window
+nothing changes; 5 µs tasks get 25 µs windows. 0 tasks: the configured window, fixed.
 """
 
 EST_ALPHA = 0.05
@@ -25,3 +31,5 @@ EST_PRIOR_SERVICE_US = 50.0
 STEALS_IN_FLIGHT = 1
 STEAL_TIMEOUT_US = 2000.0
 MAX_STEALS_IN_FLIGHT = 16
+WINDOW_TASKS = 5.0
+WINDOW_SHRINK = 5

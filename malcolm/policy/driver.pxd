@@ -28,8 +28,9 @@ runtime allows one), each given up after ``timeout_ns``; a reply that comes afte
 was given up still brings its task. Everything here is ``nogil`` and inline: no call crosses
 a module boundary on the hot path.
 
-The defaults both clocks share (the estimator's weight and prior, steals in flight) are in
-``malcolm/policy/defaults.py``.
+The defaults both clocks share (the estimator's weight and prior, steals in flight, the
+window's length in task times) are in ``malcolm/policy/defaults.py``; ``drv_window_ns``
+gives each window's length from them.
 """
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 
@@ -39,6 +40,9 @@ from malcolm.policy.base cimport Heartbeat, Policy
 
 cdef enum:
     STEAL_MAX_IN_FLIGHT = 16        # the most a StealGate can track (defaults.py agrees)
+    WINDOW_SHRINK = 5               # drv_window_ns: the shortest window, base / 5 (ditto)
+    WINDOW_WARM = 40                # drv_window_ns: completions a worker before its task
+    #                                 time counts, and about how many its mean remembers
 
 
 ctypedef struct WindowState:
@@ -51,6 +55,9 @@ ctypedef struct WindowState:
     double load                 # the last own observation: queue / rate, ns
     double queue_len
     double rate                 # tasks per ns
+    uint64_t done               # the server's completions so far (est_totals)
+    double sum_ns               # ... and the sum of their service times
+    double task_ns              # recent mean service time, ns (0: none yet; drv_window_ns)
 
 
 ctypedef struct StealGate:
@@ -69,6 +76,24 @@ ctypedef struct StealGate:
 
 
 # ---------------------------------------------------------------- window protocol
+cdef inline void _window_task_time(WindowState* w, uint64_t done, double sum_ns,
+                                   int n_workers) noexcept nogil:
+    """The mean service time of the completions since the last window, folded into
+    ``w.task_ns`` with a weight of k / (k + WINDOW_WARM c) for k completions (c workers):
+    about the last WINDOW_WARM c completions' mean, each alike. Not the estimator's rate:
+    a worker that has served few tasks (its first sample replaces the prior) can dominate
+    a many-worker server's sum of per-worker rates."""
+    cdef double k, m, c = <double>(n_workers if n_workers > 0 else 1)
+    if done <= w.done or not (sum_ns > w.sum_ns):
+        return
+    k = <double>(done - w.done)
+    m = (sum_ns - w.sum_ns) / k
+    if w.task_ns > 0.0:
+        w.task_ns += k / (k + WINDOW_WARM * c) * (m - w.task_ns)
+    else:
+        w.task_ns = m
+
+
 cdef inline void drv_observe_local(WindowState* w, Policy p, Estimator* est, int64_t now,
                                    double queue_len) noexcept nogil:
     cdef double rate = est_rate(est), log_sum, sum_ns
@@ -77,6 +102,9 @@ cdef inline void drv_observe_local(WindowState* w, Policy p, Estimator* est, int
     p.observe_completions(done, log_sum, sum_ns)        # ... and compares speeds
     w.queue_len = queue_len
     w.rate = rate
+    _window_task_time(w, done, sum_ns, est.n_workers)
+    w.done = done
+    w.sum_ns = sum_ns
     w.load = queue_len / rate
     p.observe_local(now, w.load, queue_len, rate)
 
@@ -89,6 +117,9 @@ cdef inline void drv_start(WindowState* w, Policy p, Estimator* est, int64_t now
     w.hb_filled = 0
     w.hb_skipped = 0
     w.hb_observed = 0
+    w.done = 0
+    w.sum_ns = 0.0
+    w.task_ns = 0.0
     drv_observe_local(w, p, est, now, queue_len)
 
 
@@ -119,6 +150,34 @@ cdef inline bint drv_end_window(WindowState* w, Policy p, Estimator* est, int64_
     hb.seq = w.hb_seq
     hb.sent_ns = now
     return True
+
+
+cdef inline int64_t drv_window_ns(const WindowState* w, const Estimator* est, int64_t base_ns,
+                                  double tasks) noexcept nogil:
+    """The next window's length (ns): ``tasks`` of this server's own task times, within
+    [``base_ns`` / WINDOW_SHRINK, ``base_ns``]; ``base_ns`` where ``tasks`` <= 0 or no task
+    time is known yet.
+
+    A load report is as stale as the window is long, and what staleness costs is counted in
+    task times: the configured window (the thesis's 100 µs) is two 50 µs tasks, but twenty
+    5 µs ones, and the server-side policies then lost to po2, whose client reads fresh
+    queue lengths (docs/policy.md, "Short tasks"). The task time is the mean service time
+    of the server's recent completions (``w.task_ns``, kept at each window's end from the
+    estimator's totals), the same on both clocks, and counts only once the server has
+    completed WINDOW_WARM tasks a worker (before that a few short first tasks would shorten
+    the windows). The bounds keep
+    the heartbeats' cost (n - 1 per server and window) within WINDOW_SHRINK times what the
+    configured window costs, never above it.
+    """
+    cdef double t, c = <double>(est.n_workers if est.n_workers > 0 else 1)
+    cdef int64_t lo
+    if not (tasks > 0.0) or not (w.task_ns > 0.0) or <double>w.done < WINDOW_WARM * c:
+        return base_ns
+    t = tasks * w.task_ns
+    if t >= <double>base_ns:
+        return base_ns
+    lo = base_ns // WINDOW_SHRINK
+    return lo if t <= <double>lo else <int64_t>t
 
 
 cdef inline void drv_migrated(Policy p) noexcept nogil:

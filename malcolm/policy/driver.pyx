@@ -6,14 +6,40 @@ The protocol itself is inline in ``driver.pxd`` and compiled into each caller
 (``malcolm/sim/_engine.pyx``; at runtime ``malcolm/runtime/policy_thread.pyx`` and, for the
 steal gate, ``malcolm/runtime/gateway.pyx``).
 """
-from libc.stdint cimport int32_t, int64_t, uint32_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memset
 
+from malcolm._core cimport Estimator
 from malcolm.policy.base cimport Heartbeat, Policy
 
 #: The most steal requests in flight a StealGate tracks (defaults.MAX_STEALS_IN_FLIGHT).
 STEAL_GATE_CAPACITY = STEAL_MAX_IN_FLIGHT
+#: How far ``drv_window_ns`` shortens a window (defaults.WINDOW_SHRINK), and the completions a
+#: worker it waits for.
+WINDOW_SHRINK_NATIVE = WINDOW_SHRINK
+WINDOW_WARM_NATIVE = WINDOW_WARM
+
+
+def window_ns(windows, int n_workers, int64_t base_ns, double tasks):
+    """``drv_window_ns`` after the windows ``[(completions, their total service ns), ...]``
+    of a server of ``n_workers`` workers, each folded in as a window's end folds it: the
+    next window's length in ns (for tests)."""
+    cdef WindowState w
+    cdef Estimator e
+    cdef uint64_t done = 0
+    cdef double sum_ns = 0.0
+    memset(&w, 0, sizeof(w))
+    for k, t in windows:
+        done += <uint64_t>k
+        sum_ns += <double>t
+        _window_task_time(&w, done, sum_ns, n_workers)
+        w.done = done
+        w.sum_ns = sum_ns
+    memset(&e, 0, sizeof(e))
+    e.n_workers = n_workers
+    return drv_window_ns(&w, &e, base_ns, tasks)
+
 
 # What RecordingPolicy logs: the policy thread's calls (the gateway's are not logged, so
 # the log has a single writer).

@@ -6,7 +6,7 @@ Example (``examples`` in ``docs/runtime.md`` has more)::
     name = "demo"            # names shm endpoints; default "rack"
     transport = "udp"        # udp | shm | verbs: one for the whole rack
     poll = "adaptive"        # busy | adaptive (spin, then block)
-    window_us = 100          # policy window = heartbeat period
+    window_us = 100          # policy window = heartbeat period (the longest: window_tasks)
     workers = 2              # defaults for every server (0: the gateway runs the tasks)
     handler = "sleep"
 
@@ -36,11 +36,12 @@ try:
 except ModuleNotFoundError:     # Python 3.10: the same reader as a package (pyproject pins it)
     import tomli as tomllib
 
-from malcolm.policy.defaults import EST_ALPHA, EST_PRIOR_SERVICE_US
+from malcolm.policy.defaults import EST_ALPHA, EST_PRIOR_SERVICE_US, WINDOW_TASKS
 
 RACK_KEYS = {
     "name": (str, "rack"), "transport": (str, "udp"), "poll": (str, "adaptive"),
-    "window_us": (float, 100.0), "spin_us": (float, 50.0), "workers": (int, 2),
+    "window_us": (float, 100.0), "window_tasks": (float, WINDOW_TASKS),
+    "spin_us": (float, 50.0), "workers": (int, 2),
     "handler": (str, "spin"), "task_types": (int, 8), "capacity": (int, 4096),
     "task_timeout_ms": (float, 0.0), "steal_timeout_us": (float, 2000.0),
     "max_service_ms": (float, 10_000.0), "clients": (list, None), "grace_s": (float, 2.0),
@@ -57,7 +58,8 @@ RACK_KEYS = {
 # are what the runtime can honour: a window under 1 µs would make the policy thread spin
 # through millions of windows a second; capacity is bounded by the slot allocation.
 RACK_RANGES = {
-    "window_us": (1.0, 10_000_000.0), "spin_us": (0.0, 1_000_000.0), "workers": (0, 1024),
+    "window_us": (1.0, 10_000_000.0), "window_tasks": (0.0, 1e6),
+    "spin_us": (0.0, 1_000_000.0), "workers": (0, 1024),
     "task_types": (1, 65535), "capacity": (1, 1 << 22), "task_timeout_ms": (0.0, 3_600_000.0),
     "steal_timeout_us": (1.0, 60_000_000.0), "max_service_ms": (0.001, 3_600_000.0),
     "grace_s": (0.0, 3600.0), "est_alpha": (1e-6, 1.0), "prior_service_us": (0.001, 1e9),
@@ -116,6 +118,7 @@ class RackConfig:
     transport: str
     poll: str
     window_us: float
+    window_tasks: float
     spin_us: float
     task_types: int
     capacity: int
@@ -552,7 +555,8 @@ def build_server(cfg: RackConfig, k: int, handler=None):
     try:
         return Server(tr, cfg.addresses, k, policy, handler=handler or s.handler,
                       workers=s.workers, capacity=cfg.capacity, n_types=cfg.task_types,
-                      window_us=cfg.window_us, poll=cfg.poll, spin_us=cfg.spin_us,
+                      window_us=cfg.window_us, window_tasks=cfg.window_tasks,
+                      poll=cfg.poll, spin_us=cfg.spin_us,
                       task_timeout_ms=cfg.task_timeout_ms,
                       steal_timeout_us=cfg.steal_timeout_us,
                       max_service_ms=cfg.max_service_ms, clients=cfg.clients,

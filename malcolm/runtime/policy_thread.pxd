@@ -19,7 +19,9 @@ cdef class PolicyThread:
     cdef Policy policy
     cdef WorkerPool pool            # its estimator and the tasks held: the own load
     cdef Transport tr               # woken when a heartbeat is ready to send
-    cdef int64_t window_ns
+    cdef int64_t window_ns          # the configured window: the longest (drv_window_ns)
+    cdef int64_t window_now         # the window drv_window_ns gave last
+    cdef double win_tasks           # task times per window; 0: window_ns, fixed
     cdef Heartbeat* hb_in           # ring: the gateway writes at hb_tail, this thread reads
     cdef uint64_t hb_head, hb_tail
     cdef Heartbeat* hb_out          # this thread -> the gateway, one at a time

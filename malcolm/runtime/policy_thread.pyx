@@ -15,9 +15,10 @@ from libc.string cimport memset
 
 from malcolm._core cimport mc_aligned_alloc, mc_load_acq, mc_now_ns, mc_store_rel
 from malcolm._system cimport PR_SET_TIMERSLACK, prctl
-from malcolm.policy.driver cimport drv_end_window, drv_observe_peer, drv_start
+from malcolm.policy.driver cimport drv_end_window, drv_observe_peer, drv_start, drv_window_ns
 from malcolm._native cimport mc_bell_cancel, mc_bell_prepare, mc_bell_ring, mc_bell_wait
 
+from malcolm.policy.defaults import WINDOW_TASKS
 from malcolm.workers.pool import name_thread
 
 
@@ -32,14 +33,21 @@ cdef class PolicyThread:
     transport : Transport
         The gateway's, woken when a heartbeat is ready.
     window_us : float
+        The longest window; each is ``window_tasks`` of the server's measured task times
+        within [window_us / 5, window_us] (``drv_window_ns``, the simulator's rule).
+    window_tasks : float
+        0: every window is ``window_us``.
     """
 
     def __init__(self, Policy policy not None, WorkerPool pool not None,
-                 Transport transport not None, double window_us):
+                 Transport transport not None, double window_us,
+                 double window_tasks=WINDOW_TASKS):
         self.policy = policy
         self.pool = pool
         self.tr = transport
         self.window_ns = <int64_t>(window_us * 1000)
+        self.window_now = self.window_ns
+        self.win_tasks = window_tasks if window_tasks > 0.0 else 0.0
         self.hb_in = <Heartbeat*>mc_aligned_alloc(64, sizeof(Heartbeat) * HB_RING)
         self.hb_out = <Heartbeat*>mc_aligned_alloc(64, sizeof(Heartbeat))
         if self.hb_in == NULL or self.hb_out == NULL:
@@ -64,7 +72,7 @@ cdef class PolicyThread:
 
     def counters(self):
         return {"hb_observed": self.hb_observed, "hb_skipped": self.hb_skipped,
-                "windows": self.windows}
+                "windows": self.windows, "window_us": self.window_now / 1000.0}
 
     def _main(self, str prefix, pin):
         name_thread(f"{prefix}-policy")
@@ -103,9 +111,11 @@ cdef class PolicyThread:
                     self.hb_skipped += 1
                 self.windows += 1
                 now = mc_now_ns()
-                end += self.window_ns
+                self.window_now = drv_window_ns(&self.win, &self.pool.est, self.window_ns,
+                                                self.win_tasks)
+                end += self.window_now
                 if end <= now:          # we fell behind (descheduled): skip, do not burst
-                    end = now + self.window_ns
+                    end = now + self.window_now
                 continue
             # Never spins, in either poll mode: its work comes at window ends and when
             # heartbeats arrive (the gateway rings for those), so a busy-polling server

@@ -34,7 +34,7 @@ from malcolm.runtime.policy_thread cimport PolicyThread
 from malcolm.workers.handlers cimport Handler
 from malcolm.workers.pool cimport WorkerPool
 
-from malcolm.policy.defaults import EST_ALPHA, EST_PRIOR_SERVICE_US
+from malcolm.policy.defaults import EST_ALPHA, EST_PRIOR_SERVICE_US, WINDOW_TASKS
 from malcolm.runtime import cpus as _cpus
 from malcolm.runtime.config import GATEWAY_JOIN_EXTRA_S, THREAD_JOIN_MIN_S
 
@@ -65,7 +65,9 @@ cdef class Server:
     n_types : int
         Task types are 0..n_types-1; others are answered ``bad input``.
     window_us : float
-        The policy window (heartbeat period).
+        The policy window (heartbeat period), the longest: each is ``window_tasks`` of the
+        server's measured task times within [window_us / 5, window_us] (``drv_window_ns`` in
+        ``policy/driver.pxd``, the simulator's rule; ``window_tasks=0``: fixed).
     poll : {"adaptive", "busy"}
         How the gateway and the workers wait for work: ``busy`` spins without pause (one
         core each); ``adaptive`` spins ``spin_us`` then blocks. The policy thread always
@@ -105,7 +107,8 @@ cdef class Server:
                  double max_service_ms=10_000.0, clients=None,
                  double est_alpha=EST_ALPHA, double prior_service_us=EST_PRIOR_SERVICE_US,
                  double grace_s=2.0,
-                 double peer_timeout_ms=-1.0, cpus=None, key=None, double max_wait_ms=0.0):
+                 double peer_timeout_ms=-1.0, cpus=None, key=None, double max_wait_ms=0.0,
+                 double window_tasks=WINDOW_TASKS):
         cdef Handler h
         self.n = len(peers)
         if not 1 <= self.n <= MAX_SERVERS:
@@ -123,6 +126,8 @@ cdef class Server:
             raise ValueError(f"capacity={capacity} must be in 1..{1 << 22}")
         if window_us <= 0:
             raise ValueError(f"window_us={window_us} must be positive")
+        if not 0 <= window_tasks <= 1e6:
+            raise ValueError(f"window_tasks={window_tasks} must be in 0..1e6")
         if poll not in ("busy", "adaptive"):
             raise ValueError(f"poll={poll!r} must be 'busy' or 'adaptive'")
         if not max_wait_ms >= 0:
@@ -143,7 +148,8 @@ cdef class Server:
             peer_timeout_ms = max(100.0, 20 * window_us / 1000.0)
         self.pool = WorkerPool(transport, h, workers, capacity, n_types, self.busy, spin_us,
                                est_alpha, prior_service_us)
-        self.policy_thread = PolicyThread(policy, self.pool, transport, window_us)
+        self.policy_thread = PolicyThread(policy, self.pool, transport, window_us,
+                                          window_tasks)
         # Admission control (max_wait_ms) bounds the queued *work*, not slots: a task that
         # would wait longer than this (tasks waiting / service rate) is refused at once, with
         # a reason, rather than queued to time out at its client.

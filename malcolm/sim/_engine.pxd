@@ -85,6 +85,8 @@ ctypedef struct Server:
     int64_t ps_vlast        # when ps_vtime was last advanced
     uint32_t ps_rr          # which worker "observes" the next PS completion
     int64_t windows
+    int64_t rec_next        # record_loads: the next row from this time on
+    int64_t rec_rows        # record_loads: rows written
     int64_t gw_free         # the gateway is busy with earlier messages until then
     Estimator est
     # statistics
@@ -106,8 +108,8 @@ ctypedef struct Server:
 
 
 ctypedef struct LoadRecord:
-    # Every server's state at each of its windows (record_loads): row r, column s is server
-    # s's r-th window.
+    # Every server's state once per configured window (record_loads): row r, column s is
+    # server s's first window end at or after its r-th configured window.
     double* load            # the estimator's load (what the policy saw)
     double* queue           # tasks in the server
     double* true_load       # tasks x nominal mean service time / (workers x speed)
@@ -123,6 +125,7 @@ cdef class Engine:
     cdef int64_t now, delay, jitter, window, quantum, cdelay, next_arrival
     cdef int64_t gw_ns, cap, steal_timeout
     cdef double arr_clock, rate, loss, prior_ns, alpha
+    cdef double win_tasks       # drv_window_ns's task times per window; 0: window fixed
     cdef double shares_cdf[MAX_SERVERS]
     cdef int32_t speed_order[MAX_SERVERS]
     cdef Rng r_arr, r_svc, r_net, r_misc

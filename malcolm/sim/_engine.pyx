@@ -30,7 +30,7 @@ from libc.string cimport memset
 
 import time
 
-from malcolm.policy.defaults import EST_ALPHA, STEAL_TIMEOUT_US, STEALS_IN_FLIGHT
+from malcolm.policy.defaults import EST_ALPHA, STEAL_TIMEOUT_US, STEALS_IN_FLIGHT, WINDOW_TASKS
 
 from malcolm._core cimport (
     est_init, est_load, est_note_arrival, est_observe, est_rate, rng_below,
@@ -38,7 +38,8 @@ from malcolm._core cimport (
 )
 from malcolm._workload cimport NativeWorkload, wl_sample
 from malcolm.policy.base cimport ClientPolicy, Heartbeat, MAX_SERVERS, Policy
-from malcolm.policy.driver cimport drv_end_window, drv_migrated, drv_start, steal_gate_init
+from malcolm.policy.driver cimport (
+    WINDOW_SHRINK, drv_end_window, drv_migrated, drv_start, drv_window_ns, steal_gate_init)
 from malcolm.sim._central cimport cfcfs_arrival, cfcfs_idle, cfcfs_start, pod_pick
 from malcolm.sim._network cimport (
     hb_deliver, hb_deliver_all, hb_deliver_gw, hb_send, steal_ask, steal_reply, steal_request,
@@ -60,7 +61,8 @@ cdef class Engine:
                  int pod_d=2, double ewma=EST_ALPHA, bint record=False, changes=(),
                  double prior_ns=0.0, double gateway_ns=0.0, long long capacity=0,
                  int max_steals=STEALS_IN_FLIGHT,
-                 double steal_timeout_ns=STEAL_TIMEOUT_US * 1e3):
+                 double steal_timeout_ns=STEAL_TIMEOUT_US * 1e3,
+                 double window_tasks=WINDOW_TASKS):
         cdef int s, w, i, k
         self.n = len(workers)
         if not 1 <= self.n <= MAX_SERVERS:
@@ -76,6 +78,7 @@ cdef class Engine:
         self.delay = <int64_t>delay_ns
         self.jitter = <int64_t>jitter_ns
         self.window = <int64_t>window_ns
+        self.win_tasks = window_tasks if window_tasks > 0.0 else 0.0
         self.loss = loss
         self.cdelay = <int64_t>central_delay_ns
         self.pod_d = min(pod_d, self.n)
@@ -176,7 +179,10 @@ cdef class Engine:
                 self.cpol[i] = <void*>self._clients[i]
 
         # heartbeat ring: K slots per server outlive the longest possible delivery delay
-        self.hb_slots = <int>((self.delay + self.jitter) // self.window) + 2
+        # (the shortest window drv_window_ns gives: the most heartbeats in flight)
+        self.hb_slots = <int>((self.delay + self.jitter)
+                              // max(1, self.window // WINDOW_SHRINK
+                                     if self.win_tasks > 0.0 else self.window)) + 2
         if self.gw_ns > 0:
             # Gateways can hold a heartbeat back for a while: more slots, and one overwritten
             # before its delivery is counted (hb_overrun) and not delivered.
@@ -571,7 +577,7 @@ cdef class Engine:
         cdef double load
         cdef Heartbeat* hb = NULL
         cdef int idx = 0
-        cdef int64_t row
+        cdef int64_t row, nxt = self.window
         if self.has_policies:
             # The window protocol, as the runtime's policy thread runs it. The ring slot of
             # this heartbeat outlives its delivery (K slots per server).
@@ -579,12 +585,18 @@ cdef class Engine:
             hb = &self.hbuf[idx]
             drv_end_window(&v.win, <Policy>self.pol[s], &v.est, self.now, q, hb)
             load = v.win.load
+            nxt = drv_window_ns(&v.win, &v.est, self.window, self.win_tasks)
         else:
             load = q / est_rate(&v.est)
         v.load_sum += load
         v.q_sum += q
-        if self.record:
-            row = v.windows
+        # One row per configured window (a server whose windows are shorter records the
+        # first of its windows from each boundary on), so that row r is every server's state
+        # about r windows after its start whatever drv_window_ns gave.
+        if self.record and self.now >= v.rec_next:
+            v.rec_next += self.window
+            row = v.rec_rows
+            v.rec_rows += 1
             if row >= self.rec.cap and record_grow(&self.rec, self.n) != 0:
                 self.err = ERR_NOMEM
                 return
@@ -596,7 +608,7 @@ cdef class Engine:
         v.windows += 1
         if self.has_policies and self.n > 1:
             hb_send(self, s, idx, hb.seq)
-        self.push(self.now + self.window, EV_WINDOW, s, 0, 0.0)
+        self.push(self.now + nxt, EV_WINDOW, s, 0, 0.0)
 
     # ------------------------------------------------------------------ changes
     cdef void on_change(self, int i) noexcept nogil:
@@ -693,6 +705,8 @@ cdef class Engine:
                 drv_start(&self.servers[s].win, <Policy>self.pol[s], &self.servers[s].est, 0, 0.0)
         if self.has_policies or self.record:
             for s in range(self.n):
+                self.servers[s].rec_next = self.phase[s]
+                self.servers[s].rec_rows = 0
                 self.push(self.phase[s], EV_WINDOW, s, 0, 0.0)
         for i in range(self.n_changes):
             self.push(self.ch_t[i], EV_CHANGE, i, 0, 0.0)

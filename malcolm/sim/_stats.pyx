@@ -41,9 +41,9 @@ def collect(Engine e):
                      v.steal.max_seen, v.ntasks, v.queue.count))
     out["server"] = {f: np.array(col) for f, col in zip(fields, zip(*rows))}
     if e.record:
-        # Row r holds every server's r-th window: only the rows that every server wrote (a
-        # server whose first window came later may lack the last one).
-        rows = min([e.servers[s].windows for s in range(e.n)] + [e.rec.rows])
+        # Row r holds every server's r-th configured window: only the rows that every server
+        # wrote (a server whose first window came later may lack the last one).
+        rows = min([e.servers[s].rec_rows for s in range(e.n)] + [e.rec.rows])
         out["rec_load_ns"] = _table(e.rec.load, rows, e.n)
         out["rec_queue"] = _table(e.rec.queue, rows, e.n)
         out["rec_true_ns"] = _table(e.rec.true_load, rows, e.n)

@@ -18,6 +18,7 @@ from malcolm.policy.defaults import (
     MAX_STEALS_IN_FLIGHT,
     STEAL_TIMEOUT_US,
     STEALS_IN_FLIGHT,
+    WINDOW_TASKS,
 )
 from malcolm.sim.rack import MAX_SPEED, MIN_SPEED, Rack, parse_rack_spec
 from malcolm.workloads import MAX_TIME_US, MIN_TIME_US, Workload, parse_workload
@@ -265,6 +266,8 @@ MAX_CLIENTS = 65536
 #: Heartbeats in flight: the engine keeps (delay + jitter) / window + 2 of them per server
 #: (2 KiB each), so the hop is at most this many windows.
 MAX_HB_WINDOWS = 1000
+#: The most task times a window may be set to (``window_tasks``).
+MAX_WINDOW_TASKS = 1e6
 
 
 def simulate(rack="8x8", policy="random", workload="exp:50", load=None, tasks=100_000,
@@ -273,7 +276,7 @@ def simulate(rack="8x8", policy="random", workload="exp:50", load=None, tasks=10
              phase="random", record_loads=False, changes=(), rate_tps=None,
              policy_params=None, gateway_ns=0.0, capacity=None,
              max_steals_in_flight=STEALS_IN_FLIGHT, steal_timeout_us=STEAL_TIMEOUT_US,
-             prior_service_us=None) -> SimResult:
+             prior_service_us=None, window_tasks=WINDOW_TASKS) -> SimResult:
     """Simulate one rack configuration.
 
     Parameters
@@ -298,7 +301,11 @@ def simulate(rack="8x8", policy="random", workload="exp:50", load=None, tasks=10
     delay_us, jitter_us : float
         One-way network delay of every message, plus a uniform [0, jitter) extra.
     window_us : float
-        Load-broadcast (and policy) window.
+        Load-broadcast (and policy) window: the longest; see ``window_tasks``.
+    window_tasks : float
+        A server's window is this many of its own measured task times, within
+        [``window_us`` / 5, ``window_us``] (the runtime's rule, ``policy/driver.pxd``); 0:
+        every window is ``window_us``. Default ``malcolm.policy.defaults.WINDOW_TASKS``.
     sched : str
         ``fcfs`` or ``ps`` inside each server; with ``ps``, ``quantum_us`` > 0 is round robin
         with that quantum and 0 is ideal processor sharing.
@@ -372,7 +379,8 @@ def simulate(rack="8x8", policy="random", workload="exp:50", load=None, tasks=10
         ewma=ewma, phase=phase, record_loads=record_loads, changes=changes,
         rate_tps=rate_tps, policy_params=policy_params, gateway_ns=gateway_ns,
         capacity=capacity, max_steals_in_flight=max_steals_in_flight,
-        steal_timeout_us=steal_timeout_us, prior_service_us=prior_service_us))
+        steal_timeout_us=steal_timeout_us, prior_service_us=prior_service_us,
+        window_tasks=window_tasks))
     eng = _build_engine(plan)
     t0 = time.perf_counter()
     raw = eng.run()
@@ -445,6 +453,9 @@ def _plan(a: dict) -> _Plan:
     if not (math.isfinite(a["window_us"]) and MIN_WINDOW_US <= a["window_us"] <= MAX_TIME_US):
         raise ValueError(f"window_us must be within {MIN_WINDOW_US:g}-{MAX_TIME_US:g} µs, "
                          f"got {a['window_us']}")
+    wt = a["window_tasks"]
+    if not (math.isfinite(wt) and 0.0 <= wt <= MAX_WINDOW_TASKS):
+        raise ValueError(f"window_tasks must be within 0-{MAX_WINDOW_TASKS:g}, got {wt!r}")
     if a["delay_us"] + a["jitter_us"] > MAX_HB_WINDOWS * a["window_us"]:
         raise ValueError(f"delay_us + jitter_us = {a['delay_us'] + a['jitter_us']:g} µs is "
                          f"more than {MAX_HB_WINDOWS} policy windows of {a['window_us']:g} "
@@ -485,7 +496,8 @@ def _typed(a: dict) -> dict:
     """The arguments with their types checked and numbers made floats (the range checks
     compare them; a string failed there with a bare TypeError from inside)."""
     a = dict(a)
-    for label in ("delay_us", "jitter_us", "window_us", "quantum_us", "loss", "warmup"):
+    for label in ("delay_us", "jitter_us", "window_us", "quantum_us", "loss", "warmup",
+                  "window_tasks"):
         a[label] = _number(label, a[label])
     for label in ("load", "rate_tps"):
         a[label] = _number(label, a[label], optional=True)
@@ -626,7 +638,7 @@ def _build_engine(plan: _Plan):
                   changes=plan.changes, prior_ns=(a["prior_service_us"] or 0.0) * 1e3,
                   gateway_ns=plan.gateway_ns, capacity=plan.slots or 0,
                   max_steals=plan.max_steals, steal_timeout_ns=a["steal_timeout_us"] * 1e3,
-                  **plan.engine)
+                  window_tasks=float(a["window_tasks"]), **plan.engine)
 
 
 #: Tasks at the start of a run whose answers time the rack's filling up (:func:`_throughput`).
@@ -690,7 +702,7 @@ def _assemble(plan: _Plan, raw: dict, wall: float) -> SimResult:
                   capacity_tps=plan.capacity * 1e9, gateway_ns=plan.gateway_ns,
                   capacity=plan.slots, max_steals_in_flight=plan.max_steals,
                   steal_timeout_us=a["steal_timeout_us"],
-                  prior_service_us=a["prior_service_us"])
+                  prior_service_us=a["prior_service_us"], window_tasks=a["window_tasks"])
     loads = None
     if a["record_loads"]:
         loads = dict(t_us=np.arange(raw["rec_load_ns"].shape[0]) * a["window_us"],
