@@ -51,14 +51,6 @@ static MC_AC_CLONES void mc_ac_adamw(double *restrict p, double *restrict g,
     for (int i = 0; i < n; i++)
         mc_ac_adamw_at(p, g, m, v, i, lr, decay, b1, b2, c1, c2, eps, inv_b, kb);
 }
-/* The same on every `stride`-th parameter (a matrix diagonal): one call, not n. */
-static MC_AC_CLONES void mc_ac_adamw_strided(double *restrict p, double *restrict g,
-        double *restrict m, double *restrict v, int n, long stride, double lr,
-        double decay, double b1, double b2, double c1, double c2, double eps,
-        double inv_b, double kb) {
-    for (int k = 0; k < n; k++)
-        mc_ac_adamw_at(p, g, m, v, k * stride, lr, decay, b1, b2, c1, c2, eps, inv_b, kb);
-}
 /* gw (column-major n x n) += coef u^T */
 static MC_AC_CLONES void mc_ac_rank1(double *restrict gw, const double *restrict u,
         const double *restrict coef, int n) {

@@ -10,6 +10,7 @@ from libc.stdint cimport int64_t
 
 from malcolm._core cimport cat_publish_probs, cat_set_params, softmax
 from malcolm.policy.actor_critic cimport MalcolmPolicy
+from malcolm.policy.param_layout cimport from_dense
 
 
 def step(MalcolmPolicy p, int64_t now, double own_load, peer_loads=None,
@@ -77,6 +78,8 @@ def publish_flip(MalcolmPolicy p, B_a, B_b, Py_ssize_t rounds):
     b = np.ascontiguousarray(B_b, dtype=np.float64)
     if a.shape != (p.n,) or b.shape != (p.n,):
         raise ValueError(f"biases must have shape ({p.n},)")
+    if p.sparse:        # the sparse actors keep no n x n W to hand the table
+        raise ValueError("publish_flip needs the dense actors (actor='full')")
     cdef double[::1] av = a
     cdef double[::1] bv = b
     cdef Py_ssize_t r
@@ -99,8 +102,7 @@ def apply_adamw(MalcolmPolicy p, grad):
     if g.shape != (p.n_params,):
         raise ValueError(f"gradient must have shape ({p.n_params},)")
     cdef int i
-    for i in range(p.n_params):
-        p.G[i] = g[i]
+    from_dense(p, g, p.G)           # the sparse actors' unused weights: no gradient
     for i in range(2 * p.n):
         p.gdiag[i] = 0.0        # what windows cached of the sparse diagonal: replaced too
     p.win_in_batch = 1

@@ -36,15 +36,12 @@ from malcolm.policy.agent_state cimport ZCLIP
 from malcolm.policy.gateway_rules cimport GatewayRules
 from malcolm.policy.base cimport MAX_THETA, Policy
 from malcolm.policy._pub_kernels cimport mc_pub_softmax_w
+from malcolm.policy.param_layout cimport dense_of, from_dense
 
 cdef extern from "policy/_ac_kernels.h" nogil:
     void mc_ac_adamw(double* p, double* g, double* m, double* v, int n, double lr,
                      double decay, double b1, double b2, double c1, double c2, double eps,
                      double inv_b, double kb) noexcept nogil
-    void mc_ac_adamw_strided(double* p, double* g, double* m, double* v, int n,
-                             long stride, double lr, double decay, double b1, double b2,
-                             double c1, double c2, double eps, double inv_b,
-                             double kb) noexcept nogil
     void mc_ac_rank1(double* gw, const double* u, const double* coef, int n) noexcept nogil
     void mc_ac_adv_coef(const double* p, const double* a, double* coef, int n) noexcept nogil
     void mc_ac_kl_coef(const double* p, const double* g, double* coef, int n,
@@ -204,7 +201,7 @@ cdef class MalcolmPolicy(GatewayRules):
     """
 
     def __init__(self, int n, int me, seed=0, **params):
-        cdef int d, npar, i
+        cdef int d, npar
         cfg = check_params(params)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ValueError(f"MalcolmPolicy: seed must be a non-negative integer, got {seed!r}")
@@ -273,10 +270,10 @@ cdef class MalcolmPolicy(GatewayRules):
 
         if self.init == "random" and self.init_scale > 0:
             # A generator separate from the gateway's, so that init does not shift decisions.
+            # Drawn for the dense layout, whatever the actors hold: the same values as ever.
             init_rng = np.random.default_rng([int(seed), me, 0x6D616C63])
-            vals = init_rng.uniform(-self.init_scale, self.init_scale, npar)
-            for i in range(npar):
-                self.P[i] = vals[i]
+            from_dense(self, init_rng.uniform(-self.init_scale, self.init_scale, npar),
+                       self.P)
         # init="safe": every parameter 0 but the accept bias, log(n). With the capacity prior
         # (see _publish) an agent accepts a_me = n r_me / (R + (n - 1) r_me) of its arrivals
         # (R: the sum of the reported rates), at most its capacity share n r_me / R, and sends
@@ -292,7 +289,7 @@ cdef class MalcolmPolicy(GatewayRules):
         # (n / (2n - 1)) and spreads the rest evenly, as before.
         if self.init == "safe":
             self.P[self.off_bm + me] = log(<double>n)
-        memcpy(self.P0, self.P, sizeof(double) * npar)
+        memcpy(self.P0, self.P, sizeof(double) * self.n_mem)
         self._push_params()
         self._publish()
 
@@ -419,7 +416,7 @@ cdef class MalcolmPolicy(GatewayRules):
                 if self.sparse:
                     # logit_i = B_i + W_ii z_i + W_i,me z_me (the W_ii in gdiag, see .pxd)
                     mc_ac_sparse_grad(coef, self.u_pub, gb, self.gdiag + (0 if actor == 0 else n),
-                                      gw + <Py_ssize_t>self.me * n, n, self.me)
+                                      gw + self.wcol, n, self.me)
                 else:
                     mc_ac_rank1(gw, self.u_pub, coef, n)
             self.win_in_batch += 1
@@ -437,7 +434,7 @@ cdef class MalcolmPolicy(GatewayRules):
 
         Same arithmetic as ``torch.optim.AdamW``: decay, moments, bias-corrected step.
         """
-        cdef int npar = self.n_params, d = self.n_theta, n = self.n, a, k, w, t, me
+        cdef int npar = self.n_mem, d = self.n_theta, n = self.n, a, k, w, t, me
         cdef double b1 = self.beta1, b2 = self.beta2, eps = self.eps, decay, da, wl, dw
         cdef double inv_b = 1.0 / (self.win_in_batch if self.win_in_batch > 0 else 1)
         cdef double c1, c2, lr, kb = self.lr_boost - 1.0     # the actors' consistency boost
@@ -460,8 +457,8 @@ cdef class MalcolmPolicy(GatewayRules):
             # the biases (the other entries stay 0). O(n) instead of O(n^2). The own
             # outcome's bias and weight (accept / do not steal) learn at accept_lr: how much
             # to keep local is the one decision whose payoff (a hop saved) every window shows.
-            # Contiguous runs (column me, the biases) and the strided diagonal in a few
-            # calls instead of 3n one-element ones (same arithmetic, per element).
+            # Contiguous runs in a few calls instead of 3n one-element ones (the same
+            # arithmetic, per element): column me, the biases and the diagonal.
             da = 1.0 - self.accept_lr * self.weight_decay
             decay = 1.0 - lr * self.weight_decay
             wl = self.weight_lr
@@ -471,7 +468,7 @@ cdef class MalcolmPolicy(GatewayRules):
                 w = self.off_wm if a == 0 else self.off_ws
                 for t in range(2):
                     # t = 0: W[j, me] (our own load's weight, at weight_lr); t = 1: B[j]
-                    k = w + me * n if t == 0 else w + n * n
+                    k = w + self.wcol if t == 0 else (self.off_bm if a == 0 else self.off_bs)
                     mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, me,
                                 wl if t == 0 else lr, dw if t == 0 else decay, b1, b2, c1,
                                 c2, eps, inv_b, kw if t == 0 else kb)
@@ -484,11 +481,11 @@ cdef class MalcolmPolicy(GatewayRules):
                                 c2, eps, inv_b, kw if t == 0 else kb)
                 # W[j, j], j != me: the target's load (W[me, me] is in column me already)
                 k = w
-                mc_ac_adamw_strided(self.P + k, self.G + k, self.M + k, self.V + k, me,
-                                    n + 1, wl, dw, b1, b2, c1, c2, eps, inv_b, kw)
-                k = w + (me + 1) * (n + 1)
-                mc_ac_adamw_strided(self.P + k, self.G + k, self.M + k, self.V + k,
-                                    n - me - 1, n + 1, wl, dw, b1, b2, c1, c2, eps, inv_b, kw)
+                mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, me,
+                            wl, dw, b1, b2, c1, c2, eps, inv_b, kw)
+                k = w + me + 1
+                mc_ac_adamw(self.P + k, self.G + k, self.M + k, self.V + k, n - me - 1,
+                            wl, dw, b1, b2, c1, c2, eps, inv_b, kw)
         if self.use_tilt:
             mc_ac_adamw(&self.tilt, &self.tilt_g, &self.tilt_m, &self.tilt_v, 1, self.tilt_lr,
                         1.0 - self.tilt_lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b, 0.0)
@@ -532,7 +529,7 @@ cdef class MalcolmPolicy(GatewayRules):
 
     cdef void _reset_actors(self) noexcept nogil:
         """Back to the safe initial actors, with fresh AdamW moments (the critic is kept)."""
-        cdef int d = self.n_theta, cnt = self.n_params - self.n_theta
+        cdef int d = self.n_theta, cnt = self.n_mem - self.n_theta
         memcpy(self.P + d, self.P0 + d, sizeof(double) * cnt)
         memset(self.M + d, 0, sizeof(double) * cnt)
         memset(self.V + d, 0, sizeof(double) * cnt)
@@ -574,17 +571,17 @@ cdef class MalcolmPolicy(GatewayRules):
         |dW| <= trust / load_clip, so no single input moves a logit by more than ``trust``);
         a non-finite parameter resets the actors; the critic's norm stays within theta_bound.
         """
-        cdef int d = self.n_theta, npar = self.n_params, i, j, k, nn = self.n * self.n
+        cdef int d = self.n_theta, npar = self.n_mem, i, j, k, nn = self.n * self.n
         cdef double r, nrm = 0.0, t = 0.0
         cdef double* P = self.P
         # Adam's step is finite for finite gradients; a NaN can only come from a bug or an
         # absurd input that got past the clamps, and then the safe start is the answer.
         for j in range(self.n):
-            t += (P[self.off_bm + j] + P[self.off_bs + j] + P[self.off_wm + self.me * self.n + j]
-                  + P[self.off_ws + self.me * self.n + j])
+            t += (P[self.off_bm + j] + P[self.off_bs + j] + P[self.off_wm + self.wcol + j]
+                  + P[self.off_ws + self.wcol + j])
         if self.sparse:
             for j in range(self.n):
-                t += P[self.off_wm + j * self.n + j] + P[self.off_ws + j * self.n + j]
+                t += P[self._wd(self.off_wm, j)] + P[self._wd(self.off_ws, j)]
         else:
             for i in range(d, npar):
                 t += P[i]
@@ -625,8 +622,8 @@ cdef class MalcolmPolicy(GatewayRules):
         for j in range(self.n):
             for i in range(2):
                 k = self.off_wm if i == 0 else self.off_ws
-                self._clip_param(k + j * self.n + j, self.trust / ZCLIP)
-                self._clip_param(k + self.me * self.n + j, self.trust / ZCLIP)
+                self._clip_param(self._wd(k, j), self.trust / ZCLIP)
+                self._clip_param(k + self.wcol + j, self.trust / ZCLIP)
             self._clip_param(self.off_bs + j, self.trust)
             if j == self.me and self.P[self.off_bs + j] > self.P0[self.off_bs + j]:
                 # "do not steal": never more reluctant than the safe start (a steal request
@@ -694,9 +691,10 @@ cdef class MalcolmPolicy(GatewayRules):
     def _vec(self, int off, int count):
         return _copy(self.P + off, count)
 
-    def _mat(self, int off):
-        # column-major n_out x n_in in C memory -> numpy (n_out, n_in)
-        return self._vec(off, self.n * self.n).reshape(self.n, self.n).T.copy()
+    def _mat(self, int a):
+        # actor a's W, column-major n_out x n_in in the dense layout -> numpy (n_out, n_in)
+        cdef int n = self.n, off = self.n_theta + a * (n * n + n)
+        return dense_of(self, self.P)[off:off + n * n].reshape(n, n).T.copy()
 
     @property
     def theta(self):
@@ -706,7 +704,7 @@ cdef class MalcolmPolicy(GatewayRules):
     @property
     def W_migrate(self):
         """Migrate actor weights (copy), shape (n outcomes, n inputs)."""
-        return self._mat(self.off_wm)
+        return self._mat(0)
 
     @property
     def B_migrate(self):
@@ -716,7 +714,7 @@ cdef class MalcolmPolicy(GatewayRules):
     @property
     def W_steal(self):
         """Steal actor weights (copy), shape (n outcomes, n inputs)."""
-        return self._mat(self.off_ws)
+        return self._mat(1)
 
     @property
     def B_steal(self):
@@ -725,20 +723,21 @@ cdef class MalcolmPolicy(GatewayRules):
 
     @property
     def params(self):
-        """All parameters as one flat copy: [theta | Wm (col-major) | Bm | Ws | Bs]."""
-        return self._vec(0, self.n_params)
+        """All parameters as one flat copy: [theta | Wm (col-major) | Bm | Ws | Bs] (the
+        sparse actors' unused weights read 0; ``malcolm.policy.param_layout``)."""
+        return dense_of(self, self.P)
 
     @property
     def grad_cache(self):
         """The descent gradients cached in the current batch (sum over its windows)."""
-        cdef double[::1] o = _copy(self.G, self.n_params)
+        cdef double[::1] o = _copy(self.G, self.n_mem)
         self._fold_gdiag(&o[0], False)
-        return o.base
+        return dense_of(self, &o[0])
 
     @property
     def adam_moments(self):
         """(m, v) of AdamW, flat like ``params``."""
-        return _copy(self.M, self.n_params), _copy(self.V, self.n_params)
+        return dense_of(self, self.M), dense_of(self, self.V)
 
     @property
     def probs_migrate(self):
@@ -764,11 +763,12 @@ cdef class MalcolmPolicy(GatewayRules):
 
     def set_params(self, theta=None, W_migrate=None, B_migrate=None, W_steal=None,
                    B_steal=None):
-        """Overwrite parameters (numpy, shapes as the properties return) and republish."""
-        cdef int i, n = self.n
-        parts = [(theta, 0, (self.n_theta,)), (W_migrate, self.off_wm, (n, n)),
-                 (B_migrate, self.off_bm, (n,)), (W_steal, self.off_ws, (n, n)),
-                 (B_steal, self.off_bs, (n,))]
+        """Overwrite parameters (numpy, shapes as the properties return) and republish (the
+        sparse actors take each W's diagonal and column ``me``, and leave out the rest)."""
+        cdef int n = self.n, d = self.n_theta
+        dense = dense_of(self, self.P)
+        parts = [(theta, 0, (d,)), (W_migrate, d, (n, n)), (B_migrate, d + n * n, (n,)),
+                 (W_steal, d + n * n + n, (n, n)), (B_steal, d + 2 * n * n + n, (n,))]
         for arr, off, shape in parts:
             if arr is None:
                 continue
@@ -778,8 +778,8 @@ cdef class MalcolmPolicy(GatewayRules):
             if not np.all(np.isfinite(a)):
                 raise ValueError("parameters must be finite")
             flat = a.T.ravel() if len(shape) == 2 else a.ravel()   # to column-major
-            for i in range(flat.shape[0]):
-                self.P[off + i] = flat[i]
+            dense[off:off + flat.shape[0]] = flat
+        from_dense(self, dense, self.P)
         self._push_params()
         self._publish()
 

@@ -93,15 +93,20 @@ cdef class AgentState(Policy):
     # sizes
     cdef readonly str features_kind
     cdef bint symmetric
-    cdef readonly int n_params      # d + 2 (n*n + n)
+    cdef readonly int n_params      # d + 2 (n*n + n): the dense layout ``params`` shows
     cdef int off_wm, off_bm, off_ws, off_bs
+    # In memory each W block is n*n (dense actors, column-major) or, for the sparse actors,
+    # 2n: the diagonal, then column me (the only weights they use; W[me, me] lives in the
+    # column, its diagonal slot stays 0). W[j, j] is at w + wdiag * j for j != me, W[j, me]
+    # at w + wcol + j (both layouts); n_mem parameters in all.
+    cdef int wcol, wdiag, n_mem
 
     # the two actors' distributions (policy thread writes, gateway samples)
     cdef Categorical mig
     cdef Categorical stl
     cdef bint cats_ready
 
-    # parameters and AdamW state, one contiguous block each: [theta | Wm | Bm | Ws | Bs]
+    # parameters and AdamW state, one contiguous block each (n_mem): [theta | Wm | Bm | Ws | Bs]
     cdef double* P
     cdef double* P0                      # the safe initial parameters (trust region centre)
     cdef double* G                       # cached descent gradients of the current batch
@@ -237,6 +242,10 @@ cdef class AgentState(Policy):
     cdef void _features(self, double* out) noexcept nogil
     cdef void _sort_loads(self) noexcept nogil
     cdef void _fold_gdiag(self, double* g, bint clear) noexcept nogil
+
+    cdef inline int _wd(self, int w, int j) noexcept nogil:
+        """Where W[j, j] of the W block at ``w`` is (W[me, me]: in column me)."""
+        return w + self.wcol + j if j == self.me else w + self.wdiag * j
     cdef void _peer_critics_checked(self) noexcept nogil
     cdef void _push_params(self) noexcept nogil
     cdef void _rescale(self) noexcept nogil

@@ -97,15 +97,22 @@ cdef class AgentState(Policy):
 
     cdef int _alloc(self, int d) except -1:
         """Allocate every array for ``n`` servers and ``d`` critic features (all zero)."""
-        cdef int n = self.n, me = self.me, npar, i
+        cdef int n = self.n, me = self.me, npar, i, wsz
         self._release()
         self.n_theta = d
+        # the sparse actors hold only what they use (see the .pxd): 6n weights and biases
+        # instead of 2 (n^2 + n), so their AdamW steps and guards read contiguous runs, not a
+        # diagonal one cache line per element (a third of those steps' time on 64 servers)
+        wsz = 2 * n if self.sparse else n * n
+        self.wcol = n if self.sparse else me * n
+        self.wdiag = 1 if self.sparse else n + 1
         self.off_wm = d
-        self.off_bm = d + n * n
-        self.off_ws = d + n * n + n
-        self.off_bs = d + 2 * n * n + n
-        npar = d + 2 * (n * n + n)
-        self.n_params = npar
+        self.off_bm = d + wsz
+        self.off_ws = d + wsz + n
+        self.off_bs = d + 2 * wsz + n
+        npar = d + 2 * (wsz + n)
+        self.n_mem = npar
+        self.n_params = d + 2 * (n * n + n)
         self.P = _dalloc(npar)
         self.P0 = _dalloc(npar)
         self.logit = _dalloc(n)
@@ -373,8 +380,8 @@ cdef class AgentState(Policy):
         if not self.sparse:
             return
         for j in range(n):
-            g[self.off_wm + j * (n + 1)] += self.gdiag[j]
-            g[self.off_ws + j * (n + 1)] += self.gdiag[n + j]
+            g[self._wd(self.off_wm, j)] += self.gdiag[j]
+            g[self._wd(self.off_ws, j)] += self.gdiag[n + j]
         if clear:
             memset(self.gdiag, 0, sizeof(double) * 2 * n)
 
@@ -747,8 +754,8 @@ cdef class AgentState(Policy):
                 b = self.off_bm if a == 0 else self.off_bs
                 for j in range(n):
                     o[j] = self.P[b + j]
-                    o[n + j] = self.P[w + j * n + j]
-                    o[2 * n + j] = self.P[w + me * n + j] if j != me else 0.0
+                    o[n + j] = self.P[self._wd(w, j)]
+                    o[2 * n + j] = self.P[w + self.wcol + j] if j != me else 0.0
             return
         cat_set_params(&self.mig, self.P + self.off_wm, self.P + self.off_bm)
         cat_set_params(&self.stl, self.P + self.off_ws, self.P + self.off_bs)
