@@ -408,6 +408,31 @@ def test_hop_gate_counts_idle_workers():
         p.workers = 0
 
 
+def test_hop_gate_counts_the_residual_of_regular_service():
+    """gate_residual (item 17): a task in service has a mean residual of f = (1 + SCV) / 2
+    task times, SCV read as (AM / GM)^2 - 1 from the completions. One worker, one task in
+    service, a hop of 0.9 task times: M/M/1 says the next arrival waits a whole task (K =
+    0.9, closed); with constant tasks (AM = GM) it waits half of one (K = 1.4, open). Service
+    as variable as the exponential (AM / GM >= sqrt 2) keeps M/M/1's bound."""
+    n, t = 4, T
+    rates = rates_of([1] * n)
+
+    def gated(am_over_gm, **kw):
+        kw.setdefault("hop_ns", 0.9 * t)
+        p = MalcolmPolicy(n, 0, seed=1, learn=False, gate_live=False, **kw)
+        k = 1000                        # completions of mean t, geometric mean t / am_over_gm
+        p.py_completions(k, k * np.log(t / am_over_gm), k * t)
+        feed(p, 0, [1.0 / rates[0], 0.0, 0.0, 0.0], rates)
+        [hooks.sample_many(p, "arrival", 1) for _ in range(3)]
+        return p.gated
+
+    assert gated(1.0) == 1                          # constant: K = 1.4
+    assert gated(1.0, gate_residual=False) == 0     # M/M/1: K = 0.9
+    assert gated(1.2) == 1                          # f = 0.72: K = 1.18
+    assert gated(1.5) == 0                          # f > 1: M/M/1's K = 0.9
+    assert gated(1.0, hop_ns=0.4 * t) == 0          # K = 0.9: the hop is too short still
+
+
 def test_gate_live_follows_the_own_queue_between_publishes():
     """gate_live: the publish carries K = c - q + h r signed (here 1 - 3 + 0.2 = -1.8, floor
     -2); each completion (a decide_steal call) frees one place, each arrival kept takes one,

@@ -54,6 +54,8 @@ DEFAULTS = dict(
     gate_live=True,             # the hop gate follows the own queue between publishes
     shed=-1.0,                  # >= 0: send an arrival away while keeping waits this many
     #                             own task times longer than a hop plus a peer's wait (off)
+    gate_residual=True,         # the gate counts a busy worker's residual service, from the
+    #                             measured variability (docs/policy.md, item 17); 0: M/M/c's
     speed_band=1.5,             # the gate weighs a per-task speed differing by more than this
     #                             factor from the peers' (their worker counts in heartbeats); 0: off
     steal_idle=True,            # steal only into an open gate, or from a peer above the mean
@@ -179,6 +181,7 @@ def check_params(params):
     cfg["hop_gate"] = _as_bool("hop_gate", cfg["hop_gate"])
     cfg["gate_live"] = _as_bool("gate_live", cfg["gate_live"])
     cfg["steal_idle"] = _as_bool("steal_idle", cfg["steal_idle"])
+    cfg["gate_residual"] = _as_bool("gate_residual", cfg["gate_residual"])
     return cfg
 
 

@@ -144,10 +144,10 @@ cdef class MalcolmPolicy(GatewayRules):
         Add the capacity prior to the migrate logits (rates from heartbeats): accepting
         log(r_me / mean rate), a peer the log of its share of the spare capacity, so that
         the start routes every server its capacity share (see ``__init__``).
-    hop_gate, gate_live : bool
-        Accept outright the arrivals that would wait here no longer than one hop, the least a
-        migration costs (``GatewayRules._gate_accept``), a budget that follows the own queue
-        between publishes (``_decide_live``), state the agents do not share. Both True.
+    hop_gate, gate_live, gate_residual : bool
+        Accept outright the arrivals that would wait here no longer than one hop (``GatewayRules.
+        _gate_accept``), a budget that follows the own queue between publishes (``_decide_live``),
+        counting a busy worker's residual service where tasks are regular. All True.
     shed : float
         Live gate only: send an arrival away while keeping it waits ``shed`` task times more
         than a hop + the peers' load (< 0, the default: off; ``GatewayRules``).

@@ -223,6 +223,7 @@ cdef class AgentState(Policy):
     # speed (observe_completions) as sums over the last SPEED_TASKS or so completions, each
     # older one decayed, and the totals they were taken from
     cdef readonly double speed_band      # the gate weighs per-task speeds beyond this ratio
+    cdef readonly bint gate_residual     # the hop gate counts the first departure's residual
     cdef int speed_band_lg               # the band in speed-code units (< 0: off)
     # n: each peer's speed code (0: not known, and at me), apart from PeerRec so that the
     # publish's scan reads two cache lines on 64 servers, not one per peer

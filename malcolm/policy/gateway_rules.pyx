@@ -10,7 +10,7 @@ since. Nothing here is learnt, so the frozen control (``learn=0``) has the same 
 docs/policy.md, "The default policy" items 7, 8 and 10; docs/policy-log.md, "Tiny racks: the shed
 rule and idle-only steals" and "Twelfth session".
 """
-from libc.math cimport ceil, floor, log2
+from libc.math cimport ceil, exp2, floor, log2
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t, uint64_t
 
 from malcolm._core cimport cat_sample, cat_sample_except, mc_load_relaxed, mc_store_relaxed
@@ -182,6 +182,20 @@ cdef class GatewayRules(AgentState):
             self.sp_closed = h + d < 0.0
             self.speed_slower += d < 0.0
             k = c - self.x[self.me] * r + (h + d) * r
+            if self.gate_residual and self.svc_lg > 0 and self.svc_mean_ns > 0.0:
+                # The first waiting arrival waits for the first departure, and M/M/c's 1 / r
+                # for it holds for exponential service only: a task in service has a mean
+                # residual of f t, f = (1 + SCV) / 2 (0.5 for constant tasks). With SCV read
+                # as (AM / GM)^2 - 1 from the own mean and geometric-mean service times (exact
+                # for lognormal, 2.2 for exponential), f = (AM / GM)^2 / 2, taken only below 1
+                # (regular service: heavier tails keep M/M/c's bound), and spread over the c
+                # workers, the arrivals no worse off kept are (1 - f) / c more. Where a hop
+                # is about a task time (10 µs tasks, 9 µs hops) the gate then keeps the
+                # arrival that finds one task in service, which then waits half a task, not
+                # a hop and the peer's queue (docs/policy.md, item 17).
+                e = self.svc_mean_ns / exp2(<double>self.svc_lg / 256.0)
+                e = e * e * 0.5
+                k += (1.0 - e) / c if e < 1.0 else 0.0
         elif self.gate_live:
             k = -1e9        # no hop or rate known yet: closed, whatever completes
         if self.gate_live:
@@ -404,6 +418,7 @@ cdef class GatewayRules(AgentState):
         self.steal_grant = cfg["steal_grant"]
         self.grant_tasks = cfg["grant_tasks"]
         self.speed_band = cfg["speed_band"]
+        self.gate_residual = cfg["gate_residual"]
         self.speed_band_lg = -1         # off: _speed_shift returns 0 at once
         if self.speed_band >= 1.0:
             self.speed_band_lg = <int>floor(256.0 * log2(self.speed_band))
