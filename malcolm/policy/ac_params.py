@@ -54,8 +54,9 @@ DEFAULTS = dict(
     gate_live=True,             # the hop gate follows the own queue between publishes
     shed=-1.0,                  # >= 0: send an arrival away while keeping waits this many
     #                             own task times longer than a hop plus a peer's wait (off)
-    gate_residual=True,         # the gate counts a busy worker's residual service, from the
-    #                             measured variability (docs/policy.md, item 17); 0: M/M/c's
+    gate_residual=True,         # the gate counts a busy worker's residual service, from its
+    #                             measured variability (docs/policy.md, item 17); False: a
+    #                             whole task time, M/M/c's (items 1-16)
     speed_band=1.5,             # the gate weighs a per-task speed differing by more than this
     #                             factor from the peers' (their worker counts in heartbeats); 0: off
     steal_idle=True,            # steal only into an open gate, or from a peer above the mean
