@@ -42,7 +42,9 @@ class FaultRack:
         subset). Where the kernel has no netem this is how delay, reordering and loss are
         injected; the load generator's sends go through it too.
     window_us : float
-        The policy window.
+        The policy window, fixed (``window_tasks = 0``): a fault's timing is stated in
+        windows, which tasks shorter than ``window_us`` / 5 would otherwise shorten
+        (``drv_window_ns``).
     interval : float
         Seconds between the servers' statistics snapshots (``serve --interval``).
     peer_timeout_ms : float or None
@@ -83,6 +85,7 @@ class FaultRack:
 name = "faults"
 transport = "{transport}"
 window_us = {float(window_us)!r}
+window_tasks = 0.0
 handler = "sleep"
 workers = {workers}
 grace_s = 1.0
