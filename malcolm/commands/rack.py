@@ -11,6 +11,7 @@ import time
 import click
 
 from malcolm.commands.types import Duration
+from malcolm.policy.defaults import WINDOW_SHRINK
 from malcolm.runtime.launcher import LocalRack, ServerExited, too_many_threads
 
 
@@ -73,7 +74,8 @@ def check(rack_pos, rack_opt):
     ns = len(cfg.servers)
     click.echo(f"rack {cfg.name}: {ns} server{'s' * (ns != 1)} over {cfg.transport}, "
                f"policy {cfg.policy}{params}, window {cfg.window_us} µs"
-               + (f" (or {cfg.window_tasks:g} task times, down to {cfg.window_us / 5:g} µs)"
+               + (f" (or {cfg.window_tasks:g} task times, down to "
+                  f"{cfg.window_us / WINDOW_SHRINK:g} µs)"
                   if cfg.window_tasks > 0 else " (fixed)") + ", "
                f"poll {cfg.poll}, {auth}")
     for s in cfg.servers:

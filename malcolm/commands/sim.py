@@ -21,7 +21,7 @@ from malcolm.commands.types import (
     refuse_empty,
     write_json,
 )
-from malcolm.policy.defaults import WINDOW_TASKS
+from malcolm.policy.defaults import MAX_WINDOW_TASKS, WINDOW_TASKS
 
 MAX_POINTS = 1000       # values one START:STOP:STEP range may expand to
 
@@ -219,7 +219,7 @@ Examples:
                                                                           min_open=True),
               help="Load-broadcast window (bare number: µs), the longest (--window-tasks).")
 @click.option("--window-tasks", "window_tasks", default=WINDOW_TASKS, show_default=True,
-              type=FloatRange(0, 1e6),
+              type=FloatRange(0, MAX_WINDOW_TASKS),
               help="Each server's window is this many of its measured task times, within "
                    "[--window / 5, --window], as in `malcolm serve`; 0: --window, fixed.")
 @click.option("--sched", type=click.Choice(["fcfs", "ps"]), default="fcfs", show_default=True,

@@ -33,3 +33,4 @@ STEAL_TIMEOUT_US = 2000.0
 MAX_STEALS_IN_FLIGHT = 16
 WINDOW_TASKS = 5.0
 WINDOW_SHRINK = 5
+MAX_WINDOW_TASKS = 1e6          # the most a window_tasks may be (both clocks, the CLI)

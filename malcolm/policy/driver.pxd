@@ -76,22 +76,24 @@ ctypedef struct StealGate:
 
 
 # ---------------------------------------------------------------- window protocol
-cdef inline void _window_task_time(WindowState* w, uint64_t done, double sum_ns,
-                                   int n_workers) noexcept nogil:
-    """The mean service time of the completions since the last window, folded into
-    ``w.task_ns`` with a weight of k / (k + WINDOW_WARM c) for k completions (c workers):
-    about the last WINDOW_WARM c completions' mean, each alike. Not the estimator's rate:
-    a worker that has served few tasks (its first sample replaces the prior) can dominate
-    a many-worker server's sum of per-worker rates."""
+cdef inline void _window_completions(WindowState* w, uint64_t done, double sum_ns,
+                                     int n_workers) noexcept nogil:
+    """The server's completion totals at a window's end (``done``, ``sum_ns``): the mean
+    service time of those since the last one folded into ``w.task_ns`` with a weight of
+    k / (k + WINDOW_WARM c) for k completions (c workers), about the last WINDOW_WARM c
+    completions' mean, each alike; then the totals kept. Not the estimator's rate: a worker
+    that has served few tasks (its first sample replaces the prior) can dominate a
+    many-worker server's sum of per-worker rates."""
     cdef double k, m, c = <double>(n_workers if n_workers > 0 else 1)
-    if done <= w.done or not (sum_ns > w.sum_ns):
-        return
-    k = <double>(done - w.done)
-    m = (sum_ns - w.sum_ns) / k
-    if w.task_ns > 0.0:
-        w.task_ns += k / (k + WINDOW_WARM * c) * (m - w.task_ns)
-    else:
-        w.task_ns = m
+    if done > w.done and sum_ns > w.sum_ns:
+        k = <double>(done - w.done)
+        m = (sum_ns - w.sum_ns) / k
+        if w.task_ns > 0.0:
+            w.task_ns += k / (k + WINDOW_WARM * c) * (m - w.task_ns)
+        else:
+            w.task_ns = m
+    w.done = done
+    w.sum_ns = sum_ns
 
 
 cdef inline void drv_observe_local(WindowState* w, Policy p, Estimator* est, int64_t now,
@@ -102,9 +104,7 @@ cdef inline void drv_observe_local(WindowState* w, Policy p, Estimator* est, int
     p.observe_completions(done, log_sum, sum_ns)        # ... and compares speeds
     w.queue_len = queue_len
     w.rate = rate
-    _window_task_time(w, done, sum_ns, est.n_workers)
-    w.done = done
-    w.sum_ns = sum_ns
+    _window_completions(w, done, sum_ns, est.n_workers)
     w.load = queue_len / rate
     p.observe_local(now, w.load, queue_len, rate)
 
@@ -165,9 +165,8 @@ cdef inline int64_t drv_window_ns(const WindowState* w, const Estimator* est, in
     of the server's recent completions (``w.task_ns``, kept at each window's end from the
     estimator's totals), the same on both clocks, and counts only once the server has
     completed WINDOW_WARM tasks a worker (before that a few short first tasks would shorten
-    the windows). The bounds keep
-    the heartbeats' cost (n - 1 per server and window) within WINDOW_SHRINK times what the
-    configured window costs, never above it.
+    the windows). The bounds keep the heartbeats' cost (n - 1 per server and window) within
+    WINDOW_SHRINK times what the configured window costs, never above it.
     """
     cdef double t, c = <double>(est.n_workers if est.n_workers > 0 else 1)
     cdef int64_t lo

@@ -33,9 +33,7 @@ def window_ns(windows, int n_workers, int64_t base_ns, double tasks):
     for k, t in windows:
         done += <uint64_t>k
         sum_ns += <double>t
-        _window_task_time(&w, done, sum_ns, n_workers)
-        w.done = done
-        w.sum_ns = sum_ns
+        _window_completions(&w, done, sum_ns, n_workers)
     memset(&e, 0, sizeof(e))
     e.n_workers = n_workers
     return drv_window_ns(&w, &e, base_ns, tasks)

@@ -13,49 +13,42 @@ parameter (a value written there has no effect, as it never had).
 import numpy as np
 
 
-cdef object dense_of(AgentState s, const double* src):
-    """A copy of ``src`` (laid out as ``s.P``) in the dense layout, as numpy."""
+cdef object _where(AgentState s):
+    """For each entry of the dense layout, its index in memory (-1: not held); the one
+    statement of the mapping, which both directions read."""
     cdef int n = s.n, d = s.n_theta, me = s.me, a, j, w, b, wd
-    out = np.zeros(s.n_params, dtype=np.float64)
-    cdef double[::1] o = out
     if not s.sparse:
-        for j in range(s.n_mem):
-            o[j] = src[j]
-        return out
-    for j in range(d):
-        o[j] = src[j]
+        return np.arange(s.n_params, dtype=np.intp)
+    out = np.full(s.n_params, -1, dtype=np.intp)
+    out[:d] = np.arange(d)
     for a in range(2):
         w = s.off_wm if a == 0 else s.off_ws
         b = s.off_bm if a == 0 else s.off_bs
         wd = d + a * (n * n + n)                    # the dense W block; its biases follow
         for j in range(n):
-            o[wd + me * n + j] = src[w + s.wcol + j]        # column me, W[me, me] included
+            out[wd + me * n + j] = w + s.wcol + j           # column me, W[me, me] included
             if j != me:
-                o[wd + j * (n + 1)] = src[s._wd(w, j)]      # the diagonal
-            o[wd + n * n + j] = src[b + j]
+                out[wd + j * (n + 1)] = s._wd(w, j)         # the diagonal
+            out[wd + n * n + j] = b + j
+    return out
+
+
+cdef object dense_of(AgentState s, const double* src):
+    """A copy of ``src`` (laid out as ``s.P``) in the dense layout, as numpy."""
+    where = _where(s)
+    held = where >= 0
+    out = np.zeros(s.n_params, dtype=np.float64)
+    out[held] = np.asarray(<const double[:s.n_mem]> src)[where[held]]
     return out
 
 
 cdef int from_dense(AgentState s, object dense, double* dst) except -1:
     """``dst`` (laid out as ``s.P``) <- ``dense`` (``n_params`` values in the dense layout);
     for the sparse actors the entries they do not hold are left out."""
-    cdef double[::1] v = np.ascontiguousarray(dense, dtype=np.float64)
-    cdef int n = s.n, d = s.n_theta, me = s.me, a, j, w, b, wd
-    if v.shape[0] != s.n_params:
-        raise ValueError(f"expected {s.n_params} parameters, got {v.shape[0]}")
-    if not s.sparse:
-        for j in range(s.n_mem):
-            dst[j] = v[j]
-        return 0
-    for j in range(d):
-        dst[j] = v[j]
-    for a in range(2):
-        w = s.off_wm if a == 0 else s.off_ws
-        b = s.off_bm if a == 0 else s.off_bs
-        wd = d + a * (n * n + n)
-        for j in range(n):
-            dst[w + s.wcol + j] = v[wd + me * n + j]
-            if j != me:
-                dst[s._wd(w, j)] = v[wd + j * (n + 1)]
-            dst[b + j] = v[wd + n * n + j]
+    v = np.ascontiguousarray(dense, dtype=np.float64)
+    if v.ndim != 1 or v.shape[0] != s.n_params:
+        raise ValueError(f"expected {s.n_params} parameters, got {v.size}")
+    where = _where(s)
+    held = where >= 0
+    np.asarray(<double[:s.n_mem]> dst)[where[held]] = v[held]
     return 0

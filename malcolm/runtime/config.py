@@ -36,7 +36,7 @@ try:
 except ModuleNotFoundError:     # Python 3.10: the same reader as a package (pyproject pins it)
     import tomli as tomllib
 
-from malcolm.policy.defaults import EST_ALPHA, EST_PRIOR_SERVICE_US, WINDOW_TASKS
+from malcolm.policy.defaults import EST_ALPHA, EST_PRIOR_SERVICE_US, MAX_WINDOW_TASKS, WINDOW_TASKS
 
 RACK_KEYS = {
     "name": (str, "rack"), "transport": (str, "udp"), "poll": (str, "adaptive"),
@@ -58,7 +58,7 @@ RACK_KEYS = {
 # are what the runtime can honour: a window under 1 µs would make the policy thread spin
 # through millions of windows a second; capacity is bounded by the slot allocation.
 RACK_RANGES = {
-    "window_us": (1.0, 10_000_000.0), "window_tasks": (0.0, 1e6),
+    "window_us": (1.0, 10_000_000.0), "window_tasks": (0.0, MAX_WINDOW_TASKS),
     "spin_us": (0.0, 1_000_000.0), "workers": (0, 1024),
     "task_types": (1, 65535), "capacity": (1, 1 << 22), "task_timeout_ms": (0.0, 3_600_000.0),
     "steal_timeout_us": (1.0, 60_000_000.0), "max_service_ms": (0.001, 3_600_000.0),

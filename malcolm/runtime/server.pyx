@@ -34,7 +34,8 @@ from malcolm.runtime.policy_thread cimport PolicyThread
 from malcolm.workers.handlers cimport Handler
 from malcolm.workers.pool cimport WorkerPool
 
-from malcolm.policy.defaults import EST_ALPHA, EST_PRIOR_SERVICE_US, WINDOW_TASKS
+from malcolm.policy.defaults import (
+    EST_ALPHA, EST_PRIOR_SERVICE_US, MAX_WINDOW_TASKS, WINDOW_TASKS)
 from malcolm.runtime import cpus as _cpus
 from malcolm.runtime.config import GATEWAY_JOIN_EXTRA_S, THREAD_JOIN_MIN_S
 
@@ -126,8 +127,8 @@ cdef class Server:
             raise ValueError(f"capacity={capacity} must be in 1..{1 << 22}")
         if window_us <= 0:
             raise ValueError(f"window_us={window_us} must be positive")
-        if not 0 <= window_tasks <= 1e6:
-            raise ValueError(f"window_tasks={window_tasks} must be in 0..1e6")
+        if not 0 <= window_tasks <= MAX_WINDOW_TASKS:
+            raise ValueError(f"window_tasks={window_tasks} must be in 0..{MAX_WINDOW_TASKS:g}")
         if poll not in ("busy", "adaptive"):
             raise ValueError(f"poll={poll!r} must be 'busy' or 'adaptive'")
         if not max_wait_ms >= 0:

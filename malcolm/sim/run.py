@@ -16,6 +16,7 @@ from malcolm.policy import registry
 from malcolm.policy.defaults import (
     EST_ALPHA,
     MAX_STEALS_IN_FLIGHT,
+    MAX_WINDOW_TASKS,
     STEAL_TIMEOUT_US,
     STEALS_IN_FLIGHT,
     WINDOW_TASKS,
@@ -266,8 +267,6 @@ MAX_CLIENTS = 65536
 #: Heartbeats in flight: the engine keeps (delay + jitter) / window + 2 of them per server
 #: (2 KiB each), so the hop is at most this many windows.
 MAX_HB_WINDOWS = 1000
-#: The most task times a window may be set to (``window_tasks``).
-MAX_WINDOW_TASKS = 1e6
 
 
 def simulate(rack="8x8", policy="random", workload="exp:50", load=None, tasks=100_000,
