@@ -196,15 +196,21 @@ def test_a_runaway_queue_resets_the_actors_on_a_real_server(caplog):
                  window_us=500.0, peer_timeout_ms=60_000.0).start()
     try:
         before = srv.stats()
-        t_end = time.monotonic() + 5.0
-        seq = 0
+        t0 = time.monotonic()
+        t_end = t0 + 5.0
+        seq = sent = 0
         while time.monotonic() < t_end and srv.stats()["policy"]["resets"] == 0:
             seq += 1            # an idle peer of the same speed (the rate: tasks per ns)
             peer.send(tr.address, wire.encode_heartbeat(1, seq=seq, sent_ns=now_ns(),
                                                         load=0.0, rate=2e-7, theta=[0.0] * d))
-            for i in range(4):  # 2 000 tasks/s of 5 ms on one worker: 10x its capacity
-                client.send(tr.address, wire.encode_task(1, 4 * seq + i, service_ns=5_000_000,
+            # 2 000 tasks/s of 5 ms on one worker, 10x its capacity, by the clock: at four
+            # tasks per 2 ms sleep, a busy machine's late wake-ups offered it no more than
+            # it serves, the queue stopped growing, and no reset came within the 5 s
+            due = min(int((time.monotonic() - t0) * 2000.0), sent + 64)
+            while sent < due:
+                client.send(tr.address, wire.encode_task(1, sent, service_ns=5_000_000,
                                                          send_ns=now_ns()))
+                sent += 1
             time.sleep(0.002)
             peer.recv(0)        # whatever it migrated to us, dropped
         after = srv.stats()
