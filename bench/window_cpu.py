@@ -5,9 +5,10 @@ in this process, sends ``--tasks`` tasks of ``--service`` µs (spin) at ``--rate
 second, then leaves the rack idle for ``--idle`` seconds and reports each server's window
 (``window_us`` in its statistics), the windows a second per server and the CPU cores the
 process used while idle, with ``window_tasks`` = 5 (the default) and 0 (fixed windows).
-Windows follow the mean of the last completions, so an idle server keeps the windows its
-last tasks set. Not part of CI; the figures are in docs/performance.md (thirty-second
-session)::
+Windows follow the mean of the last completions; an idle server goes back to the configured
+window after 5 idle windows (thirty-third session; before it, it kept the windows its last
+tasks set). Not part of CI; the figures are in docs/performance.md (thirty-second and
+thirty-third sessions)::
 
     python3 bench/window_cpu.py
     python3 bench/window_cpu.py --service 50us --rate 20k/s

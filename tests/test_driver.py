@@ -213,6 +213,25 @@ def test_window_is_task_times_within_its_bounds():
     assert window_ns(hist[:3], 1, base, 5.0) == base
 
 
+def test_an_idle_server_goes_back_to_the_configured_window():
+    """Short windows cost heartbeats; an idle server has nothing new to say. After
+    WINDOW_IDLE windows in a row that completed nothing and ended with no task in the
+    server, the next window is the configured one, until a task completes or waits."""
+    from malcolm.policy.driver import WINDOW_IDLE_NATIVE, WINDOW_WARM_NATIVE, window_ns
+    base, idle = 100_000, WINDOW_IDLE_NATIVE
+    busy = [(WINDOW_WARM_NATIVE, WINDOW_WARM_NATIVE * 5000.0)]
+    empty = (0, 0.0, 0.0)
+    assert window_ns(busy + [empty] * (idle - 1), 1, base, 5.0) == 25_000
+    assert window_ns(busy + [empty] * idle, 1, base, 5.0) == base
+    assert window_ns(busy + [empty] * (3 * idle), 1, base, 5.0) == base
+    # a task waiting at the window's end is not idle, nor is a completion that empties it
+    assert window_ns(busy + [empty] * (idle - 1) + [(0, 0.0, 1.0)], 1, base, 5.0) == 25_000
+    assert window_ns(busy + [empty] * idle + [(1, 5000.0, 0.0)], 1, base, 5.0) == 25_000
+    # the count starts again after any window that was not idle
+    assert window_ns(busy + [empty] * (idle - 1) + [(1, 5000.0, 0.0)] + [empty] * (idle - 1),
+                     1, base, 5.0) == 25_000
+
+
 def test_one_set_of_window_defaults():
     from malcolm.policy.driver import WINDOW_SHRINK_NATIVE
     from malcolm.runtime.policy_thread import PolicyThread  # noqa: F401 (built)

@@ -43,11 +43,15 @@ cdef enum:
     WINDOW_SHRINK = 5               # drv_window_ns: the shortest window, base / 5 (ditto)
     WINDOW_WARM = 40                # drv_window_ns: completions a worker before its task
     #                                 time counts, and about how many its mean remembers
+    WINDOW_IDLE = 5                 # drv_window_ns: idle windows in a row before the
+    #                                 configured window returns (at the shortest windows, one
+    #                                 configured window's worth)
 
 
 ctypedef struct WindowState:
     uint32_t hb_seq             # seq of the last heartbeat filled; the first one is 1
-    uint32_t _pad
+    uint32_t idle               # windows in a row that completed nothing and ended empty
+    #                             (at most WINDOW_IDLE; drv_window_ns)
     uint64_t windows            # end_window calls
     uint64_t hb_filled
     uint64_t hb_skipped         # window ends whose heartbeat slot was still busy
@@ -77,14 +81,20 @@ ctypedef struct StealGate:
 
 # ---------------------------------------------------------------- window protocol
 cdef inline void _window_completions(WindowState* w, uint64_t done, double sum_ns,
-                                     int n_workers) noexcept nogil:
+                                     int n_workers, double queue_len) noexcept nogil:
     """The server's completion totals at a window's end (``done``, ``sum_ns``): the mean
     service time of those since the last one folded into ``w.task_ns`` with a weight of
     k / (k + WINDOW_WARM c) for k completions (c workers), about the last WINDOW_WARM c
     completions' mean, each alike; then the totals kept. Not the estimator's rate: a worker
     that has served few tasks (its first sample replaces the prior) can dominate a
-    many-worker server's sum of per-worker rates."""
+    many-worker server's sum of per-worker rates. A window that completed nothing and ends
+    with no task in the server (``queue_len``) counts as idle (``w.idle``)."""
     cdef double k, m, c = <double>(n_workers if n_workers > 0 else 1)
+    if done == w.done and not (queue_len > 0.0):
+        if w.idle < WINDOW_IDLE:
+            w.idle += 1
+    else:
+        w.idle = 0
     if done > w.done and sum_ns > w.sum_ns:
         k = <double>(done - w.done)
         m = (sum_ns - w.sum_ns) / k
@@ -104,7 +114,7 @@ cdef inline void drv_observe_local(WindowState* w, Policy p, Estimator* est, int
     p.observe_completions(done, log_sum, sum_ns)        # ... and compares speeds
     w.queue_len = queue_len
     w.rate = rate
-    _window_completions(w, done, sum_ns, est.n_workers)
+    _window_completions(w, done, sum_ns, est.n_workers, queue_len)
     w.load = queue_len / rate
     p.observe_local(now, w.load, queue_len, rate)
 
@@ -117,6 +127,7 @@ cdef inline void drv_start(WindowState* w, Policy p, Estimator* est, int64_t now
     w.hb_filled = 0
     w.hb_skipped = 0
     w.hb_observed = 0
+    w.idle = 0
     w.done = 0
     w.sum_ns = 0.0
     w.task_ns = 0.0
@@ -155,8 +166,8 @@ cdef inline bint drv_end_window(WindowState* w, Policy p, Estimator* est, int64_
 cdef inline int64_t drv_window_ns(const WindowState* w, const Estimator* est, int64_t base_ns,
                                   double tasks) noexcept nogil:
     """The next window's length (ns): ``tasks`` of this server's own task times, within
-    [``base_ns`` / WINDOW_SHRINK, ``base_ns``]; ``base_ns`` where ``tasks`` <= 0 or no task
-    time is known yet.
+    [``base_ns`` / WINDOW_SHRINK, ``base_ns``]; ``base_ns`` where ``tasks`` <= 0, where no
+    task time is known yet, and after WINDOW_IDLE idle windows in a row.
 
     A load report is as stale as the window is long, and what staleness costs is counted in
     task times: the configured window (the thesis's 100 µs) is two 50 µs tasks, but twenty
@@ -167,10 +178,16 @@ cdef inline int64_t drv_window_ns(const WindowState* w, const Estimator* est, in
     completed WINDOW_WARM tasks a worker (before that a few short first tasks would shorten
     the windows). The bounds keep the heartbeats' cost (n - 1 per server and window) within
     WINDOW_SHRINK times what the configured window costs, never above it.
+
+    An idle server has nothing new to report, and its last tasks' time would keep its
+    windows short (the mean moves only with completions): after WINDOW_IDLE windows that
+    completed nothing and ended empty it goes back to the configured window, and so to that
+    window's heartbeat cost, until a task completes or waits at a window's end.
     """
     cdef double t, c = <double>(est.n_workers if est.n_workers > 0 else 1)
     cdef int64_t lo
-    if not (tasks > 0.0) or not (w.task_ns > 0.0) or <double>w.done < WINDOW_WARM * c:
+    if (not (tasks > 0.0) or not (w.task_ns > 0.0) or <double>w.done < WINDOW_WARM * c
+            or w.idle >= WINDOW_IDLE):
         return base_ns
     t = tasks * w.task_ns
     if t >= <double>base_ns:

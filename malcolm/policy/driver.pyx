@@ -19,21 +19,25 @@ STEAL_GATE_CAPACITY = STEAL_MAX_IN_FLIGHT
 #: worker it waits for.
 WINDOW_SHRINK_NATIVE = WINDOW_SHRINK
 WINDOW_WARM_NATIVE = WINDOW_WARM
+#: Idle windows in a row after which ``drv_window_ns`` gives the configured window.
+WINDOW_IDLE_NATIVE = WINDOW_IDLE
 
 
 def window_ns(windows, int n_workers, int64_t base_ns, double tasks):
     """``drv_window_ns`` after the windows ``[(completions, their total service ns), ...]``
     of a server of ``n_workers`` workers, each folded in as a window's end folds it: the
-    next window's length in ns (for tests)."""
+    next window's length in ns (for tests). A window may add a third item, the tasks in the
+    server at its end (default 1: not idle)."""
     cdef WindowState w
     cdef Estimator e
     cdef uint64_t done = 0
     cdef double sum_ns = 0.0
     memset(&w, 0, sizeof(w))
-    for k, t in windows:
+    for win in windows:
+        k, t, q = win if len(win) == 3 else (*win, 1.0)
         done += <uint64_t>k
         sum_ns += <double>t
-        _window_completions(&w, done, sum_ns, n_workers)
+        _window_completions(&w, done, sum_ns, n_workers, q)
     memset(&e, 0, sizeof(e))
     e.n_workers = n_workers
     return drv_window_ns(&w, &e, base_ns, tasks)
