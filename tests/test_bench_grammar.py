@@ -25,7 +25,7 @@ SCRIPTS = sorted(
                                                "bias_drift.py", "conditions.py",
                                                "light_load.py", "policy_room.py",
                                                "rocksdb_pad.py", "verbs_first_batch.py",
-                                               "scale.py", "window_cpu.py")])
+                                               "scale.py", "window_cpu.py", "settle_sweep.py")])
 
 
 def _run(*args, cwd=ROOT, timeout=120):

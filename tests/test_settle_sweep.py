@@ -1,0 +1,50 @@
+"""``bench/settle_sweep.py``: its draw stays in the family it names, and a short run reports
+every rack's settle time with the learning curve's rule."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "bench", "settle_sweep.py")
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("settle_sweep", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_draw_is_the_family_it_names_and_repeats():
+    mod = _module()
+    racks = mod.draw(50, 7)
+    assert racks == mod.draw(50, 7) and racks != mod.draw(50, 8)
+    for spec, load in racks:
+        groups = [tuple(int(v) for v in grp.split("x")) for grp in spec.split(",")]
+        sizes = [s for _, s in groups]
+        assert 2 <= len(groups) <= 4 and len(set(sizes)) == len(sizes)
+        assert set(sizes) <= set(mod.SIZES) and all(1 <= c <= 10 for c, _ in groups)
+        assert 3 <= sum(c for c, _ in groups) <= 24 and 0.7 <= load <= 0.9
+
+
+def test_a_short_run_reports_each_rack_and_policy(tmp_path):
+    out = tmp_path / "s.json"
+    r = subprocess.run([sys.executable, SCRIPT, "--count", "2", "--ms", "30", "--ref-ms", "60",
+                        "--policies", "malcolm;malcolm:learn=0", "--procs", "1", "--json",
+                        str(out)], capture_output=True, text=True, cwd=str(tmp_path), timeout=300)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(out.read_text())
+    assert set(d["summary"]) == {"malcolm", "malcolm:learn=0"} and len(d["racks"]) == 2
+    for row in d["racks"]:
+        for pol in d["summary"]:
+            st = row[pol]["settle_ms"]
+            assert st is None or 0 <= st <= 30        # a bin start within the run, or never
+            assert row[pol]["ref_imbalance_us"] > 0 and row[pol]["p99_us"] > 0
+    assert "within 50 ms" in r.stdout
+    # a bad policy is one line, before any run
+    bad = subprocess.run([sys.executable, SCRIPT, "--policies", "malcolm:nope=1"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "nope" in bad.stderr.strip().splitlines()[-1]
