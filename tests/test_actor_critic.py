@@ -251,6 +251,38 @@ def test_adamw_matches_reference_over_several_steps():
                                rtol=1e-9)
 
 
+@pytest.mark.parametrize("steps", [0, 40])
+def test_second_moment_rate_rises_as_adafactor_s_schedule(steps):
+    """beta2_decay = c: step t's second-moment rate is min(beta2, 1 - t^-c) for t <= beta2_steps
+    (0: every t), beta2 after. Step 1's rate is 0, so v is a weighted mean of the g^2 seen
+    (weights summing to 1) and needs no bias correction; the rate reaches beta2 at t = (1 -
+    beta2)^(-1/c) and stays there."""
+    kw = dict(critic_lr=0.03, actor_lr=0.007, weight_decay=0.05, beta1=0.8, beta2=0.99,
+              eps=1e-6, lr_boost=1.0, beta2_decay=0.8, beta2_steps=steps)
+    p = make(5, 2, **kw)
+    P = p.params
+    m, v = np.zeros_like(P), np.zeros_like(P)
+    rng = np.random.default_rng(2)
+    lr = np.where(np.arange(P.size) < p.n_theta, kw["critic_lr"], kw["actor_lr"])
+    rates = []
+    for t in range(1, 400):
+        g = rng.normal(size=P.shape) * 10.0 ** rng.uniform(-3, 1, size=P.shape)
+        hooks.apply_adamw(p, g)
+        b2 = kw["beta2"] if 0 < steps < t else min(kw["beta2"], 1.0 - t ** -kw["beta2_decay"])
+        rates.append(b2)
+        P = P * (1 - lr * kw["weight_decay"])
+        m = kw["beta1"] * m + (1 - kw["beta1"]) * g
+        v = b2 * v + (1 - b2) * g * g
+        P = P - lr * (m / (1 - kw["beta1"] ** t)) / (np.sqrt(v) + kw["eps"])
+        if t < 8 or t % 50 == 0:
+            np.testing.assert_allclose(p.params, P, rtol=1e-10, atol=1e-13)
+            np.testing.assert_allclose(p.adam_moments[1], v, rtol=1e-12, atol=1e-300)
+    assert rates[0] == 0.0 and rates[9] < 0.85 and rates[-1] == kw["beta2"]
+    assert rates[steps] == kw["beta2"] if steps else rates[100] < kw["beta2"]
+    # 0 is plain AdamW (Algorithm 1's, which THESIS keeps; the reference test above)
+    assert ac.DEFAULTS["beta2_decay"] == 0.8 and THESIS["beta2_decay"] == 0.0
+
+
 # ---------------------------------------------------------------- consensus
 def test_consensus_averages_own_and_latest_peer_thetas():
     n, me = 4, 2
@@ -413,6 +445,9 @@ def test_frozen_policy_does_not_change():
     (dict(critic_lr=float("nan")), ValueError, "critic_lr"),
     (dict(eps=0.0), ValueError, "eps"),
     (dict(beta2=1.0), ValueError, "beta2"),
+    (dict(beta2_decay=1.5), ValueError, "beta2_decay"),
+    (dict(beta2_decay=-0.1), ValueError, "beta2_decay"),
+    (dict(beta2_steps=-1), ValueError, "beta2_steps"),
     (dict(load_scale=-1.0), ValueError, "load_scale"),
     (dict(consensus="mode"), ValueError, "consensus"),
     (dict(actor="deep"), ValueError, "actor"),

@@ -30,6 +30,9 @@ DEFAULTS = dict(
     weight_decay=1e-4,
     beta1=0.95,                 # 0.9 before the seventh session (with lr_boost: fewer noisy boosts)
     beta2=0.999,
+    beta2_decay=0.8,            # AdamW's second-moment rate at step t: min(beta2, 1 - t^-0.8),
+    #                             Adafactor's schedule (item 18); 0: beta2 throughout
+    beta2_steps=250,            # ... through the first 250 steps, beta2 after; 0: every step
     eps=1e-8,
     migration_cost=0.01,
     steal_cost=0.01,
@@ -81,7 +84,7 @@ DEFAULTS = dict(
 THESIS = dict(advantage="td", actor="full", entropy=0.1, init="random", load_scale=50_000.0,
               load_clip=8.0, actor_lr=0.001, capacity_prior=False, mask_factor=0.0, trust=0.0,
               runaway_windows=0, hop_ns=0.0, consensus="mean", hop_gate=False,
-              lr_boost=1.0, beta1=0.9, batch_windows=16)
+              lr_boost=1.0, beta1=0.9, beta2_decay=0.0, batch_windows=16)
 
 
 def _as_bool(name, v):
@@ -150,6 +153,8 @@ def check_params(params):
     num("weight_decay", 0.0)
     num("beta1", 0.0, 1.0, hi_open=True)
     num("beta2", 0.0, 1.0, hi_open=True)
+    num("beta2_decay", 0.0, 1.0)
+    integer("beta2_steps", 0)
     num("eps", 0.0, lo_open=True)
     num("migration_cost", 0.0)
     num("steal_cost", 0.0)

@@ -27,8 +27,8 @@ reasons for the feature vector, is in ``docs/policy.md``.
 """
 import numpy as np
 
-from libc.math cimport copysign, fabs, log, sqrt
-from libc.stdint cimport int64_t, uint8_t, uint64_t
+from libc.math cimport copysign, fabs, log, pow, sqrt
+from libc.stdint cimport UINT64_MAX, int64_t, uint8_t, uint64_t
 from libc.string cimport memcpy, memset
 
 from malcolm._core cimport cat_publish_probs, mc_load_relaxed
@@ -115,8 +115,10 @@ cdef class MalcolmPolicy(GatewayRules):
     tilt_lr, tilt_max : float
         > 0: learn the capacity tilt t (|t| <= ``tilt_max`` with the trust region), the peers'
         migrate logits += t (log r_j - their mean log rate), at this AdamW rate; 0: off.
-    weight_decay, beta1, beta2, eps : float
-        AdamW's decoupled weight decay and moment parameters.
+    weight_decay, beta1, beta2, eps, beta2_decay, beta2_steps : float, int
+        AdamW's decoupled weight decay and moment parameters; with ``beta2_decay`` c > 0 the
+        second moment's rate at step t is min(beta2, 1 - t^-c), Adafactor's schedule, for
+        the first ``beta2_steps`` steps (0: all) and beta2 after them.
     migration_cost, steal_cost : float
         Cost C(a) of one migration / one steal in ``load_scale`` units, on top of one hop.
     hop_ns : float
@@ -218,23 +220,18 @@ cdef class MalcolmPolicy(GatewayRules):
         # the default's item 11) and 64 servers keep the thesis's 1.6 ms (and its cost)
         self.batch_windows = cfg["batch_windows"] or 4 * self.learn_every
         self.consensus_every = cfg["consensus_every"]
-        self.gamma = cfg["gamma"]
-        self.critic_lr = cfg["critic_lr"]
-        self.actor_lr = cfg["actor_lr"]
-        self.lr_boost = cfg["lr_boost"]
-        self.weight_boost = cfg["weight_boost"]
-        self.accept_lr = cfg["accept_lr"]
-        self.tilt_lr = cfg["tilt_lr"]
+        self.gamma, self.critic_lr, self.actor_lr = cfg["gamma"], cfg["critic_lr"], cfg["actor_lr"]
+        self.lr_boost, self.weight_boost = cfg["lr_boost"], cfg["weight_boost"]
+        self.accept_lr, self.tilt_lr = cfg["accept_lr"], cfg["tilt_lr"]
         self.use_tilt = self.tilt_lr > 0.0
         self.tilt_max = cfg["tilt_max"]
         self.weight_lr_auto = cfg["weight_lr"] < 0.0
         self.weight_lr = cfg["actor_lr"] if self.weight_lr_auto else cfg["weight_lr"]
-        self.weight_decay = cfg["weight_decay"]
-        self.beta1 = cfg["beta1"]
-        self.beta2 = cfg["beta2"]
+        self.weight_decay, self.beta1 = cfg["weight_decay"], cfg["beta1"]
+        self.beta2, self.beta2_decay = cfg["beta2"], cfg["beta2_decay"]
+        self.beta2_steps = cfg["beta2_steps"] if cfg["beta2_steps"] > 0 else UINT64_MAX
         self.eps = cfg["eps"]
-        self.migration_cost = cfg["migration_cost"]
-        self.steal_cost = cfg["steal_cost"]
+        self.migration_cost, self.steal_cost = cfg["migration_cost"], cfg["steal_cost"]
         self.entropy = cfg["entropy"]
         # load_scale=0: a fallback (the old default, 50 µs) until the first rates arrive,
         # then the rack's mean task interval (see _rescale)
@@ -440,6 +437,9 @@ cdef class MalcolmPolicy(GatewayRules):
         cdef double c1, c2, lr, kb = self.lr_boost - 1.0     # the actors' consistency boost
         cdef double kw = (self.weight_boost if self.weight_boost >= 1.0 else self.lr_boost) - 1.0
         self.adam_steps += 1
+        if self.beta2_decay > 0.0 and self.adam_steps <= self.beta2_steps:
+            # v the recent gradients' scale, not the cold start's (a cold start's first steps)
+            b2 = min(b2, 1.0 - pow(<double>self.adam_steps, -self.beta2_decay))
         self.b1t *= b1
         self.b2t *= b2
         c1 = 1.0 / (1.0 - self.b1t)

@@ -66,6 +66,8 @@ cdef class AgentState(Policy):
     cdef readonly double weight_decay
     cdef readonly double beta1
     cdef readonly double beta2
+    cdef readonly double beta2_decay     # c: beta2 at step t is min(beta2, 1 - t^-c); 0: beta2
+    cdef readonly uint64_t beta2_steps   # ... for steps t <= this (UINT64_MAX: all)
     cdef readonly double eps
     cdef readonly double migration_cost
     cdef readonly double steal_cost
@@ -112,7 +114,7 @@ cdef class AgentState(Policy):
     cdef double* G                       # cached descent gradients of the current batch
     cdef double* M
     cdef double* V
-    cdef double b1t, b2t                 # beta1**t, beta2**t
+    cdef double b1t, b2t                 # the products of beta1 and of beta2 so far
     cdef readonly uint64_t adam_steps
 
     # what the agent knows about the rack, refreshed by observe_* (policy thread)
