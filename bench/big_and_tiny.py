@@ -59,16 +59,9 @@ def main(argv=None):
                     help="policies separated by ';', the first the reference")
     ap.add_argument("--procs", type=int, default=2, help="processes (default 2)")
     a = ap.parse_args(argv)
-    pols = [p.strip() for p in a.variants.split(";") if p.strip()]
+    pols = g.sim_policies(ap, a.variants, "--variants")
     if a.count < 1 or a.procs < 1 or len(pols) < 2:
         ap.error("--count and --procs must be >= 1, and --variants must name two policies")
-    from malcolm.sim import simulate
-
-    for p in pols:      # a bad spec: one line here, not a traceback from a worker
-        try:
-            simulate(rack="1x1,1x1", policy=p, tasks=10, seed=1)
-        except (TypeError, ValueError) as e:
-            ap.error(f"--variants {p!r}: {e}")
     scen = draw(a.count, a.draw)
     jobs = [(i, sc, p, s) for i, sc in enumerate(scen) for p in pols for s in a.seeds]
     with Pool(a.procs) as pool:

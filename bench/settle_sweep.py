@@ -76,20 +76,12 @@ def main(argv=None):
     ap.add_argument("--ref-ms", type=float, default=1200.0,
                     help="ms of arrivals of the reference run (1200)")
     ap.add_argument("--procs", type=int, default=2, help="processes (default 2)")
-    ap.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE|-",
-                    help="write the racks and settle times as JSON")
+    g.add_json(ap, "the racks and settle times (never: null)")
     a = ap.parse_args(argv)
     g.json_stdout(a)
-    pols = [p.strip() for p in a.policies.split(";") if p.strip()]
+    pols = g.sim_policies(ap, a.policies, "--policies")
     if a.count < 1 or a.procs < 1 or not pols or not 0 < a.ms < a.ref_ms:
         ap.error("--count, --procs >= 1, a policy, and 0 < --ms < --ref-ms")
-    from malcolm.sim import simulate
-
-    for p in pols:      # a bad spec: one line here, not a traceback from a worker
-        try:
-            simulate(rack="1x1,1x1", policy=p, tasks=10, seed=1)
-        except (TypeError, ValueError) as e:
-            ap.error(f"--policies {p!r}: {e}")
     racks = draw(a.count, a.draw)
     jobs = [(rk, ld, p, a.seed, a.ms, a.ref_ms) for rk, ld in racks for p in pols]
     with Pool(a.procs) as pool:
@@ -109,9 +101,8 @@ def main(argv=None):
               f"median {s['median_ms']:.0f} ms, never settled {s['never']} of {len(st)}")
     if a.json:
         g.write_json(a, dict(summary=summary, racks=[
-            dict(rack=rk, load=ld, **{p: dict(
-                settle_ms=res[(rk, ld, p)][0] if np.isfinite(res[(rk, ld, p)][0]) else None,
-                ref_imbalance_us=res[(rk, ld, p)][1], p99_us=res[(rk, ld, p)][2]) for p in pols})
+            dict(rack=rk, load=ld, **{p: dict(zip(("settle_ms", "ref_imbalance_us", "p99_us"),
+                                                  res[(rk, ld, p)], strict=True)) for p in pols})
             for rk, ld in racks]))
 
 

@@ -208,7 +208,9 @@ def _construct(info, cls, args, params):
     try:
         return cls(*args, **params)
     except TypeError as e:
-        raise ValueError(f"policy {info.name}: bad parameters {params}: {e}") from None
+        # the class's message names the parameter; ``params`` also holds what the driver
+        # adds (window_ns), which the user did not write
+        raise ValueError(f"policy {info.name}: {e}") from None
     except OverflowError:
         # a class that checks its own parameters (params=None) gets them as typed: name
         # the one that does not fit its C field
