@@ -59,7 +59,12 @@ def main(argv=None):
                     help="policies separated by ';', the first the reference")
     ap.add_argument("--procs", type=int, default=2, help="processes (default 2)")
     a = ap.parse_args(argv)
-    pols = g.sim_policies(ap, a.variants, "--variants")
+    from malcolm.sim import check_policies
+
+    try:
+        pols = check_policies(a.variants)
+    except ValueError as e:
+        ap.error(f"--variants {e}")
     if a.count < 1 or a.procs < 1 or len(pols) < 2:
         ap.error("--count and --procs must be >= 1, and --variants must name two policies")
     scen = draw(a.count, a.draw)

@@ -79,7 +79,12 @@ def main(argv=None):
     g.add_json(ap, "the racks and settle times (never: null)")
     a = ap.parse_args(argv)
     g.json_stdout(a)
-    pols = g.sim_policies(ap, a.policies, "--policies")
+    from malcolm.sim import check_policies
+
+    try:
+        pols = check_policies(a.policies)
+    except ValueError as e:
+        ap.error(f"--policies {e}")
     if a.count < 1 or a.procs < 1 or not pols or not 0 < a.ms < a.ref_ms:
         ap.error("--count, --procs >= 1, a policy, and 0 < --ms < --ref-ms")
     racks = draw(a.count, a.draw)

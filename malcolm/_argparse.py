@@ -177,21 +177,6 @@ def add_json(ap: argparse.ArgumentParser, what: str = "the results") -> None:
                          "value: to stdout (the text then goes to stderr)")
 
 
-def sim_policies(ap: argparse.ArgumentParser, text: str, option: str) -> list[str]:
-    """The policy specs of ``text``, separated by ';', each checked by a tiny simulation: a
-    bad one ends the script here with one line naming ``option``, not with a traceback from
-    a worker process later."""
-    from malcolm.sim import simulate
-
-    pols = [p.strip() for p in text.split(";") if p.strip()]
-    for p in pols:
-        try:
-            simulate(rack="1x1,1x1", policy=p, tasks=10, seed=1)
-        except (TypeError, ValueError) as e:
-            ap.error(f"{option} {p!r}: {e}")
-    return pols
-
-
 _real_stdout = []
 
 
