@@ -53,7 +53,12 @@ def main(argv=None):
         ap.error("--procs must be >= 1 and --tasks >= 1000")
     racks = [r for r in a.racks.split(";") if r]
     wls = [w for w in a.workloads.split(";") if w]
-    pols = [p for p in a.policies.split(";") if p] + list(BASES)
+    from malcolm.sim import check_policies
+
+    try:
+        pols = check_policies(a.policies) + list(BASES)
+    except ValueError as e:
+        ap.error(f"--policies {e}")
     jobs = [(r, w, d, ld, p, a.tasks, a.seed) for r in racks for w in wls for d in delays
             for ld in LOADS for p in pols]
     try:

@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.join(HERE, "figures"))
 from learning_curve import run_binned, settle_ms  # noqa: E402
 
 from malcolm import _argparse as g  # noqa: E402
+from malcolm.sim.rack import parse_rack_spec  # noqa: E402
 
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
 BIN_MS = 10.0
@@ -52,7 +53,7 @@ def draw(count, seed):
 def _settle(job):
     """One rack and policy: (settle ms, reference imbalance µs, p99 µs of the short run)."""
     rack, load, pol, seed, ms, ref_ms = job
-    workers = sum(int(c) * int(s) for c, s in (grp.split("x") for grp in rack.split(",")))
+    workers = sum(parse_rack_spec(rack).workers)
     per_ms = workers * load * 1000.0 / 50.0          # arrivals a ms of Exp(50) at this load
     a = SimpleNamespace(rack=rack, load=load, seed=seed, bin_ms=BIN_MS)
     r, imb, nb = run_binned(a, pol, max(1000, int(ms * per_ms)))

@@ -97,7 +97,12 @@ def main(argv=None):
     ap.add_argument("--tasks-mult", type=float, default=1.0, help="scale every task count")
     ap.add_argument("--procs", type=int, default=2, help="processes (default 2)")
     a = ap.parse_args(argv)
-    pols = [p for p in a.policies.split(";") if p]
+    from malcolm.sim import check_policies
+
+    try:
+        pols = check_policies(a.policies)
+    except ValueError as e:
+        ap.error(f"--policies {e}")
     if a.scenarios < 1 or a.procs < 1 or not pols or not a.tasks_mult > 0:
         ap.error("--scenarios and --procs must be >= 1, --policies non-empty, "
                  "--tasks-mult > 0")
@@ -107,7 +112,7 @@ def main(argv=None):
     try:
         with Pool(a.procs) as pool:
             res = pool.map(_run, jobs)
-    except ValueError as exc:             # a bad policy spec: one line
+    except ValueError as exc:             # a spec that builds but fails on a rack: one line
         sys.exit(f"tiny_racks: {exc}")
     p99 = {}
     for key, v in res:

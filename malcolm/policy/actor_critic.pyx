@@ -438,7 +438,7 @@ cdef class MalcolmPolicy(GatewayRules):
         cdef double kw = (self.weight_boost if self.weight_boost >= 1.0 else self.lr_boost) - 1.0
         self.adam_steps += 1
         if self.beta2_decay > 0.0 and self.adam_steps <= self.beta2_steps:
-            # v the recent gradients' scale, not the cold start's (a cold start's first steps)
+            # through a cold start v follows the recent gradients' scale (item 18)
             b2 = min(b2, 1.0 - pow(<double>self.adam_steps, -self.beta2_decay))
         self.b1t *= b1
         self.b2t *= b2
