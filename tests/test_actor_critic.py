@@ -283,6 +283,32 @@ def test_second_moment_rate_rises_as_adafactor_s_schedule(steps):
     assert ac.DEFAULTS["beta2_decay"] == 0.8 and THESIS["beta2_decay"] == 0.0
 
 
+@pytest.mark.parametrize("steps", [0, 30])
+def test_cold_lr_steps_the_actors_through_the_cold_start(steps):
+    """cold_lr > 0: the actors step at cold_lr through the first beta2_steps AdamW steps (0:
+    every step), at actor_lr after them; the critic keeps critic_lr. cold_lr = 0 (THESIS's,
+    and items 1-18) is actor_lr throughout: the reference test above."""
+    kw = dict(critic_lr=0.03, actor_lr=0.007, cold_lr=0.05, weight_decay=0.05, beta1=0.8,
+              beta2=0.99, eps=1e-6, lr_boost=1.0, beta2_steps=steps)
+    p = make(5, 2, **kw)
+    d = p.n_theta
+    P = p.params
+    m, v = np.zeros_like(P), np.zeros_like(P)
+    rng = np.random.default_rng(4)
+    for t in range(1, 61):
+        g = rng.normal(size=P.shape) * 10.0 ** rng.uniform(-3, 1, size=P.shape)
+        hooks.apply_adamw(p, g)
+        alr = kw["actor_lr"] if 0 < steps < t else kw["cold_lr"]
+        Pc, mc, vc = adamw_ref(P[:d], g[:d], m[:d], v[:d], t, kw["critic_lr"], kw["beta1"],
+                               kw["beta2"], kw["eps"], kw["weight_decay"])
+        Pa, ma, va = adamw_ref(P[d:], g[d:], m[d:], v[d:], t, alr, kw["beta1"], kw["beta2"],
+                               kw["eps"], kw["weight_decay"])
+        P, m, v = np.concatenate([Pc, Pa]), np.concatenate([mc, ma]), np.concatenate([vc, va])
+        np.testing.assert_allclose(p.params, P, rtol=1e-10, atol=1e-13)
+    assert ac.DEFAULTS["cold_lr"] == 0.015 and THESIS["cold_lr"] == 0.0
+    assert ac.DEFAULTS["beta2_steps"] == 250 and ac.DEFAULTS["weight_lr"] == 0.001
+
+
 # ---------------------------------------------------------------- consensus
 def test_consensus_averages_own_and_latest_peer_thetas():
     n, me = 4, 2
@@ -440,6 +466,9 @@ def test_frozen_policy_does_not_change():
     (dict(window_ns=0), ValueError, "window_ns"),
     (dict(consensus_every=-1), ValueError, "consensus_every"),
     (dict(actor_lr=-1.0), ValueError, "actor_lr"),
+    (dict(cold_lr=-0.01), ValueError, "cold_lr"),
+    (dict(cold_lr=float("inf")), ValueError, "cold_lr"),
+    (dict(weight_lr=-2.0), ValueError, "weight_lr"),
     (dict(tilt_lr=-0.1), ValueError, "tilt_lr"),
     (dict(tilt_max=-1.0), ValueError, "tilt_max"),
     (dict(critic_lr=float("nan")), ValueError, "critic_lr"),

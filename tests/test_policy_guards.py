@@ -213,7 +213,8 @@ def test_the_overload_mask_spares_a_server_with_idle_workers():
 # ---------------------------------------------------------------- trust region and reset
 def test_trust_region_bounds_every_actor_parameter():
     n, me = 3, 0
-    p = MalcolmPolicy(n, me, seed=1, batch_windows=1, actor_lr=1.0, trust=0.5)
+    p = MalcolmPolicy(n, me, seed=1, batch_windows=1, actor_lr=1.0, cold_lr=0.0, weight_lr=-1,
+                      trust=0.5)
     p0 = p.params
     rates = rates_of([2, 2, 2])
     rng = np.random.default_rng(1)
@@ -240,7 +241,8 @@ def test_trust_region_bounds_every_actor_parameter():
 
 def test_runaway_own_queue_resets_the_actors():
     n, me = 4, 0
-    p = MalcolmPolicy(n, me, seed=1, batch_windows=1, actor_lr=0.5, runaway_windows=10)
+    p = MalcolmPolicy(n, me, seed=1, batch_windows=1, actor_lr=0.5, cold_lr=0.0, weight_lr=-1,
+                      runaway_windows=10)
     p0 = p.params
     rates = rates_of([1, 1, 1, 1])
     for w in range(30):         # learn something
@@ -270,7 +272,8 @@ def test_runaway_bar_is_sixteen_own_task_times_not_sixteen_tasks():
     past 256 tasks it resets."""
     n, me = 4, 0
     rates = rates_of([16, 1, 1, 1])
-    p = MalcolmPolicy(n, me, seed=1, batch_windows=1, actor_lr=0.5, runaway_windows=10)
+    p = MalcolmPolicy(n, me, seed=1, batch_windows=1, actor_lr=0.5, cold_lr=0.0, weight_lr=-1,
+                      runaway_windows=10)
     p.workers = 16
     for w in range(30):                       # learn something
         feed(p, w, np.array([16.0, 1.0, 0.0, 1.0]) / rates, rates)
@@ -286,7 +289,8 @@ def test_runaway_bar_is_sixteen_own_task_times_not_sixteen_tasks():
 
 def _learnt(n, me, **kw):
     """An agent whose actors moved from the safe start (a reset has something to undo)."""
-    p = MalcolmPolicy(n, me, seed=1, batch_windows=1, actor_lr=0.5, **kw)
+    p = MalcolmPolicy(n, me, seed=1, batch_windows=1, actor_lr=0.5, cold_lr=0.0, weight_lr=-1,
+                      **kw)
     rates = rates_of([4] * n)
     for w in range(30):
         loads = np.arange(n, dtype=float)[::-1] * T / 4
@@ -530,9 +534,11 @@ def test_weight_lr_steps_only_the_load_weights():
     the load weights by weight_lr, the peers' biases by actor_lr, the own outcome's bias
     and weight by accept_lr; the unused entries of W stay 0."""
     n, me = 4, 1
-    kw = dict(seed=1, weight_decay=0.0, actor_lr=0.003, accept_lr=0.03, lr_boost=1.0)
-    assert MalcolmPolicy(n, me, **kw).weight_lr == 0.003          # default: actor_lr
-    assert MalcolmPolicy(n, me, **kw).config()["weight_lr"] == -1.0
+    kw = dict(seed=1, weight_decay=0.0, actor_lr=0.003, accept_lr=0.03, lr_boost=1.0,
+              cold_lr=0.0)        # the cold start's rate: the test below
+    assert MalcolmPolicy(n, me, **kw).weight_lr == 0.001          # the default (item 19)
+    assert MalcolmPolicy(n, me, **kw, weight_lr=-1).weight_lr == 0.003     # < 0: actor_lr
+    assert MalcolmPolicy(n, me, **kw, weight_lr=-1).config()["weight_lr"] == -1.0
     p = MalcolmPolicy(n, me, weight_lr=0.05, **kw)
     before = [p.W_migrate, p.B_migrate, p.W_steal, p.B_steal]
     hooks.apply_adamw(p, np.ones(p.n_params))
@@ -547,6 +553,31 @@ def test_weight_lr_steps_only_the_load_weights():
         np.testing.assert_allclose(dW, ref, rtol=1e-6, atol=0)
         dB = after[k + 1] - before[k + 1]
         np.testing.assert_allclose(dB, np.where(own, -0.03, -0.003), rtol=1e-6)
+
+
+@pytest.mark.parametrize("cold", [True, False])
+def test_a_cold_start_steps_the_peers_biases_at_cold_lr(cold):
+    """Through the first beta2_steps AdamW steps the peers' biases step at cold_lr (item
+    19), after them at actor_lr; the load weights keep weight_lr and the own outcome's
+    accept_lr throughout. A constant unit gradient moves each by its rate per step."""
+    n, me = 4, 1
+    kw = dict(seed=1, weight_decay=0.0, actor_lr=0.003, weight_lr=0.002, accept_lr=0.03,
+              lr_boost=1.0, cold_lr=0.02, beta2_steps=2)
+    if not cold:
+        kw.update(cold_lr=0.0)      # items 1-18: no cold start
+    p = MalcolmPolicy(n, me, **kw)
+    own = np.arange(n) == me
+    for step in (1, 2, 3):
+        before = [p.W_migrate, p.B_migrate]
+        hooks.apply_adamw(p, np.ones(p.n_params))
+        dW, dB = p.W_migrate - before[0], p.B_migrate - before[1]
+        in_cold = cold and step <= 2
+        bias, weight = (0.02 if in_cold else 0.003), 0.002
+        np.testing.assert_allclose(dB, np.where(own, -0.03, -bias), rtol=1e-6)
+        peers = [j for j in range(n) if j != me]
+        np.testing.assert_allclose(dW[peers, peers], -weight, rtol=1e-6)
+        np.testing.assert_allclose(dW[peers, me], -weight, rtol=1e-6)
+        assert dW[me, me] == pytest.approx(-0.03, rel=1e-6)
 
 
 def softmax(f):
@@ -588,8 +619,9 @@ def test_the_simulator_reports_the_guards_per_server_and_says_when_they_fired():
     from malcolm.cli import main
     from malcolm.commands.sim import guard_note
     args = ["sim", "--servers", "2x16,14x1", "--load", "0.95", "--tasks", "100000", "--policy"]
-    r = CliRunner().invoke(main, args + ["malcolm:actor_lr=0.5,batch_windows=1,"
-                                         "runaway_windows=10,mask_factor=0", "--json", "-"])
+    r = CliRunner().invoke(main, args + ["malcolm:actor_lr=0.5,cold_lr=0,weight_lr=-1,"
+                                         "batch_windows=1,runaway_windows=10,mask_factor=0",
+                                         "--json", "-"])
     assert r.exit_code == 0, r.output
     ps = json.loads(r.stdout)["runs"][0]["policy_stats"]
     assert len(ps) == 16 and all(d["windows"] > 100 and d["learn"] for d in ps)

@@ -104,7 +104,7 @@ def test_a_rate_change_moves_every_tilted_logit_at_once():
 def test_tilt_stays_within_the_trust_region_and_resets():
     n, me = 6, 0
     p = MalcolmPolicy(n, me, seed=1, batch_windows=1, actor_lr=1.0, tilt_lr=1.0, tilt_max=0.2,
-                      runaway_windows=10)
+                      runaway_windows=10, cold_lr=0.0, weight_lr=-1)
     rates = rates_of([16, 16, 1, 1, 1, 1])
     rng = np.random.default_rng(2)
     seen = []
@@ -129,7 +129,8 @@ def test_skewed_rack_at_high_load_does_not_run_away_with_the_tilt():
     the tilt fast and nothing else per identity."""
     from malcolm.sim import simulate
 
-    r = simulate(rack="2x16,10x1", policy="malcolm:tilt_lr=0.03,actor_lr=0",
+    r = simulate(rack="2x16,10x1",
+                 policy="malcolm:tilt_lr=0.03,actor_lr=0,cold_lr=0,weight_lr=0",
                  workload="exp:50", load=0.9, tasks=60_000, seed=7, warmup=0.3)
     mq = np.asarray(r.mean_queue, float)
     assert mq.max() < 64, mq

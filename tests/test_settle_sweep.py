@@ -48,3 +48,20 @@ def test_a_short_run_reports_each_rack_and_policy(tmp_path):
     bad = subprocess.run([sys.executable, SCRIPT, "--policies", "malcolm:nope=1"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "nope" in bad.stderr.strip().splitlines()[-1]
+
+
+def test_the_bins_are_whole_bins():
+    """The learning curve's bins (which the settle sweep reads) stop at the last whole one:
+    a run ends a sliver into its next bin, and that sliver, read alone as the last bin by
+    settle_ms, could call a settled run never settled."""
+    sys.path.insert(0, os.path.join(ROOT, "bench", "figures"))
+    try:
+        from learning_curve import run_binned
+    finally:
+        sys.path.pop(0)
+    from types import SimpleNamespace
+    a = SimpleNamespace(rack="2x4,2x1", load=0.8, seed=3, bin_ms=2.0)
+    r, imb, nb = run_binned(a, "jsq", 5000)
+    span_ms = r.sim_time_s * 1000.0
+    assert nb == int(span_ms // 2.0) and len(imb) == nb and span_ms % 2.0 > 0
+    assert (imb > 0).all()            # every bin has the loads of a whole 2 ms

@@ -17,7 +17,9 @@ DEFAULTS = dict(
     consensus_every=16,
     gamma=0.9,
     critic_lr=0.05,
-    actor_lr=0.003,
+    actor_lr=0.003,             # the actors' biases
+    cold_lr=0.015,              # ... through a cold start, the first beta2_steps steps (item
+    #                             19: its last 5-10% took 100-300 ms at actor_lr); 0: actor_lr
     lr_boost=30.0,              # actors' step x up to this where the gradients agree; 1: off
                                 # (seventh session: re-converges within 50 ms, docs/policy.md)
     weight_boost=-1.0,          # the same for the sparse actors' load weights; < 1: lr_boost
@@ -25,8 +27,8 @@ DEFAULTS = dict(
                                 # the safe start; the live gate decides what a hop saves)
     tilt_max=0.5,               # |tilt| <= this (with trust > 0)
     tilt_lr=0.0,                # > 0: learn the capacity tilt, peer logit_j += t log r_j (centred)
-    weight_lr=-1.0,             # sparse actors' load weights (their state-dependent part);
-                                # < 0: actor_lr
+    weight_lr=0.001,            # sparse actors' load weights (their state-dependent part),
+    #                             whose gradients carry the loads' noise (item 19); < 0: actor_lr
     weight_decay=1e-4,
     beta1=0.95,                 # 0.9 before the seventh session (with lr_boost: fewer noisy boosts)
     beta2=0.999,
@@ -84,7 +86,8 @@ DEFAULTS = dict(
 THESIS = dict(advantage="td", actor="full", entropy=0.1, init="random", load_scale=50_000.0,
               load_clip=8.0, actor_lr=0.001, capacity_prior=False, mask_factor=0.0, trust=0.0,
               runaway_windows=0, hop_ns=0.0, consensus="mean", hop_gate=False,
-              lr_boost=1.0, beta1=0.9, beta2_decay=0.0, batch_windows=16)
+              lr_boost=1.0, beta1=0.9, beta2_decay=0.0, cold_lr=0.0,
+              batch_windows=16)
 
 
 def _as_bool(name, v):
@@ -144,6 +147,7 @@ def check_params(params):
     num("gamma", 0.0, 1.0, hi_open=True)
     num("critic_lr", 0.0)
     num("actor_lr", 0.0)
+    num("cold_lr", 0.0)
     num("lr_boost", 1.0)
     num("weight_boost", -1.0)
     num("accept_lr", 0.0)

@@ -81,8 +81,8 @@ cdef class MalcolmPolicy(GatewayRules):
     seed : int
         Seeds the gateway's generator and, with ``init="random"``, the initial parameters.
     window_ns : int
-        Distribution-update interval (a window), default 100 µs. The driver calls
-        ``end_window`` every ``window_ns``; the policy only records it.
+        Distribution-update interval (a window), default 100 µs: the driver calls
+        ``end_window`` this often; the policy only records it.
     batch_windows : int
         Policy-optimization interval in windows: AdamW applies the cached gradients once a
         batch. Default 0: ``4 * learn_every`` (0.4 ms below 32 servers, 1.6 ms on 64).
@@ -101,12 +101,13 @@ cdef class MalcolmPolicy(GatewayRules):
         ``consensus_rejected`` when checked); the own critic is kept within it.
     gamma : float
         Discount per window, in [0, 1).
-    critic_lr, actor_lr, accept_lr : float
-        AdamW learning rates of the critic, the actors, and (sparse actors) the own
-        outcome's bias and weight (accept / do not steal; 0 by default, see ``gate_live``).
+    critic_lr, actor_lr, cold_lr, accept_lr : float
+        AdamW learning rates of the critic, the actors (``cold_lr`` > 0 through the first
+        ``beta2_steps`` steps), and (sparse actors) the own outcome's bias and weight
+        (accept / do not steal; 0 by default, see ``gate_live``).
     weight_lr : float
         Sparse actors: the AdamW rate of the load weights (W_jj, W_j,me, j != me), their only
-        state-dependent part; < 0 (default): ``actor_lr``, which the full actors always use.
+        state-dependent part (0.001); < 0: ``actor_lr``, which the full actors always use.
     lr_boost, weight_boost : float
         The actors' AdamW step times 1 + (lr_boost - 1) min(1, d^2)^2, d Adam's per-parameter
         direction m^ / sqrt(v^): up to lr_boost times where recent gradients agree, 1 +
@@ -125,13 +126,12 @@ cdef class MalcolmPolicy(GatewayRules):
         One hop's latency in ns, charged per migration and steal; < 0 (default): the EWMA of
         the heartbeats' one-way delays (values outside [0, 10 windows] are ignored).
     hop_weight : float
-        Weight of that hop in the actors' one-decision advantages (the hop gate uses the
-        full hop). A hop delays one task once; a one-task change of the imbalance lasts
-        until the queues drain, so the myopic advantage weighs the hop against it too much.
+        The hop's weight in the actors' one-decision advantages (the gate uses all of it): it
+        delays one task once, a one-task change of the imbalance lasts till the queues drain.
     hop_cap : float
-        The weighted hop in an advantage is at most this x (s_i + s_me), one task's load on
-        each end: a longer hop would outweigh any one decision's imbalance change, and the
-        actors would stop migrating whatever the queues. 0: no cap.
+        The weighted hop in an advantage is at most this x (s_i + s_me), a task's load on each
+        end, lest it outweigh every decision's imbalance change (the actors would stop
+        migrating whatever the queues). 0: no cap.
     entropy : float
         Weight of the actors' regulariser (payoff units per window): KL(pi || the safe start)
         for the sparse actors or with the capacity prior or the mask, else the entropy bonus
@@ -174,8 +174,8 @@ cdef class MalcolmPolicy(GatewayRules):
         worker) for this many windows, and higher at their end than at their start, resets
         the actors to the start (``resets``). 0 disables.
     load_scale : float
-        ns per unit of load. 0 (default): derived, 1 / mean of the reported service rates
-        (the rack's mean task interval), re-derived when it moves by more than 5%.
+        ns per unit of load. 0 (default): 1 / mean of the reported service rates (the rack's
+        mean task interval), re-derived when it moves by more than 5%.
     load_clip : float
         Scaled loads are clipped to ``[0, load_clip]`` in features and inputs.
     learn : bool
@@ -223,6 +223,7 @@ cdef class MalcolmPolicy(GatewayRules):
         self.gamma, self.critic_lr, self.actor_lr = cfg["gamma"], cfg["critic_lr"], cfg["actor_lr"]
         self.lr_boost, self.weight_boost = cfg["lr_boost"], cfg["weight_boost"]
         self.accept_lr, self.tilt_lr = cfg["accept_lr"], cfg["tilt_lr"]
+        self.cold_lr = cfg["cold_lr"]
         self.use_tilt = self.tilt_lr > 0.0
         self.tilt_max = cfg["tilt_max"]
         self.weight_lr_auto = cfg["weight_lr"] < 0.0
@@ -240,19 +241,15 @@ cdef class MalcolmPolicy(GatewayRules):
         self.load_clip = cfg["load_clip"]
         self.auto_hop = cfg["hop_ns"] < 0.0
         self.hop_ns = 0.0 if self.auto_hop else cfg["hop_ns"]
-        self.hop_weight = cfg["hop_weight"]
-        self.hop_cap = cfg["hop_cap"]
-        self.capacity_prior = cfg["capacity_prior"]
-        self.hop_gate = cfg["hop_gate"]
+        self.hop_weight, self.hop_cap = cfg["hop_weight"], cfg["hop_cap"]
+        self.capacity_prior, self.hop_gate = cfg["capacity_prior"], cfg["hop_gate"]
         self._unshared_config(cfg)
         self.mask_factor = cfg["mask_factor"]
-        self.trust = cfg["trust"]
-        self.runaway_windows = cfg["runaway_windows"]
+        self.trust, self.runaway_windows = cfg["trust"], cfg["runaway_windows"]
         self.theta_bound = cfg["theta_bound"]
         self.consensus = cfg["consensus"]
         self.cons_median = self.consensus == "median"
-        self.init_scale = cfg["init_scale"]
-        self.init = cfg["init"]
+        self.init_scale, self.init = cfg["init_scale"], cfg["init"]
         self.features_kind = cfg["features"]
         self.actor_input = cfg["actor_input"]
         self.actor = cfg["actor"]
@@ -437,18 +434,21 @@ cdef class MalcolmPolicy(GatewayRules):
         cdef double c1, c2, lr, kb = self.lr_boost - 1.0     # the actors' consistency boost
         cdef double kw = (self.weight_boost if self.weight_boost >= 1.0 else self.lr_boost) - 1.0
         self.adam_steps += 1
-        if self.beta2_decay > 0.0 and self.adam_steps <= self.beta2_steps:
-            # through a cold start v follows the recent gradients' scale (item 18)
-            b2 = min(b2, 1.0 - pow(<double>self.adam_steps, -self.beta2_decay))
+        lr, wl = self.actor_lr, self.weight_lr
+        if self.adam_steps <= self.beta2_steps:
+            # a cold start: v follows the recent gradients' scale (item 18) and the biases
+            # step at cold_lr, where item 18's short memory boosts a gradient spike little
+            # (item 19: at cold_lr throughout, heavy-tailed racks lost to the frozen start)
+            if self.beta2_decay > 0.0:
+                b2 = min(b2, 1.0 - pow(<double>self.adam_steps, -self.beta2_decay))
+            lr = self.cold_lr if self.cold_lr > 0.0 else lr
         self.b1t *= b1
         self.b2t *= b2
         c1 = 1.0 / (1.0 - self.b1t)
         c2 = 1.0 / sqrt(1.0 - self.b2t)
         self._fold_gdiag(self.G, True)     # the batch's sparse diagonal gradients into G
-        lr = self.critic_lr
-        mc_ac_adamw(self.P, self.G, self.M, self.V, d, lr, 1.0 - lr * self.weight_decay,
-                    b1, b2, c1, c2, eps, inv_b, 0.0)
-        lr = self.actor_lr
+        mc_ac_adamw(self.P, self.G, self.M, self.V, d, self.critic_lr,
+                    1.0 - self.critic_lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b, 0.0)
         if not self.sparse:
             mc_ac_adamw(self.P + d, self.G + d, self.M + d, self.V + d, npar - d, lr,
                         1.0 - lr * self.weight_decay, b1, b2, c1, c2, eps, inv_b, kb)
@@ -461,7 +461,6 @@ cdef class MalcolmPolicy(GatewayRules):
             # arithmetic, per element): column me, the biases and the diagonal.
             da = 1.0 - self.accept_lr * self.weight_decay
             decay = 1.0 - lr * self.weight_decay
-            wl = self.weight_lr
             dw = 1.0 - wl * self.weight_decay
             me = self.me
             for a in range(2):

@@ -58,6 +58,7 @@ cdef class AgentState(Policy):
     cdef readonly double gamma
     cdef readonly double critic_lr
     cdef readonly double actor_lr
+    cdef readonly double cold_lr         # the biases' rate through the first beta2_steps steps
     cdef readonly double accept_lr
     cdef readonly double weight_lr
     cdef bint weight_lr_auto     # weight_lr < 0 given: it follows actor_lr
