@@ -224,27 +224,34 @@ def adamw_ref(p, g, m, v, t, lr, b1, b2, eps, wd):
     return p - lr * mhat / (np.sqrt(vhat) + eps), m, v
 
 
-def test_adamw_matches_reference_over_several_steps():
-    kw = dict(critic_lr=0.03, actor_lr=0.007, weight_decay=0.05, beta1=0.8, beta2=0.99,
-              eps=1e-6, lr_boost=1.0)
+def _adamw_against_reference(kw, steps, actor_lr_at, seed):
+    """``steps`` AdamW steps of random gradients through ``make(5, 2, **kw)`` against
+    ``adamw_ref``, the actors at ``actor_lr_at(t)`` in step t; returns the policy."""
     p = make(5, 2, **kw)
     d = p.n_theta
     P = p.params
     m = np.zeros_like(P)
     v = np.zeros_like(P)
-    rng = np.random.default_rng(1)
-    for t in range(1, 6):
+    rng = np.random.default_rng(seed)
+    for t in range(1, steps + 1):
         g = rng.normal(size=P.shape) * 10.0 ** rng.uniform(-3, 1, size=P.shape)
         hooks.apply_adamw(p, g)
         Pc, mc, vc = adamw_ref(P[:d], g[:d], m[:d], v[:d], t, kw["critic_lr"], kw["beta1"],
                                kw["beta2"], kw["eps"], kw["weight_decay"])
-        Pa, ma, va = adamw_ref(P[d:], g[d:], m[d:], v[d:], t, kw["actor_lr"], kw["beta1"],
+        Pa, ma, va = adamw_ref(P[d:], g[d:], m[d:], v[d:], t, actor_lr_at(t), kw["beta1"],
                                kw["beta2"], kw["eps"], kw["weight_decay"])
         P, m, v = np.concatenate([Pc, Pa]), np.concatenate([mc, ma]), np.concatenate([vc, va])
         np.testing.assert_allclose(p.params, P, rtol=1e-12, atol=1e-14)
         pm, pv = p.adam_moments
         np.testing.assert_allclose(pm, m, rtol=1e-12, atol=1e-300)
         np.testing.assert_allclose(pv, v, rtol=1e-12, atol=1e-300)
+    return p
+
+
+def test_adamw_matches_reference_over_several_steps():
+    kw = dict(critic_lr=0.03, actor_lr=0.007, weight_decay=0.05, beta1=0.8, beta2=0.99,
+              eps=1e-6, lr_boost=1.0)
+    p = _adamw_against_reference(kw, 5, lambda t: kw["actor_lr"], 1)
     # the new weights reach the published distribution
     u = p.loads / S
     np.testing.assert_allclose(p.probs_migrate, softmax(p.W_migrate @ u + p.B_migrate),
@@ -290,21 +297,8 @@ def test_cold_lr_steps_the_actors_through_the_cold_start(steps):
     and items 1-18) is actor_lr throughout: the reference test above."""
     kw = dict(critic_lr=0.03, actor_lr=0.007, cold_lr=0.05, weight_decay=0.05, beta1=0.8,
               beta2=0.99, eps=1e-6, lr_boost=1.0, beta2_steps=steps)
-    p = make(5, 2, **kw)
-    d = p.n_theta
-    P = p.params
-    m, v = np.zeros_like(P), np.zeros_like(P)
-    rng = np.random.default_rng(4)
-    for t in range(1, 61):
-        g = rng.normal(size=P.shape) * 10.0 ** rng.uniform(-3, 1, size=P.shape)
-        hooks.apply_adamw(p, g)
-        alr = kw["actor_lr"] if 0 < steps < t else kw["cold_lr"]
-        Pc, mc, vc = adamw_ref(P[:d], g[:d], m[:d], v[:d], t, kw["critic_lr"], kw["beta1"],
-                               kw["beta2"], kw["eps"], kw["weight_decay"])
-        Pa, ma, va = adamw_ref(P[d:], g[d:], m[d:], v[d:], t, alr, kw["beta1"], kw["beta2"],
-                               kw["eps"], kw["weight_decay"])
-        P, m, v = np.concatenate([Pc, Pa]), np.concatenate([mc, ma]), np.concatenate([vc, va])
-        np.testing.assert_allclose(p.params, P, rtol=1e-10, atol=1e-13)
+    _adamw_against_reference(
+        kw, 60, lambda t: kw["actor_lr"] if 0 < steps < t else kw["cold_lr"], 4)
     assert ac.DEFAULTS["cold_lr"] == 0.015 and THESIS["cold_lr"] == 0.0
     assert ac.DEFAULTS["beta2_steps"] == 250 and ac.DEFAULTS["weight_lr"] == 0.001
 

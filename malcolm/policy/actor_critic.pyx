@@ -81,8 +81,8 @@ cdef class MalcolmPolicy(GatewayRules):
     seed : int
         Seeds the gateway's generator and, with ``init="random"``, the initial parameters.
     window_ns : int
-        Distribution-update interval (a window), default 100 µs: the driver calls
-        ``end_window`` this often; the policy only records it.
+        Distribution-update interval (a window), default 100 µs. The driver calls
+        ``end_window`` every ``window_ns``; the policy only records it.
     batch_windows : int
         Policy-optimization interval in windows: AdamW applies the cached gradients once a
         batch. Default 0: ``4 * learn_every`` (0.4 ms below 32 servers, 1.6 ms on 64).
@@ -126,12 +126,13 @@ cdef class MalcolmPolicy(GatewayRules):
         One hop's latency in ns, charged per migration and steal; < 0 (default): the EWMA of
         the heartbeats' one-way delays (values outside [0, 10 windows] are ignored).
     hop_weight : float
-        The hop's weight in the actors' one-decision advantages (the gate uses all of it): it
-        delays one task once, a one-task change of the imbalance lasts till the queues drain.
+        Weight of that hop in the actors' one-decision advantages (the hop gate uses the
+        full hop). A hop delays one task once; a one-task change of the imbalance lasts
+        until the queues drain, so the myopic advantage weighs the hop against it too much.
     hop_cap : float
-        The weighted hop in an advantage is at most this x (s_i + s_me), a task's load on each
-        end, lest it outweigh every decision's imbalance change (the actors would stop
-        migrating whatever the queues). 0: no cap.
+        The weighted hop in an advantage is at most this x (s_i + s_me), one task's load on
+        each end: a longer hop would outweigh any one decision's imbalance change, and the
+        actors would stop migrating whatever the queues. 0: no cap.
     entropy : float
         Weight of the actors' regulariser (payoff units per window): KL(pi || the safe start)
         for the sparse actors or with the capacity prior or the mask, else the entropy bonus
@@ -174,8 +175,8 @@ cdef class MalcolmPolicy(GatewayRules):
         worker) for this many windows, and higher at their end than at their start, resets
         the actors to the start (``resets``). 0 disables.
     load_scale : float
-        ns per unit of load. 0 (default): 1 / mean of the reported service rates (the rack's
-        mean task interval), re-derived when it moves by more than 5%.
+        ns per unit of load. 0 (default): derived, 1 / mean of the reported service rates
+        (the rack's mean task interval), re-derived when it moves by more than 5%.
     load_clip : float
         Scaled loads are clipped to ``[0, load_clip]`` in features and inputs.
     learn : bool
