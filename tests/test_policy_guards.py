@@ -14,6 +14,10 @@ hooks = pytest.importorskip("malcolm.policy._testing")
 MalcolmPolicy = ac.MalcolmPolicy
 
 T = 50_000.0        # one task's service time in these tests, ns
+# Items 1-18's rates: a large actor_lr steps every actor parameter from the first step, not
+# cold_lr through a cold start nor weight_lr for the load weights (item 19), so that the
+# guards below see the steps their tests force.
+STEP_ALL = dict(cold_lr=0.0, weight_lr=-1)
 
 
 def rates_of(workers):
@@ -213,8 +217,7 @@ def test_the_overload_mask_spares_a_server_with_idle_workers():
 # ---------------------------------------------------------------- trust region and reset
 def test_trust_region_bounds_every_actor_parameter():
     n, me = 3, 0
-    p = MalcolmPolicy(n, me, seed=1, batch_windows=1, actor_lr=1.0, cold_lr=0.0, weight_lr=-1,
-                      trust=0.5)
+    p = MalcolmPolicy(n, me, seed=1, batch_windows=1, actor_lr=1.0, trust=0.5, **STEP_ALL)
     p0 = p.params
     rates = rates_of([2, 2, 2])
     rng = np.random.default_rng(1)
@@ -241,8 +244,8 @@ def test_trust_region_bounds_every_actor_parameter():
 
 def test_runaway_own_queue_resets_the_actors():
     n, me = 4, 0
-    p = MalcolmPolicy(n, me, seed=1, batch_windows=1, actor_lr=0.5, cold_lr=0.0, weight_lr=-1,
-                      runaway_windows=10)
+    p = MalcolmPolicy(n, me, seed=1, batch_windows=1, actor_lr=0.5, runaway_windows=10,
+                      **STEP_ALL)
     p0 = p.params
     rates = rates_of([1, 1, 1, 1])
     for w in range(30):         # learn something
@@ -272,8 +275,8 @@ def test_runaway_bar_is_sixteen_own_task_times_not_sixteen_tasks():
     past 256 tasks it resets."""
     n, me = 4, 0
     rates = rates_of([16, 1, 1, 1])
-    p = MalcolmPolicy(n, me, seed=1, batch_windows=1, actor_lr=0.5, cold_lr=0.0, weight_lr=-1,
-                      runaway_windows=10)
+    p = MalcolmPolicy(n, me, seed=1, batch_windows=1, actor_lr=0.5, runaway_windows=10,
+                      **STEP_ALL)
     p.workers = 16
     for w in range(30):                       # learn something
         feed(p, w, np.array([16.0, 1.0, 0.0, 1.0]) / rates, rates)
@@ -289,8 +292,7 @@ def test_runaway_bar_is_sixteen_own_task_times_not_sixteen_tasks():
 
 def _learnt(n, me, **kw):
     """An agent whose actors moved from the safe start (a reset has something to undo)."""
-    p = MalcolmPolicy(n, me, seed=1, batch_windows=1, actor_lr=0.5, cold_lr=0.0, weight_lr=-1,
-                      **kw)
+    p = MalcolmPolicy(n, me, seed=1, batch_windows=1, actor_lr=0.5, **STEP_ALL, **kw)
     rates = rates_of([4] * n)
     for w in range(30):
         loads = np.arange(n, dtype=float)[::-1] * T / 4
@@ -619,9 +621,9 @@ def test_the_simulator_reports_the_guards_per_server_and_says_when_they_fired():
     from malcolm.cli import main
     from malcolm.commands.sim import guard_note
     args = ["sim", "--servers", "2x16,14x1", "--load", "0.95", "--tasks", "100000", "--policy"]
-    r = CliRunner().invoke(main, args + ["malcolm:actor_lr=0.5,cold_lr=0,weight_lr=-1,"
-                                         "batch_windows=1,runaway_windows=10,mask_factor=0",
-                                         "--json", "-"])
+    step_all = ",".join(f"{k}={v}" for k, v in STEP_ALL.items())
+    r = CliRunner().invoke(main, args + [f"malcolm:actor_lr=0.5,{step_all},batch_windows=1,"
+                                         "runaway_windows=10,mask_factor=0", "--json", "-"])
     assert r.exit_code == 0, r.output
     ps = json.loads(r.stdout)["runs"][0]["policy_stats"]
     assert len(ps) == 16 and all(d["windows"] > 100 and d["learn"] for d in ps)
