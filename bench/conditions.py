@@ -14,7 +14,9 @@ servers of 1-16 workers, every thesis workload, loads in ``--load-range``, one-w
 Every policy runs on every rack (default Malcolm, JSQ, JBT, client po2, and each
 ``--policy``). For every policy that is not a baseline it reports the fraction of racks where
 its p99 is within 5% of the best of JSQ, JBT and po2, its worst ratio to that best, and the
-geometric mean of the ratio, overall and per condition. Not part of CI: 150 racks take about
+geometric mean of the ratio, overall and per condition; with ``--policy malcolm:learn=0``
+also how often learning is below, equal to or above its frozen start, and the worst ratio.
+Not part of CI: 150 racks take about
 30 s on 2 cores (60 000 tasks each). ``--quick`` runs 10 racks of 10 000 tasks::
 
     python3 bench/conditions.py --policy malcolm:steal_idle=0
@@ -74,6 +76,9 @@ def draw_racks(count, seed, loads=(0.3, 0.95), tasks=60_000):
     return out
 
 
+FROZEN = "malcolm:learn=0"
+
+
 def _run(job):
     from malcolm.sim import simulate
     sc, policy, seed = job
@@ -100,10 +105,20 @@ def summarize(racks, p99, policies):
     return out
 
 
+def learnt_vs_frozen(racks, p99):
+    """Malcolm's p99 over its frozen start's (``malcolm:learn=0``), rack by rack: (lower,
+    equal, higher, the worst ratio and its rack)."""
+    rows = [(p99[(sc["id"], "malcolm")] / p99[(sc["id"], FROZEN)], sc) for sc in racks]
+    worst = max(rows, key=lambda r: r[0])
+    return (sum(r < 1 for r, _ in rows), sum(r == 1 for r, _ in rows),
+            sum(r > 1 for r, _ in rows), worst[0], worst[1])
+
+
 def main(argv=None):
     ap = g.parser(__doc__, """
         python3 bench/conditions.py --policy malcolm:steal_idle=0
         python3 bench/conditions.py --seed 4445 --load-range 0.8,0.95
+        python3 bench/conditions.py --seed 7121236 --policy malcolm:learn=0
         python3 bench/conditions.py --quick --procs 1 --json -""")
     ap.add_argument("--racks", type=int, default=150, help="racks to draw (default 150)")
     ap.add_argument("--seed", type=int, default=4444, help="draws the racks (default 4444)")
@@ -140,6 +155,11 @@ def main(argv=None):
                 n, w5, worst, gm = groups[c]
                 lines.append(f"| {pol} | {c} | {n} | {100 * w5 / n:.1f}% | {worst:.2f} | "
                              f"{gm:.3f} |")
+    if FROZEN in policies:
+        lo, eq, hi, worst, sc = learnt_vs_frozen(racks, p99)
+        lines += ["", f"Learnt against its frozen start ({FROZEN}): lower on {lo}, equal on "
+                  f"{eq}, higher on {hi} of {len(racks)} racks; worst {worst:.3f} "
+                  f"({sc['rack']}, {sc['workload']} at {sc['load']:g}, {sc['condition']})"]
     print("\n".join(lines))
     keys = ("racks", "within5", "worst", "gmean")
     g.write_json(a, {"racks": racks, "runs": [dict(id=i, policy=p, p99_us=v)

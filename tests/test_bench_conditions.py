@@ -41,6 +41,24 @@ def test_quick_run_reports_every_policy_and_condition(tmp_path, capsys):
     assert len(d["racks"]) == 10 and len(d["runs"]) == 10 * 5
     s = d["summary"]["malcolm"]["all"]
     assert s["racks"] == 10 and 0 <= s["within5"] <= 10 and s["worst"] > 0
+    # learnt against frozen, counted from the same runs as the JSON's
+    p99 = {(r["id"], r["policy"]): r["p99_us"] for r in d["runs"]}
+    ratios = [p99[(sc["id"], "malcolm")] / p99[(sc["id"], "malcolm:learn=0")]
+              for sc in d["racks"]]
+    lo, eq, hi = (sum(r < 1 for r in ratios), sum(r == 1 for r in ratios),
+                  sum(r > 1 for r in ratios))
+    assert (f"Learnt against its frozen start (malcolm:learn=0): lower on {lo}, equal on {eq}, "
+            f"higher on {hi} of 10 racks; worst {max(ratios):.3f}") in text
+
+
+def test_learnt_vs_frozen_counts_each_rack_once():
+    racks = [dict(id=i, rack="1x1,1x2", workload="exp:50", load=0.5, condition="loss")
+             for i in range(3)]
+    p99 = {(0, "malcolm"): 90.0, (0, conditions.FROZEN): 100.0,
+           (1, "malcolm"): 100.0, (1, conditions.FROZEN): 100.0,
+           (2, "malcolm"): 104.0, (2, conditions.FROZEN): 100.0}
+    lo, eq, hi, worst, sc = conditions.learnt_vs_frozen(racks, p99)
+    assert (lo, eq, hi, sc["id"]) == (1, 1, 1, 2) and abs(worst - 1.04) < 1e-12
 
 
 def test_bad_arguments_are_one_line_errors(capsys):

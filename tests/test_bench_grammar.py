@@ -25,7 +25,8 @@ SCRIPTS = sorted(
                                                "bias_drift.py", "conditions.py",
                                                "light_load.py", "policy_room.py",
                                                "rocksdb_pad.py", "verbs_first_batch.py",
-                                               "scale.py", "window_cpu.py", "settle_sweep.py")])
+                                               "scale.py", "window_cpu.py", "settle_sweep.py",
+                                               "reconverge_sweep.py")])
 
 
 def _run(*args, cwd=ROOT, timeout=120):
@@ -119,11 +120,8 @@ def test_json_to_stdout_with_metadata_and_text_to_stderr(tmp_path):
 
 
 def test_the_real_rack_scripts_servers_presets_and_specs():
-    import importlib.util
-    path = os.path.join(ROOT, "bench", "figures", "fig7_3_4_rack.py")
-    spec = importlib.util.spec_from_file_location("fig7_3_4_rack", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    import bench_scripts
+    mod = bench_scripts.load("bench/figures/fig7_3_4_rack.py")
     assert mod.servers("homo")[1] == [1, 1, 1] and mod.servers("hetero")[1] == [2, 1, 1]
     assert mod.servers("2x2,1x1") == ("fig7_3_4_rack_2x2+1x1", [2, 2, 1], "2x2,1x1")
     with pytest.raises(argparse.ArgumentTypeError):

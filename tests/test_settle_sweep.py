@@ -1,32 +1,26 @@
 """``bench/settle_sweep.py``: its draw stays in the family it names, and a short run reports
 every rack's settle time with the learning curve's rule."""
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "bench", "settle_sweep.py")
+import bench_scripts
 
-
-def _module():
-    spec = importlib.util.spec_from_file_location("settle_sweep", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+ROOT = bench_scripts.ROOT
+SCRIPT = os.path.join(ROOT, "bench/settle_sweep.py")
+SWEEP = bench_scripts.load("bench/settle_sweep.py")      # its functions, without running main
 
 
 def test_the_draw_is_the_family_it_names_and_repeats():
-    mod = _module()
-    racks = mod.draw(50, 7)
-    assert racks == mod.draw(50, 7) and racks != mod.draw(50, 8)
+    racks = SWEEP.draw(50, 7)
+    assert racks == SWEEP.draw(50, 7) and racks != SWEEP.draw(50, 8)
     for spec, load in racks:
         groups = [tuple(int(v) for v in grp.split("x")) for grp in spec.split(",")]
         sizes = [s for _, s in groups]
         assert 2 <= len(groups) <= 4 and len(set(sizes)) == len(sizes)
-        assert set(sizes) <= set(mod.SIZES) and all(1 <= c <= 10 for c, _ in groups)
+        assert set(sizes) <= set(SWEEP.SIZES) and all(1 <= c <= 10 for c, _ in groups)
         assert 3 <= sum(c for c, _ in groups) <= 24 and 0.7 <= load <= 0.9
 
 
@@ -65,3 +59,43 @@ def test_the_bins_are_whole_bins():
     span_ms = r.sim_time_s * 1000.0
     assert nb == int(span_ms // 2.0) and len(imb) == nb and span_ms % 2.0 > 0
     assert (imb > 0).all()            # every bin has the loads of a whole 2 ms
+
+
+def test_several_seeds_report_each_and_the_mean_curve(tmp_path):
+    out = tmp_path / "s.json"
+    r = subprocess.run([sys.executable, SCRIPT, "--racks", "2x4,2x1@0.8", "--ms", "30",
+                        "--ref-ms", "60", "--seeds", "1,2", "--procs", "1", "--json", str(out)],
+                       capture_output=True, text=True, cwd=str(tmp_path), timeout=300)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(out.read_text())
+    assert d["seeds"] == [1, 2]
+    assert [(x["rack"], x["load"]) for x in d["racks"]] == [("2x4,2x1", 0.8)]
+    row = d["racks"][0]["malcolm"]
+    assert set(row["seeds"]) == {"1", "2"}
+    for v in row["seeds"].values():
+        assert v["settle_ms"] is None or 0 <= v["settle_ms"] <= 30
+        assert v["ref_imbalance_us"] > 0
+    m = row["mean_curve_settle_ms"]
+    assert m is None or 0 <= m <= 30
+    assert "the mean curve within 50 ms on" in r.stdout and "of 2 runs" in r.stdout
+    for args, word in ((["--seeds", "1,1"], "distinct seeds"),
+                       (["--racks", "2x4,2y1@0.8"], "SPEC@LOAD"),
+                       (["--racks", "2x4@1.5"], "SPEC@LOAD"), (["--racks", "2x4"], "SPEC@LOAD")):
+        bad = subprocess.run([sys.executable, SCRIPT, *args],
+                             capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 2 and word in bad.stderr.strip().splitlines()[-1], args
+
+
+def test_the_mean_curve_rule_reads_the_mean_of_the_seeds():
+    """A run whose noise crosses the bar late settles late alone, while the mean with a
+    run that is low then settles at once; the curves are cut to the shorter."""
+    import numpy as np
+    a = np.full(20, 100.0)
+    b = np.full(21, 100.0)
+    a[10] = a[11] = a[12] = 130.0         # one run's bump above 1.1x + 1
+    b[10] = b[11] = b[12] = 80.0          # the other's dip below, at the same time
+    runs = [(None, 100.0, 0.0, a), (None, 100.0, 0.0, b)]
+    bar = 1.1 * 100.0 + 1.0
+    assert np.convolve(a, np.ones(3) / 3, "same")[11] > bar
+    assert SWEEP.mean_curve_settle(runs) == 0.0
+    assert SWEEP.settle_ms((np.arange(20) + 0.5) * 10, a, 10.0, 100.0) == 130.0

@@ -87,6 +87,40 @@ def reconverge_ms(tm, spread, t_change_ms, hold_ms=50, ref=None, factor=1.5):
     return float("inf")
 
 
+def type_loads(r, duration_ms):
+    """A run's mean load per server type in 1 ms bins up to ``duration_ms``, and their
+    spread (the largest type's mean minus the smallest's): (bin centres, {type: loads},
+    spread)."""
+    t = r.loads["t_us"]
+    L = r.loads.get("true_load_us", r.loads["load_us"])
+    keep = t <= duration_ms * 1000
+    t, L = t[keep], L[keep]
+    per = {}
+    for ty, idx in TYPES.items():
+        tm, per[ty] = bins(t, L[:, idx].mean(axis=1), 1)
+    stack = np.vstack(list(per.values()))
+    return tm, per, stack.max(axis=0) - stack.min(axis=0)
+
+
+def settle_times(tm, spread, t_change_ms, duration_ms):
+    """Re-converge (1.5x of the spread before the change), settle (1.5x of the own new
+    level: the mean of the run's last quarter) and settle within 1.2x, in ms."""
+    last = spread[tm > duration_ms - (duration_ms - t_change_ms) / 4]
+    ref = float(last.mean())
+    return (reconverge_ms(tm, spread, t_change_ms),
+            reconverge_ms(tm, spread, t_change_ms, ref=ref),
+            reconverge_ms(tm, spread, t_change_ms, ref=ref, factor=1.2))
+
+
+def run_case(sc, name, pol, seed, rate_mult, duration_ms):
+    """One scenario's run for one policy and seed (arrivals for about ``duration_ms``)."""
+    # tasks from the average rate over the run, so arrivals last about `duration`
+    rate = sc["rate_tps"] if "rate" not in name else 450e3 * rate_mult
+    tasks = int(rate * duration_ms / 1000)
+    return simulate(rack=RACK, policy=pol, workload="exp:50", tasks=tasks, seed=seed,
+                    warmup=0.0, record_loads=True, **sc)
+
+
 def created_ms(n, rate0, rate1, t_change_ms):
     """Estimated creation time (ms) of the first ``n`` tasks: Poisson arrivals at ``rate0``
     tasks/s until the change and ``rate1`` after it, so the i-th comes at i / rate on
@@ -136,24 +170,9 @@ def main():
     rows, recon, curves = [], [], {}
     for name, sc in scenarios(a.t_change * 1000, a.rate_mult).items():
         for pol in pols:
-            # tasks from the average rate over the run, so arrivals last about `duration`
-            rate = sc["rate_tps"] if "rate" not in name else 450e3 * a.rate_mult
-            tasks = int(rate * a.duration / 1000)
-            r = simulate(rack=RACK, policy=pol, workload="exp:50", tasks=tasks, seed=a.seed,
-                         warmup=0.0, record_loads=True, **sc)
-            t = r.loads["t_us"]
-            L = r.loads.get("true_load_us", r.loads["load_us"])
-            keep = t <= a.duration * 1000
-            t, L = t[keep], L[keep]
-            per = {}
-            for ty, idx in TYPES.items():
-                tm, per[ty] = bins(t, L[:, idx].mean(axis=1), 1)
-            stack = np.vstack(list(per.values()))
-            spread = stack.max(axis=0) - stack.min(axis=0)
-            rc = reconverge_ms(tm, spread, a.t_change)
-            last = spread[tm > a.duration - (a.duration - a.t_change) / 4]
-            st = reconverge_ms(tm, spread, a.t_change, ref=float(last.mean()))
-            st12 = reconverge_ms(tm, spread, a.t_change, ref=float(last.mean()), factor=1.2)
+            r = run_case(sc, name, pol, a.seed, a.rate_mult, a.duration)
+            tm, per, spread = type_loads(r, a.duration)
+            rc, st, st12 = settle_times(tm, spread, a.t_change, a.duration)
             # the arrival rate after the change: the scenario's own, where it sets one
             rate1 = next((c.rate_tps for c in sc["changes"] if c.rate_tps), sc["rate_tps"])
             cm = created_ms(len(r.latencies_us), sc["rate_tps"], rate1, a.t_change)
