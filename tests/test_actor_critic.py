@@ -661,6 +661,60 @@ def test_marginal_advantage_gradient_matches_brute_force_and_finite_differences(
     assert np.array_equal(p.grad_cache[d:], before)
 
 
+@pytest.mark.parametrize("herd", [0.7, 2.0])
+def test_herd_term_matches_a_reference(herd):
+    """herd > 0: each migrate advantage is the one-task change of the potential after peer
+    i's load has taken herd x M x (q_i - c_i) x s_i, M the rack's migrations in the window
+    (the peers' heartbeat counts here), q_i this agent's share of its migrations to i, c_i
+    i's share of the peers' rates; the accept outcome and the steal advantages as without."""
+    n, me, mc, sc, beta = 5, 2, 0.05, 0.03, 0.1
+    p = make(n, me, init_scale=0.3, entropy=beta, migration_cost=mc, steal_cost=sc,
+             advantage="difference", load_clip=4.0, herd=herd)
+    assert p.config()["herd"] == herd
+    rates = np.array([14.0, 14.0, 4.0, 4.0, 8.0]) / S
+    s = 1.0 / (rates * S)
+    loads_a = np.array([0.5, 2.0, 9.0, 1.0, 3.0]) * S
+    hooks.step(p, 0, loads_a[me], list(loads_a), rates=list(rates),
+               peer_migrations=[10, 20, 0, 5, 7])
+    u_a = np.minimum(loads_a / S, 4.0)
+    pim, pis = p.probs_migrate, p.probs_steal
+    hooks.sample_many(p, "arrival", 40)
+    hooks.sample_many(p, "steal", 40)
+    # close loads and 40 migrations in the window: the herd's shifts cross other loads
+    loads_b = np.array([1.0, 1.2, 1.6, 1.1, 0.9]) * S
+    hooks.step(p, 1, loads_b[me], list(loads_b), rates=list(rates),
+               peer_migrations=[25, 30, 0, 10, 12])      # 15 + 10 + 5 + 5 in the window
+    v = loads_b / S
+    q = pim / (1.0 - pim[me])
+    c = rates / (rates.sum() - rates[me])
+    dh = herd * 35 * (q - c) * s
+    am = np.empty(n)
+    for i in range(n):
+        w = v.copy()
+        if i != me:
+            w[i] += dh[i]
+        base = ref_imbalance(w)
+        w[i] += s[i]
+        am[i] = -(ref_imbalance(w) - base) - (mc if i != me else 0.0)
+    am0, ast = ref_marginal_advantages(v, s, me, mc, sc)
+    am0 -= am0[me] - am[me]                    # the same constant as am's (it drops out)
+    assert np.abs(am - am0).max() > 0.1        # the term changes the migrate advantages
+
+    def closed(pi, A):
+        return -pi * (A - pi @ A) + beta * pi * (np.log(pi) - (pi * np.log(pi)).sum())
+
+    g_bm, g_bs = closed(pim, am), closed(pis, ast)
+    ref = np.concatenate([np.outer(g_bm, u_a).T.ravel(), g_bm,
+                          np.outer(g_bs, u_a).T.ravel(), g_bs])
+    np.testing.assert_allclose(p.grad_cache[p.n_theta:], ref, rtol=1e-9, atol=1e-12)
+
+
+def test_herd_is_validated():
+    for bad in (-0.1, 11.0, float("nan")):
+        with pytest.raises(ValueError, match="herd"):
+            MalcolmPolicy(4, 0, herd=bad)
+
+
 @pytest.mark.parametrize("state", ["decision", "window"])
 def test_steal_advantage_is_credited_at_the_own_load_where_the_steals_went_ahead(state):
     """steal_state="decision" (the default) with the live gate: a steal's one-task change of

@@ -8,6 +8,7 @@
  * k <= MC_SORT_MAX. */
 #ifndef MALCOLM_SORT_KERNELS_H
 #define MALCOLM_SORT_KERNELS_H
+#include <math.h>
 
 #define MC_SORT_MAX 64
 
@@ -153,5 +154,28 @@ static inline double mc_absdev(const double *v, const double *pre, int k, double
    count either way; a 4- or 8-server window was 7-9% slower with the fixed search) */
 static inline double mc_absdev64(const double *v, const double *pre, int k, double a) {
     return mc_absdev_at(pre, k, a, k > 32 ? mc_count_below64(v, a) : mc_count_below(v, k, a));
+}
+
+/* The herd term (AgentState._marginal_advantages, herd > 0): peer i's load raised by what
+   it would receive if every agent of the rack migrated as this one does, dh_i = (hq p_i -
+   hc r_i) s_i, where p is the published migrate distribution, r the peers' rates and s_i
+   one task at i. Its two scales: hq = hm / (1 - p_me) turns p_i into this agent's share
+   of its migrations, hc = hm / sum_{j != me} r_j gives i's capacity share, and hm = herd
+   times the rack's migrations in the last window. 0 where a share is undefined. */
+static inline void mc_herd_scales(const double *p, const double *r, int n, int me, double hm,
+                                  double *hq, double *hc) {
+    double q = 1.0 - p[me], c = 0.0;
+    for (int j = 0; j < n; j++) c += j != me ? r[j] : 0.0;
+    *hq = q > 1e-9 ? hm / q : 0.0;
+    *hc = c > 0.0 ? hm / c : 0.0;
+}
+
+/* sum_{k != i} |v_i + dh + s - v_k| - |v_i + dh - v_k|: one task of load s joining server
+   i after the herd raised its load by dh, over the sorted loads v (which hold v_i itself,
+   whose own term |dh + s| - |dh| is taken off). */
+static inline double mc_absdev_step64(const double *v, const double *pre, int k, double vi,
+                                      double s, double dh) {
+    return (mc_absdev64(v, pre, k, vi + dh + s) - mc_absdev64(v, pre, k, vi + dh))
+           - (fabs(dh + s) - fabs(dh));
 }
 #endif

@@ -50,6 +50,8 @@ DEFAULTS = dict(
     # The per-agent difference advantage is the default; "td" is Algorithm 1's TD-error
     # actor, kept for fidelity (see docs/policy.md, "Deviations").
     advantage="difference",
+    herd=0.0,                   # > 0: the herd term in the migrate advantages (stale or
+    #                             simultaneous reports; docs/policy.md "Open problems")
     hop_ns=-1.0,                # < 0: one-way delay measured from heartbeats
     hop_weight=0.3,             # the hop's weight in the actors' advantages (not the gate)
     hop_cap=1.0,                # weighted hop <= this x (s_i + s_me) in an advantage; 0: off
@@ -148,6 +150,7 @@ def check_params(params):
     num("critic_lr", 0.0)
     num("actor_lr", 0.0)
     num("cold_lr", 0.0)
+    num("herd", 0.0, 10.0)
     num("lr_boost", 1.0)
     num("weight_boost", -1.0)
     num("accept_lr", 0.0)

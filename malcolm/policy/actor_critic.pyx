@@ -122,6 +122,9 @@ cdef class MalcolmPolicy(GatewayRules):
         the first ``beta2_steps`` steps (0: all) and beta2 after them.
     migration_cost, steal_cost : float
         Cost C(a) of one migration / one steal in ``load_scale`` units, on top of one hop.
+    herd : float
+        > 0: a peer's load in a migrate advantage first takes ``herd`` x what the rack would
+        send it if every agent migrated as this one does (0: off; ``mc_herd_scales``).
     hop_ns : float
         One hop's latency in ns, charged per migration and steal; < 0 (default): the EWMA of
         the heartbeats' one-way delays (values outside [0, 10 windows] are ignored).
@@ -224,17 +227,15 @@ cdef class MalcolmPolicy(GatewayRules):
         self.gamma, self.critic_lr, self.actor_lr = cfg["gamma"], cfg["critic_lr"], cfg["actor_lr"]
         self.lr_boost, self.weight_boost = cfg["lr_boost"], cfg["weight_boost"]
         self.accept_lr, self.tilt_lr = cfg["accept_lr"], cfg["tilt_lr"]
-        self.cold_lr = cfg["cold_lr"]
-        self.use_tilt = self.tilt_lr > 0.0
-        self.tilt_max = cfg["tilt_max"]
+        self.cold_lr, self.herd = cfg["cold_lr"], cfg["herd"]
+        self.use_tilt, self.tilt_max = self.tilt_lr > 0.0, cfg["tilt_max"]
         self.weight_lr_auto = cfg["weight_lr"] < 0.0
         self.weight_lr = cfg["actor_lr"] if self.weight_lr_auto else cfg["weight_lr"]
         self.weight_decay, self.beta1 = cfg["weight_decay"], cfg["beta1"]
         self.beta2, self.beta2_decay = cfg["beta2"], cfg["beta2_decay"]
         self.beta2_steps = cfg["beta2_steps"] if cfg["beta2_steps"] > 0 else UINT64_MAX
-        self.eps = cfg["eps"]
         self.migration_cost, self.steal_cost = cfg["migration_cost"], cfg["steal_cost"]
-        self.entropy = cfg["entropy"]
+        self.eps, self.entropy = cfg["eps"], cfg["entropy"]
         # load_scale=0: a fallback (the old default, 50 µs) until the first rates arrive,
         # then the rack's mean task interval (see _rescale)
         self.auto_scale = cfg["load_scale"] == 0.0
@@ -247,12 +248,10 @@ cdef class MalcolmPolicy(GatewayRules):
         self._unshared_config(cfg)
         self.mask_factor = cfg["mask_factor"]
         self.trust, self.runaway_windows = cfg["trust"], cfg["runaway_windows"]
-        self.theta_bound = cfg["theta_bound"]
-        self.consensus = cfg["consensus"]
+        self.theta_bound, self.consensus = cfg["theta_bound"], cfg["consensus"]
         self.cons_median = self.consensus == "median"
         self.init_scale, self.init = cfg["init_scale"], cfg["init"]
-        self.features_kind = cfg["features"]
-        self.actor_input = cfg["actor_input"]
+        self.features_kind, self.actor_input = cfg["features"], cfg["actor_input"]
         self.actor = cfg["actor"]
         self.sparse = self.actor == "sparse"
         self.rel_input = self.actor_input == "relative" and not self.sparse
@@ -346,7 +345,8 @@ cdef class MalcolmPolicy(GatewayRules):
         own_stl = <double>(now_stl - self.own_stl_seen) if now_stl >= self.own_stl_seen else 0.0
         self.own_mig_seen = now_mig
         self.own_stl_seen = now_stl
-        cost = (self.migration_cost * (own_mig + <double>self.win_peer_mig)
+        self.rack_mig = own_mig + <double>self.win_peer_mig      # for the herd term
+        cost = (self.migration_cost * self.rack_mig
                 + self.steal_cost * (own_stl + <double>self.win_peer_stl))
         self.win_peer_mig = 0
         self.win_peer_stl = 0

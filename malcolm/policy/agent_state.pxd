@@ -91,6 +91,8 @@ cdef class AgentState(Policy):
     cdef readonly str advantage    # "td" (delta * (k/K - pi)) or "marginal" (see docstring)
     cdef bint marginal               # "marginal" or "difference"
     cdef bint adv_next               # "difference": advantages at the end-of-window state
+    cdef readonly double herd        # the herd term's weight (0: off; _marginal_advantages)
+    cdef double rack_mig             # the rack's migrations in the last window (own + peers')
     cdef public bint learn
 
     # sizes

@@ -33,6 +33,8 @@ cdef extern from "policy/_sort_kernels.h" nogil:
     void mc_sort_pairs(double* key, int* idx, int k) noexcept nogil
     double mc_absdev64(const double* v, const double* pre, int k, double a) noexcept nogil
     double mc_absdev_at(const double* pre, int k, double a, int lo) noexcept nogil
+    void mc_herd_scales(const double*, const double*, int, int, double, double*, double*)
+    double mc_absdev_step64(const double*, const double*, int, double, double, double)
 
 
 # Sane bounds on heartbeat-derived inputs (issue 13): 1000 s of queued work, 1e9 tasks in a
@@ -295,6 +297,8 @@ cdef class AgentState(Policy):
         F(a) = sum_k |a - v_k| over the sorted loads: O(log n) per outcome. Outcomes the
         published distribution gives probability 0 (masked) get no gradient and are skipped,
         and so is an actor that took no decision in the window (``do_mig``, ``do_stl``).
+        With ``herd`` > 0 a peer's load first takes what the rack would send it if every
+        agent migrated as this one does (``mc_herd_scales``): every agent reads one report.
         """
         cdef int n = self.n, me = self.me, i
         cdef double* am = self.adv
@@ -308,6 +312,7 @@ cdef class AgentState(Policy):
         cdef const double* srt = self.srt
         cdef const double* pre = self.pre
         cdef int p, lo, k
+        cdef double hq = 0.0, hcs = 0.0          # the herd term's scales (herd > 0)
         self._sort_loads()
         k = self.nsrt
         norm = 2.0 / (self.nsrt - 1) if self.nsrt > 1 else 0.0
@@ -324,6 +329,8 @@ cdef class AgentState(Policy):
         vme = self.x[me] * inv
         fme = fv[self.pos[me]]
         fme_up = mc_absdev64(srt, pre, k, vme + sme)
+        if self.herd > 0.0:
+            mc_herd_scales(self.pm_pub, rate, n, me, self.herd * self.rack_mig, &hq, &hcs)
         # migrate: the task goes to i (i = me: accepted here).
         # sum_{k != i} |vi + si - vk| - |vi - vk| = F(vi + si) - si - F(vi)
         for i in range(n):
@@ -335,7 +342,8 @@ cdef class AgentState(Policy):
             if i == me:
                 am[i] = -norm * (fme_up - si - fme)
                 continue
-            di = mc_absdev64(srt, pre, k, vi + si) - si - fv[self.pos[i]]
+            di = (mc_absdev_step64(srt, pre, k, vi, si, (hq * self.pm_pub[i] - hcs * rate[i]) * si)
+                  if self.herd > 0.0 else mc_absdev64(srt, pre, k, vi + si) - si - fv[self.pos[i]])
             am[i] = -norm * di - (self.migration_cost + min(hop, hc * (si + sme)))   # hop_cap
         for i in range(n if k < n else 0):     # k < n: some server is unknown
             if not self.known[i]:
