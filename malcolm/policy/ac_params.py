@@ -50,8 +50,8 @@ DEFAULTS = dict(
     # The per-agent difference advantage is the default; "td" is Algorithm 1's TD-error
     # actor, kept for fidelity (see docs/policy.md, "Deviations").
     advantage="difference",
-    herd=0.0,                   # > 0: the herd term in the migrate advantages (stale or
-    #                             simultaneous reports; docs/policy.md "Open problems")
+    herd=0.0,                   # > 0: the herd term in the migrate advantages (for long
+    #                             windows; it costs mixed speeds: docs/policy.md, "Open problems")
     hop_ns=-1.0,                # < 0: one-way delay measured from heartbeats
     hop_weight=0.3,             # the hop's weight in the actors' advantages (not the gate)
     hop_cap=1.0,                # weighted hop <= this x (s_i + s_me) in an advantage; 0: off
