@@ -604,6 +604,18 @@ def ref_marginal_advantages(v, s, me, mc, sc):
     return am, ast
 
 
+def ref_actor_grads(pim, pis, am, ast, u, beta):
+    """The full actors' reference gradients for advantages ``am``, ``ast`` at inputs ``u``:
+    per actor the descent gradient -pi_i (A_i - pi . A) plus the entropy term's, then
+    (g_bm, g_bs, W_m, B_m, W_s, B_s flattened as ``grad_cache`` holds them)."""
+    def closed(pi, A):
+        return -pi * (A - pi @ A) + beta * pi * (np.log(pi) - (pi * np.log(pi)).sum())
+
+    g_bm, g_bs = closed(pim, am), closed(pis, ast)
+    return g_bm, g_bs, np.concatenate([np.outer(g_bm, u).T.ravel(), g_bm,
+                                       np.outer(g_bs, u).T.ravel(), g_bs])
+
+
 @pytest.mark.parametrize("kind", ["marginal", "difference"])
 def test_marginal_advantage_gradient_matches_brute_force_and_finite_differences(kind):
     """advantage="marginal"/"difference": descent gradient -pi_i (A_i - pi . A) on the
@@ -633,14 +645,9 @@ def test_marginal_advantage_gradient_matches_brute_force_and_finite_differences(
         pi = softmax(W @ u_a + B)
         return -(pi * A).sum() + beta * (pi * np.log(pi)).sum()
 
-    def closed(pi, A):
-        return -pi * (A - pi @ A) + beta * pi * (np.log(pi) - (pi * np.log(pi)).sum())
-
-    g_bm, g_bs = closed(pim, am), closed(pis, ast)
+    g_bm, g_bs, ref_actors = ref_actor_grads(pim, pis, am, ast, u_a, beta)
     g = p.grad_cache
     d = p.n_theta
-    ref_actors = np.concatenate([np.outer(g_bm, u_a).T.ravel(), g_bm,
-                                 np.outer(g_bs, u_a).T.ravel(), g_bs])
     np.testing.assert_allclose(g[d:], ref_actors, rtol=1e-9, atol=1e-12)
     h = 1e-6
     for W, B, A, gb in ((Wm, Bm, am, g_bm), (Ws, Bs, ast, g_bs)):
@@ -700,12 +707,7 @@ def test_herd_term_matches_a_reference(herd):
     am0 -= am0[me] - am[me]                    # the same constant as am's (it drops out)
     assert np.abs(am - am0).max() > 0.1        # the term changes the migrate advantages
 
-    def closed(pi, A):
-        return -pi * (A - pi @ A) + beta * pi * (np.log(pi) - (pi * np.log(pi)).sum())
-
-    g_bm, g_bs = closed(pim, am), closed(pis, ast)
-    ref = np.concatenate([np.outer(g_bm, u_a).T.ravel(), g_bm,
-                          np.outer(g_bs, u_a).T.ravel(), g_bs])
+    ref = ref_actor_grads(pim, pis, am, ast, u_a, beta)[2]
     np.testing.assert_allclose(p.grad_cache[p.n_theta:], ref, rtol=1e-9, atol=1e-12)
 
 
@@ -749,12 +751,7 @@ def test_steal_advantage_is_credited_at_the_own_load_where_the_steals_went_ahead
         assert np.sort(np.delete(v, me))[0] < w[me] < np.sort(np.delete(v, me))[-1]
     _, ast = ref_marginal_advantages(w, s, me, mc, sc)
 
-    def closed(pi, A):
-        return -pi * (A - pi @ A) + beta * pi * (np.log(pi) - (pi * np.log(pi)).sum())
-
-    g_bm, g_bs = closed(pim, am), closed(pis, ast)
-    ref_actors = np.concatenate([np.outer(g_bm, u_a).T.ravel(), g_bm,
-                                 np.outer(g_bs, u_a).T.ravel(), g_bs])
+    ref_actors = ref_actor_grads(pim, pis, am, ast, u_a, beta)[2]
     np.testing.assert_allclose(p.grad_cache[p.n_theta:], ref_actors, rtol=1e-9, atol=1e-12)
 
 
