@@ -38,21 +38,6 @@ RULES = ("reconverge_ms", "settle_ms", "settle_1_2x_ms")
 T_CHANGE_MS, DURATION_MS = 200.0, 400.0        # fig7_9.py --quick
 
 
-def seed_list(text):
-    """``1,2,5`` or ``1-20`` (both ends included), or a mix of the two."""
-    out = []
-    for part in str(text).split(","):
-        lo, _, hi = part.strip().partition("-")
-        lo_i = g.ascii_number(lo, int)
-        hi_i = g.ascii_number(hi, int) if hi else lo_i
-        if lo_i < 0 or hi_i < lo_i:
-            raise ValueError(part)
-        out += range(lo_i, hi_i + 1)
-    if len(set(out)) < len(out):
-        raise ValueError("a seed twice")
-    return out
-
-
 def _run(job):
     """One scenario, policy and seed: (spread per 1 ms bin, bin centres, the three rules)."""
     name, pol, seed, rate_mult = job
@@ -74,7 +59,7 @@ def main(argv=None):
         python3 bench/reconverge_sweep.py --seeds 1-20
         python3 bench/reconverge_sweep.py --seeds 1,2,3 --policies "malcolm;jsq"
         """)
-    ap.add_argument("--seeds", default="1,2,3", metavar="S,S,... or LO-HI",
+    ap.add_argument("--seeds", type=g.seeds, default="1,2,3", metavar="S,S,... or LO-HI",
                     help="simulation seeds (default 1,2,3)")
     ap.add_argument("--policies", default="malcolm;malcolm:learn=0",
                     help="';'-separated (default malcolm;malcolm:learn=0)")
@@ -87,23 +72,19 @@ def main(argv=None):
     from malcolm.sim import check_policies
 
     try:
-        seeds = seed_list(a.seeds)
-    except ValueError as e:
-        ap.error(f"--seeds: distinct seeds >= 0 as 1,2,5 or 1-20, not {a.seeds!r} ({e})")
-    try:
         pols = check_policies(a.policies)
     except ValueError as e:
         ap.error(f"--policies {e}")
     if a.procs < 1 or not pols or not 0 < a.rate_mult <= 2.5:
         ap.error("--procs >= 1, a policy, and 0 < --rate-mult <= 2.5 (1.0 is 37.5% load)")
-    names = list(scenarios(0))
+    names, seeds = list(scenarios(0)), a.seeds
     jobs = [(n, p, s, a.rate_mult) for n in names for p in pols for s in seeds]
     with Pool(a.procs) as pool:
         res = {j[:3]: v for j, v in pool.map(_run, jobs, chunksize=1)}
     mean = {(n, p): mean_curve_times([res[(n, p, s)] for s in seeds])
             for n in names for p in pols}
-    print(f"Fig 7.9 (rates x{a.rate_mult:g}), seeds {a.seeds}: settle within 1.2x of the new "
-          f"level (ms) per seed, then m: the mean curve's")
+    print(f"Fig 7.9 (rates x{a.rate_mult:g}), seeds {','.join(map(str, seeds))}: settle within "
+          f"1.2x of the new level (ms) per seed, then m: the mean curve's")
     for n in names:
         for p in pols:
             per = " ".join(f"{res[(n, p, s)][2][2]:.1f}" for s in seeds)

@@ -117,7 +117,7 @@ def main(argv=None):
     ap.add_argument("--racks", type=rack_list, default=None, metavar="SPEC@LOAD;...",
                     help="these racks instead of a draw: ';'-separated, e.g. 2x16,14x1@0.8")
     ap.add_argument("--seed", type=int, default=1, help="simulation seed (1)")
-    ap.add_argument("--seeds", type=g.numbers(int, "seeds"), default=None, metavar="S,S,...",
+    ap.add_argument("--seeds", type=g.seeds, default=None, metavar="S,S,... or LO-HI",
                     help="several simulation seeds (instead of --seed), and the rule on "
                          "their mean curve")
     ap.add_argument("--policies", default="malcolm", help="';'-separated (default malcolm)")
@@ -136,9 +136,8 @@ def main(argv=None):
     except ValueError as e:
         ap.error(f"--policies {e}")
     seeds = a.seeds if a.seeds is not None else [a.seed]
-    if (a.count < 1 or a.procs < 1 or not pols or not 0 < a.ms < a.ref_ms or not seeds
-            or min(seeds) < 0 or len(set(seeds)) < len(seeds)):
-        ap.error("--count, --procs >= 1, a policy, 0 < --ms < --ref-ms, and distinct seeds >= 0")
+    if a.count < 1 or a.procs < 1 or not pols or not 0 < a.ms < a.ref_ms:
+        ap.error("--count, --procs >= 1, a policy, and 0 < --ms < --ref-ms")
     racks = a.racks if a.racks is not None else draw(a.count, a.draw)
     origin = (f"{len(racks)} rack{'s' if len(racks) > 1 else ''}" if a.racks is not None
               else f"{a.count} racks from draw {a.draw}")

@@ -24,8 +24,8 @@ import sys
 from malcolm._units import ascii_number, parse_duration, parse_rate
 
 __all__ = ["PRESETS", "SIM_PHASES", "SIM_WINDOW_US", "add_json", "add_window_phase",
-           "duration", "hidden_alias", "json_stdout", "loads", "parser", "rate", "servers",
-           "write_json"]
+           "duration", "hidden_alias", "json_stdout", "loads", "parser", "rate", "seeds",
+           "servers", "write_json"]
 
 # The racks of the thesis's evaluation (Ch. 7), by name.
 PRESETS = {"homo": "8x8", "hetero": "2x14,9x4"}
@@ -114,6 +114,26 @@ def numbers(cast=float, what="numbers"):
                 f"must be {what} separated by commas, got {text!r}") from None
     parse.__name__ = what            # argparse names the type in its own messages
     return parse
+
+
+def seeds(text) -> list[int]:
+    """An argparse ``type``: distinct simulation seeds >= 0, ``1,2,5`` or ``1-20`` (both ends
+    included) or a mix of the two (``numbers(int)`` reads the lists alone)."""
+    out = []
+    try:
+        for part in str(text).split(","):
+            lo, _, hi = part.strip().partition("-")
+            first = ascii_number(lo, int)
+            last = ascii_number(hi, int) if hi else first
+            if first < 0 or last < first:
+                raise ValueError
+            out += range(first, last + 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be seeds >= 0 as 1,2,5 or 1-20, got {text!r}") from None
+    if len(set(out)) < len(out):
+        raise argparse.ArgumentTypeError(f"must be distinct seeds, got {text!r}")
+    return out
 
 
 def loads(text) -> list[float]:

@@ -71,6 +71,13 @@ def test_types_convert_and_fail_in_one_line(capsys):
         assert e.value.code == 2 and err[-1].startswith("x: error: argument " + word)
 
 
+def test_seed_lists_and_ranges():
+    assert g.seeds("1-3,7") == [1, 2, 3, 7] and g.seeds("5") == [5] and g.seeds("0") == [0]
+    for bad in ("3-1", "1,1", "1-2,2", "x", "-1", "", "１"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            g.seeds(bad)
+
+
 def test_int_and_float_options_read_ascii_digits_only(capsys):
     # every script's parser comes from g.parser, whose type=int / type=float refuse what
     # int() and float() would read: other scripts' digits and underscores

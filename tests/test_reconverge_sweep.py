@@ -9,18 +9,10 @@ import sys
 
 import bench_scripts
 import numpy as np
-import pytest
 
 ROOT = bench_scripts.ROOT
 SCRIPT = os.path.join(ROOT, "bench/reconverge_sweep.py")
 SWEEP = bench_scripts.load("bench/reconverge_sweep.py")      # its functions, without running main
-
-
-def test_seed_lists():
-    assert SWEEP.seed_list("1-3,7") == [1, 2, 3, 7] and SWEEP.seed_list("5") == [5]
-    for bad in ("3-1", "1,1", "1-2,2", "x", "-1", ""):
-        with pytest.raises(ValueError):
-            SWEEP.seed_list(bad)
 
 
 def test_the_mean_curve_reads_the_mean_of_the_seeds():
