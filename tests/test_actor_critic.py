@@ -668,16 +668,19 @@ def test_marginal_advantage_gradient_matches_brute_force_and_finite_differences(
     assert np.array_equal(p.grad_cache[d:], before)
 
 
-@pytest.mark.parametrize("herd", [0.7, 2.0])
-def test_herd_term_matches_a_reference(herd):
+@pytest.mark.parametrize("herd,t_ns", [(0.7, None), (2.0, None), (8.0, 2 * S)])
+def test_herd_term_matches_a_reference(herd, t_ns):
     """herd > 0: each migrate advantage is the one-task change of the potential after peer
-    i's load has taken herd x M x (q_i - c_i) x s_i, M the rack's migrations in the window
-    (the peers' heartbeat counts here), q_i this agent's share of its migrations to i, c_i
-    i's share of the peers' rates; the accept outcome and the steal advantages as without."""
+    i's load has taken herd x rho^4 x M x (q_i - c_i) x s_i, M the rack's migrations in the
+    window (the peers' heartbeat counts here), q_i this agent's share of its migrations to
+    i, c_i i's share of the peers' rates, rho the peers' busy share of their workers (1
+    while no task time ``t_ns`` is measured); the accept outcome and the steals as without."""
     n, me, mc, sc, beta = 5, 2, 0.05, 0.03, 0.1
     p = make(n, me, init_scale=0.3, entropy=beta, migration_cost=mc, steal_cost=sc,
-             advantage="difference", load_clip=4.0, herd=herd)
-    assert p.config()["herd"] == herd
+             advantage="difference", load_clip=4.0, herd=herd, herd_busy=4.0)
+    assert p.config()["herd"] == herd and p.config()["herd_busy"] == 4.0
+    if t_ns is not None:        # the own task time, which the peers' workers are counted in
+        p.py_completions(1000, 1000 * np.log(t_ns), 1000 * t_ns)
     rates = np.array([14.0, 14.0, 4.0, 4.0, 8.0]) / S
     s = 1.0 / (rates * S)
     loads_a = np.array([0.5, 2.0, 9.0, 1.0, 3.0]) * S
@@ -694,7 +697,13 @@ def test_herd_term_matches_a_reference(herd):
     v = loads_b / S
     q = pim / (1.0 - pim[me])
     c = rates / (rates.sum() - rates[me])
-    dh = herd * 35 * (q - c) * s
+    rho = 1.0
+    if t_ns is not None:        # workers r_j t, tasks x_j r_j (no speed codes: t everywhere)
+        peers = np.arange(n) != me
+        w, k = rates[peers] * t_ns, loads_b[peers] * rates[peers]
+        rho = np.minimum(w, k).sum() / w.sum()
+        assert 0.5 < rho < 0.6      # the term at 0.08 of its unscaled weight
+    dh = herd * rho ** 4 * 35 * (q - c) * s
     am = np.empty(n)
     for i in range(n):
         w = v.copy()
@@ -712,9 +721,10 @@ def test_herd_term_matches_a_reference(herd):
 
 
 def test_herd_is_validated():
-    for bad in (-0.1, 11.0, float("nan")):
-        with pytest.raises(ValueError, match="herd"):
-            MalcolmPolicy(4, 0, herd=bad)
+    for name, bads in (("herd", (-0.1, 11.0)), ("herd_busy", (-1.0, 17.0))):
+        for bad in bads + (float("nan"),):
+            with pytest.raises(ValueError, match=name):
+                MalcolmPolicy(4, 0, **{name: bad})
 
 
 @pytest.mark.parametrize("state", ["decision", "window"])

@@ -153,6 +153,25 @@ static inline double mc_speed_ratio(int code, int lg) {
     return exp2((double)(code - lg) * (1.0 / 256.0));
 }
 
+/* The herd term's busy share (AgentState._marginal_advantages): the peers' busy workers over
+   their workers, sum_j min(w_j, k_j) / sum_j w_j over the peers with a rate, w_j = r_j t_j
+   (t_j = t at j's speed code, t where a code is not known) and k_j = x_j r_j its tasks. A
+   herd's tasks wait only where no worker is idle. 1 while t is not measured. */
+static inline double mc_busy_share(const double *x, const double *rate,
+                                   const unsigned short *code, int n, int me, double t,
+                                   int lg) {
+    double w = 0.0, b = 0.0;
+    if (!(t > 0.0)) return 1.0;
+    for (int j = 0; j < n; j++) {
+        if (j == me || !(rate[j] > 0.0)) continue;
+        double wj = rate[j] * ((lg > 0 && code[j] != 0) ? t * mc_speed_ratio(code[j], lg) : t);
+        double kj = x[j] * rate[j];
+        w += wj;
+        b += kj < wj ? kj : wj;
+    }
+    return w > 0.0 ? b / w : 1.0;
+}
+
 /* The migrate outcomes' weights (AgentState._migrate_weights, whose docstring says what
    they are); returns how many peers the overload mask zeroed. The same values as the
    Cython loops this replaced (each sum in its order; a build with FMA, MALCOLM_NATIVE=1,

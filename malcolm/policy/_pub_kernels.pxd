@@ -10,6 +10,8 @@ cdef extern from "policy/_pub_kernels.h" nogil:
                                double mask_factor, const uint16_t* code, int lg,
                                double t) noexcept nogil
     double mc_speed_ratio(int code, int lg) noexcept nogil
+    double mc_busy_share(const double* x, const double* rate, const uint16_t* code, int n,
+                         int me, double t, int lg) noexcept nogil
     void mc_pub_steal_weights(const double* x, const uint8_t* known, double* w, int n, int me,
                               int mask) noexcept nogil
     void mc_pub_actor_inputs(const double* u, const uint8_t* known, double* z, int n,

@@ -50,8 +50,9 @@ DEFAULTS = dict(
     # The per-agent difference advantage is the default; "td" is Algorithm 1's TD-error
     # actor, kept for fidelity (see docs/policy.md, "Deviations").
     advantage="difference",
-    herd=0.0,                   # > 0: the herd term in the migrate advantages (for long
-    #                             windows; it costs mixed speeds: docs/policy.md, "Open problems")
+    herd=0.5,                   # > 0: the herd term in the migrate advantages (stale or
+    #                             simultaneous reports; docs/policy.md, "The default policy")
+    herd_busy=4.0,              # ... times the peers' busy share to this power (0: unscaled)
     hop_ns=-1.0,                # < 0: one-way delay measured from heartbeats
     hop_weight=0.3,             # the hop's weight in the actors' advantages (not the gate)
     hop_cap=1.0,                # weighted hop <= this x (s_i + s_me) in an advantage; 0: off
@@ -88,7 +89,7 @@ DEFAULTS = dict(
 THESIS = dict(advantage="td", actor="full", entropy=0.1, init="random", load_scale=50_000.0,
               load_clip=8.0, actor_lr=0.001, capacity_prior=False, mask_factor=0.0, trust=0.0,
               runaway_windows=0, hop_ns=0.0, consensus="mean", hop_gate=False,
-              lr_boost=1.0, beta1=0.9, beta2_decay=0.0, cold_lr=0.0,
+              lr_boost=1.0, beta1=0.9, beta2_decay=0.0, cold_lr=0.0, herd=0.0,
               batch_windows=16)
 
 
@@ -151,6 +152,7 @@ def check_params(params):
     num("actor_lr", 0.0)
     num("cold_lr", 0.0)
     num("herd", 0.0, 10.0)
+    num("herd_busy", 0.0, 16.0)
     num("lr_boost", 1.0)
     num("weight_boost", -1.0)
     num("accept_lr", 0.0)

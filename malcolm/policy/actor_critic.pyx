@@ -122,9 +122,9 @@ cdef class MalcolmPolicy(GatewayRules):
         the first ``beta2_steps`` steps (0: all) and beta2 after them.
     migration_cost, steal_cost : float
         Cost C(a) of one migration / one steal in ``load_scale`` units, on top of one hop.
-    herd : float
-        > 0: a peer's load in a migrate advantage first takes ``herd`` x what the rack would
-        send it if every agent migrated as this one does (0: off; ``mc_herd_scales``).
+    herd, herd_busy : float
+        > 0: a peer's load in a migrate advantage first takes ``herd`` x ``mc_busy_share`` **
+        ``herd_busy`` x what the rack would send it if every agent migrated as this one does.
     hop_ns : float
         One hop's latency in ns, charged per migration and steal; < 0 (default): the EWMA of
         the heartbeats' one-way delays (values outside [0, 10 windows] are ignored).
@@ -227,7 +227,7 @@ cdef class MalcolmPolicy(GatewayRules):
         self.gamma, self.critic_lr, self.actor_lr = cfg["gamma"], cfg["critic_lr"], cfg["actor_lr"]
         self.lr_boost, self.weight_boost = cfg["lr_boost"], cfg["weight_boost"]
         self.accept_lr, self.tilt_lr = cfg["accept_lr"], cfg["tilt_lr"]
-        self.cold_lr, self.herd = cfg["cold_lr"], cfg["herd"]
+        self.cold_lr, self.herd, self.herd_busy = cfg["cold_lr"], cfg["herd"], cfg["herd_busy"]
         self.use_tilt, self.tilt_max = self.tilt_lr > 0.0, cfg["tilt_max"]
         self.weight_lr_auto = cfg["weight_lr"] < 0.0
         self.weight_lr = cfg["actor_lr"] if self.weight_lr_auto else cfg["weight_lr"]

@@ -92,6 +92,7 @@ cdef class AgentState(Policy):
     cdef bint marginal               # "marginal" or "difference"
     cdef bint adv_next               # "difference": advantages at the end-of-window state
     cdef readonly double herd        # the herd term's weight (0: off; _marginal_advantages)
+    cdef readonly double herd_busy   # its busy share's power (mc_busy_share; 0: unscaled)
     cdef double rack_mig             # the rack's migrations in the last window (own + peers')
     cdef public bint learn
 

@@ -12,7 +12,7 @@ itself and publishes is in ``actor_critic.pyx``. ``GatewayRules`` is the only su
 Threads: everything here runs on the policy thread, except the fields the gateway owns
 (``gateway_rules.pyx`` says which).
 """
-from libc.math cimport INFINITY, exp, fabs, log, sqrt
+from libc.math cimport INFINITY, exp, fabs, log, pow, sqrt
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free
 from libc.string cimport memcpy, memset
@@ -23,8 +23,8 @@ from malcolm._core cimport (
 )
 from malcolm.policy.base cimport MAX_SVC_LG, MAX_THETA, Heartbeat, Policy
 from malcolm.policy._pub_kernels cimport (
-    mc_pub_actor_inputs, mc_pub_count_known, mc_pub_count_pos, mc_pub_learned_logits,
-    mc_pub_migrate_weights, mc_pub_steal_weights,
+    mc_busy_share, mc_pub_actor_inputs, mc_pub_count_known, mc_pub_count_pos,
+    mc_pub_learned_logits, mc_pub_migrate_weights, mc_pub_steal_weights,
 )
 
 
@@ -298,9 +298,9 @@ cdef class AgentState(Policy):
         published distribution gives probability 0 (masked) get no gradient and are skipped,
         and so is an actor that took no decision in the window (``do_mig``, ``do_stl``).
         With ``herd`` > 0 a peer's load first takes what the rack would send it if every
-        agent migrated as this one does (``mc_herd_scales``): every agent reads one report.
+        agent migrated as this one does (``mc_herd_scales``), where workers are busy.
         """
-        cdef int n = self.n, me = self.me, i
+        cdef int n = self.n, me = self.me, i, p, lo, k
         cdef double* am = self.adv
         cdef double* st = self.adv + n
         cdef const double* rate = self.adv + 2 * n
@@ -311,7 +311,6 @@ cdef class AgentState(Policy):
         cdef double* fv = self.fv
         cdef const double* srt = self.srt
         cdef const double* pre = self.pre
-        cdef int p, lo, k
         cdef double hq = 0.0, hcs = 0.0          # the herd term's scales (herd > 0)
         self._sort_loads()
         k = self.nsrt
@@ -329,8 +328,10 @@ cdef class AgentState(Policy):
         vme = self.x[me] * inv
         fme = fv[self.pos[me]]
         fme_up = mc_absdev64(srt, pre, k, vme + sme)
-        if self.herd > 0.0:
-            mc_herd_scales(self.pm_pub, rate, n, me, self.herd * self.rack_mig, &hq, &hcs)
+        if self.herd > 0.0:     # hq: first the term's weight (hm of mc_herd_scales)
+            hq = self.herd * self.rack_mig * pow(mc_busy_share(
+                self.x, rate, self.pcode, n, me, self.svc_mean_ns, self.svc_lg), self.herd_busy)
+            mc_herd_scales(self.pm_pub, rate, n, me, hq, &hq, &hcs)
         # migrate: the task goes to i (i = me: accepted here).
         # sum_{k != i} |vi + si - vk| - |vi - vk| = F(vi + si) - si - F(vi)
         for i in range(n):
