@@ -328,7 +328,7 @@ cdef class AgentState(Policy):
         vme = self.x[me] * inv
         fme = fv[self.pos[me]]
         fme_up = mc_absdev64(srt, pre, k, vme + sme)
-        if self.herd > 0.0:     # hq: first the term's weight (hm of mc_herd_scales)
+        if self.herd > 0.0 and do_mig:      # hq: first the term's weight (mc_herd_scales' hm)
             hq = self.herd * self.rack_mig * pow(mc_busy_share(
                 self.x, rate, self.pcode, n, me, self.svc_mean_ns, self.svc_lg), self.herd_busy)
             mc_herd_scales(self.pm_pub, rate, n, me, hq, &hq, &hcs)
