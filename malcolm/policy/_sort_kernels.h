@@ -161,7 +161,8 @@ static inline double mc_absdev64(const double *v, const double *pre, int k, doub
    hc r_i) s_i, where p is the published migrate distribution, r the peers' rates and s_i
    one task at i. Its two scales: hq = hm / (1 - p_me) turns p_i into this agent's share
    of its migrations, hc = hm / sum_{j != me} r_j gives i's capacity share, and hm = herd
-   times the rack's migrations in the last window. 0 where a share is undefined. */
+   times the rack's migrations in the last window times the peers' busy share to the power
+   herd_busy (mc_busy_share). 0 where a share is undefined. */
 static inline void mc_herd_scales(const double *p, const double *r, int n, int me, double hm,
                                   double *hq, double *hc) {
     double q = 1.0 - p[me], c = 0.0;

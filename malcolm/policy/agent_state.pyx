@@ -298,7 +298,7 @@ cdef class AgentState(Policy):
         published distribution gives probability 0 (masked) get no gradient and are skipped,
         and so is an actor that took no decision in the window (``do_mig``, ``do_stl``).
         With ``herd`` > 0 a peer's load first takes what the rack would send it if every
-        agent migrated as this one does (``mc_herd_scales``), where workers are busy.
+        agent migrated as this one does (``mc_herd_scales``), scaled by ``mc_busy_share``.
         """
         cdef int n = self.n, me = self.me, i, p, lo, k
         cdef double* am = self.adv
