@@ -61,10 +61,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     from malcolm.sim import check_policies
 
-    try:
-        pols = check_policies(a.variants)
-    except ValueError as e:
-        ap.error(f"--variants {e}")
+    pols = g.checked(ap, "--variants", check_policies, a.variants)
     if a.count < 1 or a.procs < 1 or len(pols) < 2:
         ap.error("--count and --procs must be >= 1, and --variants must name two policies")
     scen = draw(a.count, a.draw)

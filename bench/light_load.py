@@ -55,10 +55,7 @@ def main(argv=None):
     wls = [w for w in a.workloads.split(";") if w]
     from malcolm.sim import check_policies
 
-    try:
-        pols = check_policies(a.policies) + list(BASES)
-    except ValueError as e:
-        ap.error(f"--policies {e}")
+    pols = g.checked(ap, "--policies", check_policies, a.policies) + list(BASES)
     jobs = [(r, w, d, ld, p, a.tasks, a.seed) for r in racks for w in wls for d in delays
             for ld in LOADS for p in pols]
     try:

@@ -71,10 +71,7 @@ def main(argv=None):
     g.json_stdout(a)
     from malcolm.sim import check_policies
 
-    try:
-        pols = check_policies(a.policies)
-    except ValueError as e:
-        ap.error(f"--policies {e}")
+    pols = g.checked(ap, "--policies", check_policies, a.policies)
     if a.procs < 1 or not pols or not 0 < a.rate_mult <= 2.5:
         ap.error("--procs >= 1, a policy, and 0 < --rate-mult <= 2.5 (1.0 is 37.5% load)")
     names, seeds = list(scenarios(0)), a.seeds

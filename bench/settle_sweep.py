@@ -131,10 +131,7 @@ def main(argv=None):
     g.json_stdout(a)
     from malcolm.sim import check_policies
 
-    try:
-        pols = check_policies(a.policies)
-    except ValueError as e:
-        ap.error(f"--policies {e}")
+    pols = g.checked(ap, "--policies", check_policies, a.policies)
     seeds = a.seeds if a.seeds is not None else [a.seed]
     if a.count < 1 or a.procs < 1 or not pols or not 0 < a.ms < a.ref_ms:
         ap.error("--count, --procs >= 1, a policy, and 0 < --ms < --ref-ms")

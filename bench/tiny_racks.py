@@ -99,10 +99,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     from malcolm.sim import check_policies
 
-    try:
-        pols = check_policies(a.policies)
-    except ValueError as e:
-        ap.error(f"--policies {e}")
+    pols = g.checked(ap, "--policies", check_policies, a.policies)
     if a.scenarios < 1 or a.procs < 1 or not pols or not a.tasks_mult > 0:
         ap.error("--scenarios and --procs must be >= 1, --policies non-empty, "
                  "--tasks-mult > 0")

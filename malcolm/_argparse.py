@@ -172,6 +172,16 @@ def servers(text) -> str:
     return t
 
 
+def checked(ap: argparse.ArgumentParser, option: str, check, value):
+    """``check(value)``, with its ``ValueError`` turned into ``ap.error`` (one line, exit 2)
+    naming ``option``: for a check from a layer above this module, which it must not import
+    (the scripts' ``--policies`` go through ``malcolm.sim.check_policies``)."""
+    try:
+        return check(value)
+    except ValueError as e:
+        ap.error(f"{option} {e}")
+
+
 def hidden_alias(ap: argparse.ArgumentParser, old: str, dest: str, **kw) -> None:
     """The first release's spelling ``old`` of the option stored in ``dest``, kept working
     but left out of ``--help``."""

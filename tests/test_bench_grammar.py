@@ -78,6 +78,17 @@ def test_seed_lists_and_ranges():
             g.seeds(bad)
 
 
+def test_checked_turns_a_checks_value_error_into_one_line(capsys):
+    from malcolm.sim import check_policies
+
+    ap = argparse.ArgumentParser(prog="x")
+    assert g.checked(ap, "--policies", check_policies, " jsq;;malcolm ") == ["jsq", "malcolm"]
+    with pytest.raises(SystemExit) as e:
+        g.checked(ap, "--variants", check_policies, "malcolm:nope=1")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err[-1].startswith("x: error: --variants ") and "nope" in err[-1]
+
+
 def test_int_and_float_options_read_ascii_digits_only(capsys):
     # every script's parser comes from g.parser, whose type=int / type=float refuse what
     # int() and float() would read: other scripts' digits and underscores
