@@ -245,3 +245,78 @@ def test_a_slow_server_at_light_load_sends_its_work_to_a_fast_one():
     off = simulate(policy="malcolm", policy_params=dict(speed_band=0.0), **kw).summary()
     assert on["migrations"] > 10 * max(off["migrations"], 1)
     assert on["p99_us"] < 0.8 * off["p99_us"]
+
+
+# ------------------------------------------- the published bars against their formulas
+def test_the_speed_ratio_table_is_exp2_to_the_bit():
+    """mc_speed_ratio reads a table of 2^(d/256) for |d| <= 2048 and calls exp2 beyond: the
+    same bits as exp2 everywhere, the table's edges included."""
+    ds = list(range(-2100, 2101, 7)) + [-2049, -2048, -2047, -1, 0, 1, 2047, 2048, 2049, 9000]
+    for d in ds:
+        got, want = hooks.speed_ratio(6000 + d, 6000)
+        assert got == want, d
+    assert hooks.speed_ratio(7000, 7000) == (1.0, 1.0)
+
+
+def _steal_bars_reference(x, r, off, hd):
+    """GatewayRules._steal_thresholds as it was written before its C kernel: one bar per j."""
+    import math
+    xm = 0.0
+    for v in x:
+        xm += v
+    xm /= len(x)
+    out = []
+    for v in x:
+        t, e = 1.0, v - xm
+        if r > 0.0 and e > 0.0:
+            t = max(float(math.ceil(1.0 - r * e)), -1e9)
+        e = max(e, 0.0)
+        t = t - float(off) if hd >= 0.0 or hd + e >= 0.0 else 2147483647.0
+        out.append(int(t))
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_steal_bars_follow_their_formula(seed):
+    """Random loads (every server known), rates, speed offsets and closures: every bar is
+    the loop's that the kernel replaced (mc_pub_steal_bars), to the integer."""
+    rng = np.random.default_rng(seed)
+    n = 12
+    p = MalcolmPolicy(n, 0, seed=seed, hop_ns=HOP, learn=False)
+    x = (rng.exponential(3.0, n) * T).round(1)
+    p.py_observe_local(0, x[0], 0.0, 1.0 / T)
+    for j in range(1, n):
+        p.py_observe_peer(0, j, x[j], rate=1.0 / T)
+    assert list(p.loads) == list(x)
+    for r, off, hd in [(1.0 / T, 0, 0.0), (3.0 / T, 0, 5.0), (1.0 / T, 7, -2.0 * T),
+                       (0.0, 3, 1.0), (0.5 / T, 12, -0.5 * T), (2.0 / T, 0, -40.0 * T)]:
+        assert hooks.steal_bars(p, r, off, hd) == _steal_bars_reference(x, r, off, hd)
+
+
+def test_the_grant_bar_follows_its_formula():
+    """Peers of mixed speed codes and loads: the bar is steal_grant hops plus grant_tasks own
+    task times x the rate-weighted share of peers whose tasks fill their workers (t_j = t
+    2^((code_j - code) / 256)), each compared as written before the speed-ratio table."""
+    import math
+    rng = np.random.default_rng(5)
+    n, t_me = 10, 4 * T
+    p = MalcolmPolicy(n, 0, seed=5, hop_ns=HOP, learn=False)
+    p.py_completions(1000, 1000 * math.log(t_me), 1000 * t_me)
+    p.py_observe_local(0, 0.0, 0.0, 1.0 / t_me)
+    peers = []
+    for j in range(1, n):
+        f = float(rng.choice([0.25, 0.9, 1.0, 1.05, 3.0]))
+        lg = 0 if j == 3 else round(256 * math.log2(t_me * f))     # one code not known
+        rate = float(rng.uniform(0.5, 2.0)) / (t_me * f)
+        load = float(rng.choice([0.0, 0.3, 0.95, 1.0, 2.5])) / rate
+        p.py_observe_peer(0, j, load, rate=rate, svc_lg=lg)
+        peers.append((load, rate, lg))
+    t, code = p.svc_mean_ns, p.svc_lg
+    assert t > 0 and code > 0
+    rs = us = 0.0
+    for load, rate, lg in peers:
+        rs += rate
+        c0 = rate * t * (2.0 ** ((lg - code) / 256) if lg else 1.0)
+        us += rate if load * rate + 0.5 >= c0 else 0.0
+    want = p.steal_grant * HOP + p.grant_tasks * t * us / rs
+    assert 0 < us < rs and hooks.grant_bar(p, HOP) == int(want)

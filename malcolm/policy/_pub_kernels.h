@@ -148,9 +148,44 @@ static inline int mc_pub_count_known(const unsigned char *restrict known, int n)
 
 /* A peer's task time over the own, from the two speed codes (256 log2 of each server's
    geometric-mean service time in ns, as heartbeats carry them): the one reading of a code,
-   for the overload mask here and the hop gate's speed shift (gateway_rules.pyx). */
+   for the overload mask here, the herd term's busy share, and the hop gate's speed shift
+   and the grant bar (gateway_rules.pyx). 2^(d/256) for d = code - lg, from a table of the
+   same exp2 of the same argument (so the same bits) for |d| <= MC_SPEED_TAB_R, a factor of
+   256 either way, and from exp2 beyond: the grant bar took one exp2 per peer and window
+   (a 64-server rack: 17 a window, 1.6% of the simulator's instructions with the busy
+   share's). Each module that reads it fills its own copy once, at import
+   (mc_speed_tab_init), before any policy exists; a copy not filled (its centre, 2^0 = 1,
+   still 0) is never read: exp2 then, the same value. */
+#define MC_SPEED_TAB_R 2048
+static double mc_speed_tab[2 * MC_SPEED_TAB_R + 1] __attribute__((unused));
+static inline void mc_speed_tab_init(void) {
+    for (int d = -MC_SPEED_TAB_R; d <= MC_SPEED_TAB_R; d++)
+        mc_speed_tab[d + MC_SPEED_TAB_R] = exp2((double)d * (1.0 / 256.0));
+}
 static inline double mc_speed_ratio(int code, int lg) {
-    return exp2((double)(code - lg) * (1.0 / 256.0));
+    int d = code - lg;
+    if ((unsigned)(d + MC_SPEED_TAB_R) <= 2u * MC_SPEED_TAB_R
+            && mc_speed_tab[MC_SPEED_TAB_R] == 1.0)
+        return mc_speed_tab[d + MC_SPEED_TAB_R];
+    return exp2((double)d * (1.0 / 256.0));
+}
+
+/* The steal bars of GatewayRules._steal_thresholds (whose docstring says what they are), as
+   the words' low halves: t_j = ceil(1 - r e_j) (at least -1e9) where r > 0 and e_j > 0, 1
+   otherwise, then t_j - off, or `never` where hd + max(e_j, 0) < 0 (hd < 0). e_j = x_j - xm.
+   The Cython loop's operations, branch-free: half the peers are above the mean, and its
+   branch on e_j > 0 missed about as often. AVX, not x86-64-v3: no FMA may fuse 1 - r e. */
+static MC_PUB_AVX void mc_pub_steal_bars(const double *restrict x, int n, double xm,
+                                         double r, double off, double hd, double never,
+                                         uint32_t *restrict out) {
+    for (int j = 0; j < n; j++) {
+        double e = x[j] - xm, c = ceil(1.0 - r * e), t;
+        c = c > -1e9 ? c : -1e9;
+        t = (r > 0.0) & (e > 0.0) ? c : 1.0;
+        e = e > 0.0 ? e : 0.0;
+        t = (hd >= 0.0) | (hd + e >= 0.0) ? t - off : never;
+        out[j] = (uint32_t)(int32_t)t;
+    }
 }
 
 /* The herd term's busy share (AgentState._marginal_advantages): the peers' busy workers over
@@ -228,26 +263,32 @@ static MC_PUB_AVX int mc_pub_migrate_weights(const double *restrict x,
            the few servers above both first limits (a division costs more time than the
            branch that skips it) */
         double v[MC_PUB_MAX];
+        int above[MC_PUB_MAX], na = 0, a;
         lim = mask_factor * vbar;
         for (j = 0; j < n; j++) v[j] = x[j] / ls;
+        /* the peers above both, listed without a branch (one per peer missed as often as
+           a few random peers were above), then each in the order of j */
         for (j = 0; j < n; j++) {
-            if ((v[j] > vme) & (v[j] > lim)) {
-                double s = rate[j] > 0.0 ? 1.0 / (rate[j] * ls) : 1.0;
-                /* With the speed codes known, not while j has a worker idle (its load
-                   x_j = tasks / rate is then at most one task time there, t_j = t
-                   2^((code_j - lg) / 256), t the own mean and the codes the geometric
-                   means' logs: a task sent now starts at once), nor while a task sent
-                   there would finish no later than one kept here (x_j + t_j <= x_me + t).
-                   Tasks in service count in x_j, so a many-worker server with no queue
-                   stood far above peers left empty and was masked (a 16-worker server at
-                   half load beside slow servers that keep nothing: p99 2-3.6x SED's;
-                   docs/policy.md, item 15). Unknown codes: the rule before. */
-                double tj = (lg > 0 && t > 0.0 && code[j] != 0)
-                            ? t * mc_speed_ratio((int)code[j], lg) : 0.0;
-                if (v[j] > lim + s && (tj == 0.0 || (x[j] > tj && x[j] + tj > x[me] + t))) {
-                    w[j] = 0.0;
-                    nm++;
-                }
+            above[na] = j;
+            na += (v[j] > vme) & (v[j] > lim);
+        }
+        for (a = 0; a < na; a++) {
+            j = above[a];
+            double s = rate[j] > 0.0 ? 1.0 / (rate[j] * ls) : 1.0;
+            /* With the speed codes known, not while j has a worker idle (its load
+               x_j = tasks / rate is then at most one task time there, t_j = t
+               2^((code_j - lg) / 256), t the own mean and the codes the geometric
+               means' logs: a task sent now starts at once), nor while a task sent
+               there would finish no later than one kept here (x_j + t_j <= x_me + t).
+               Tasks in service count in x_j, so a many-worker server with no queue
+               stood far above peers left empty and was masked (a 16-worker server at
+               half load beside slow servers that keep nothing: p99 2-3.6x SED's;
+               docs/policy.md, item 15). Unknown codes: the rule before. */
+            double tj = (lg > 0 && t > 0.0 && code[j] != 0)
+                        ? t * mc_speed_ratio((int)code[j], lg) : 0.0;
+            if (v[j] > lim + s && (tj == 0.0 || (x[j] > tj && x[j] + tj > x[me] + t))) {
+                w[j] = 0.0;
+                nm++;
             }
         }
     }

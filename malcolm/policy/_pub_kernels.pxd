@@ -1,7 +1,7 @@
 # cython: language_level=3
 """The publish kernels of ``_pub_kernels.h``, declared once for the modules that call them
 (``agent_state``, ``gateway_rules``, ``actor_critic``): branch-free C loops that vectorize."""
-from libc.stdint cimport uint8_t, uint16_t
+from libc.stdint cimport uint8_t, uint16_t, uint32_t
 
 
 cdef extern from "policy/_pub_kernels.h" nogil:
@@ -10,6 +10,9 @@ cdef extern from "policy/_pub_kernels.h" nogil:
                                double mask_factor, const uint16_t* code, int lg,
                                double t) noexcept nogil
     double mc_speed_ratio(int code, int lg) noexcept nogil
+    void mc_speed_tab_init() noexcept nogil
+    void mc_pub_steal_bars(const double* x, int n, double xm, double r, double off, double hd,
+                           double never, uint32_t* out) noexcept nogil
     double mc_busy_share(const double* x, const double* rate, const uint16_t* code, int n,
                          int me, double t, int lg) noexcept nogil
     void mc_pub_steal_weights(const double* x, const uint8_t* known, double* w, int n, int me,

@@ -6,11 +6,16 @@ without notice. Heartbeats are delivered with ``Policy.py_observe_peer``.
 """
 import numpy as np
 
-from libc.stdint cimport int64_t
+from libc.math cimport exp2
+from libc.stdint cimport int32_t, int64_t, uint32_t
+
 
 from malcolm._core cimport cat_publish_probs, cat_set_params, softmax
 from malcolm.policy.actor_critic cimport MalcolmPolicy
 from malcolm.policy.param_layout cimport from_dense
+from malcolm.policy._pub_kernels cimport mc_speed_ratio, mc_speed_tab_init
+
+mc_speed_tab_init()
 
 
 def step(MalcolmPolicy p, int64_t now, double own_load, peer_loads=None,
@@ -125,3 +130,21 @@ def set_tilt(MalcolmPolicy p, double t):
 def speed_shift(MalcolmPolicy p):
     """``GatewayRules._speed_shift`` at the policy's current state: D (ns, <= 0)."""
     return p._speed_shift()
+
+
+def speed_ratio(int code, int lg):
+    """``mc_speed_ratio(code, lg)`` (its table, filled at this module's import) and
+    ``exp2((code - lg) / 256)`` computed here."""
+    return mc_speed_ratio(code, lg), exp2(<double>(code - lg) * (1.0 / 256.0))
+
+
+def steal_bars(MalcolmPolicy p, double r, int64_t off, double hd):
+    """Run ``GatewayRules._steal_thresholds(r, off, hd)``: the n bars, as signed numbers."""
+    p._steal_thresholds(r, off, hd)
+    return [<int32_t>(<uint32_t>p.steal_pub[j]) for j in range(p.n)]
+
+
+def grant_bar(MalcolmPolicy p, double h):
+    """Run ``GatewayRules._grant_bar(h)``: the published bar."""
+    p._grant_bar(h)
+    return p.grant_pub

@@ -28,7 +28,7 @@ reasons for the feature vector, is in ``docs/policy.md``.
 import numpy as np
 
 from libc.math cimport copysign, fabs, log, pow, sqrt
-from libc.stdint cimport UINT64_MAX, int64_t, uint8_t, uint64_t
+from libc.stdint cimport UINT64_MAX, int64_t, uint64_t
 from libc.string cimport memcpy, memset
 
 from malcolm._core cimport cat_publish_probs, mc_load_relaxed
@@ -540,23 +540,23 @@ cdef class MalcolmPolicy(GatewayRules):
         self.resets += 1
 
     cdef void _check_runaway(self) noexcept nogil:
-        """A runaway own queue (far above the least loaded known peer's for ``runaway_windows``
-        windows, and higher at their end than at their start): reset the actors to the start.
-        Far above: 4x that load + 16 own task times (16 tasks a worker; docs/policy.md, item 16)."""
+        """A runaway own queue (above 4x the least loaded known peer's + 16 own task times for
+        ``runaway_windows`` windows, higher at their end than at their start): reset the actors
+        to the start. 16 task times: 16 tasks a worker (docs/policy.md, item 16)."""
         cdef int n = self.n, j, me = self.me
         cdef double vmin = 1e300, vme, sme, t, r = self.adv[2 * n + me]
         cdef const double* x = self.x
-        cdef const uint8_t* kn = self.known
-        for j in range(n):              # the least loaded known peer (loads <= LOAD_MAX_NS)
-            t = x[j] if kn[j] and j != me else 1e300
-            vmin = t if t < vmin else vmin
-        if vmin == 1e300:
-            return                      # no known peer
-        vmin /= self.load_scale
         vme = self.x[self.me] / self.load_scale
         sme = max(self.n_workers, 1) / (r * self.load_scale) if r > 0.0 else 1.0  # a task time
+        if vme > 16.0 * sme:            # else below the bar whatever the peers' loads (>= 0)
+            for j in range(n):          # the least loaded known peer (loads <= LOAD_MAX_NS)
+                t = x[j] if self.known[j] and j != me else 1e300
+                vmin = t if t < vmin else vmin
+            if vmin == 1e300:
+                return                  # no known peer
+        vmin /= self.load_scale
         if not (vme > 4.0 * vmin + 16.0 * sme):
-            self.runaway_run = 0
+            self.runaway_run = 0        # (already 0 with no known peer: a known one stays so)
             return
         if self.runaway_run == 0:
             self.runaway_last = vme     # where this run started

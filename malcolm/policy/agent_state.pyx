@@ -24,7 +24,7 @@ from malcolm._core cimport (
 from malcolm.policy.base cimport MAX_SVC_LG, MAX_THETA, Heartbeat, Policy
 from malcolm.policy._pub_kernels cimport (
     mc_busy_share, mc_pub_actor_inputs, mc_pub_count_known, mc_pub_count_pos,
-    mc_pub_learned_logits, mc_pub_migrate_weights, mc_pub_steal_weights,
+    mc_pub_learned_logits, mc_pub_migrate_weights, mc_pub_steal_weights, mc_speed_tab_init,
 )
 
 
@@ -46,6 +46,7 @@ cdef double RATE_MAX = 1.0
 cdef double SPEED_TASKS = 512.0
 cdef double SPEED_MIN = 64.0
 cdef double LN2 = 0.6931471805599453
+mc_speed_tab_init()     # this module's copy of mc_speed_ratio's table, before any policy
 cdef enum:
     COUNT_JUMP_MAX = 1000000    # a constant (not a global): an immediate in observe_peer
 
@@ -637,9 +638,8 @@ cdef class AgentState(Policy):
             load = LOAD_MAX_NS if load > LOAD_MAX_NS else 0.0
         self.adv[2 * self.n + src] = rate
         # One-way delay: what a hop costs. Same clock on one host and in the simulator; a
-        # value outside [0, 10 windows] is a clock offset, not a delay, and is ignored (in
-        # integers, both bounds in one unsigned test: the same as in doubles while 10 windows
-        # < 2^53 ns).
+        # value outside [0, 10 windows] is a clock offset, not a delay, and is ignored (both
+        # bounds in one unsigned test: the same as in doubles while 10 windows < 2^53 ns).
         dl = now - hb.sent_ns
         if self.auto_hop and <uint64_t>dl <= <uint64_t>(10 * self.window_ns):
             dly = <double>dl

@@ -10,13 +10,17 @@ since. Nothing here is learnt, so the frozen control (``learn=0``) has the same 
 docs/policy.md, "The default policy" items 7, 8 and 10; docs/policy-log.md, "Tiny racks: the shed
 rule and idle-only steals" and "Twelfth session".
 """
-from libc.math cimport ceil, exp2, floor, log2
+from libc.math cimport exp2, floor, log2
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t, uint64_t
 
 from malcolm._core cimport cat_sample, cat_sample_except, mc_load_relaxed, mc_store_relaxed
 from malcolm.policy.agent_state cimport AgentState
-from malcolm.policy._pub_kernels cimport mc_pub_count_known, mc_speed_ratio
+from malcolm.policy.base cimport MAX_SERVERS
+from malcolm.policy._pub_kernels cimport (
+    mc_pub_count_known, mc_pub_steal_bars, mc_speed_ratio, mc_speed_tab_init,
+)
 
+mc_speed_tab_init()     # this module's copy of mc_speed_ratio's table, before any policy
 cdef uint64_t LOW32 = (<uint64_t>1 << 32) - 1      # the hop gate's budget field
 # the shed threshold that no live budget reaches (the budget is clamped to >= -1e9)
 cdef double SHED_NEVER = -2147483648.0
@@ -329,24 +333,19 @@ cdef class GatewayRules(AgentState):
         peers and no rate: the gate's bar, 1.
         """
         cdef int j, n = self.n, k = mc_pub_count_known(self.known, n)
-        cdef double xm = 0.0, e, t
+        cdef double xm = 0.0
+        cdef uint32_t bars[MAX_SERVERS]
         # x_j is 0 while j is unknown (nothing writes it before known_j), so this is the mean
         # of the known loads summed as mc_pub_migrate_weights sums the mask's, and an unknown
         # peer is never above it
         for j in range(n):
             xm += self.x[j]
         xm /= <double>(k if k > 0 else 1)
+        # closed for speed (off > 0): the same own queue, unless even an idle worker here
+        # finishes the stolen task later than j would (hop + speed + e_j < 0): never
+        mc_pub_steal_bars(self.x, n, xm, r, <double>off, hd, STEAL_NEVER, bars)
         for j in range(n):
-            t = 1.0
-            e = self.x[j] - xm
-            if r > 0.0 and e > 0.0:
-                t = ceil(1.0 - r * e)
-                t = t if t > -1e9 else -1e9
-            e = e if e > 0.0 else 0.0
-            # closed for speed (off > 0): the same own queue, unless even an idle worker
-            # here finishes the stolen task later than j would (hop + speed + e_j < 0)
-            t = t - <double>off if hd >= 0.0 or hd + e >= 0.0 else STEAL_NEVER
-            mc_store_relaxed(&self.steal_pub[j], _low32_of(t))
+            mc_store_relaxed(&self.steal_pub[j], <uint64_t>bars[j])
 
     cdef bint grant_steal(self, int64_t now, double waiting, double rate) noexcept nogil:
         """The victim's side of a steal: give the oldest waiting task only if the waiting
@@ -393,16 +392,11 @@ cdef class GatewayRules(AgentState):
                     if j != self.me:
                         rs += rate[j]
                         cw = self.x[j] * rate[j] + 0.5          # its tasks + 1/2
-                        c0 = rate[j] * t                        # its workers at our speed
-                        d = <int>pc[j] - lg
-                        # at its speed: c0 2^(d/256). A code within 40 of ours (a factor
-                        # 0.897-1.115) decides nothing where the tasks are outside 0.89-1.12
-                        # of c0: there the same answer without the exp2
-                        if lg != 0 and pc[j] != 0 and (d > 40 or d < -40 or (
-                                cw < 1.12 * c0 and cw > 0.89 * c0)):
-                            c0 = c0 * mc_speed_ratio(<int>pc[j], lg)
-                        if cw >= c0:
-                            us += rate[j]
+                        # its workers at its speed (ours where a code is not known: the
+                        # ratio at d = 0 is 1, exactly), a table read (mc_speed_ratio)
+                        d = <int>pc[j] - lg if lg != 0 and pc[j] != 0 else 0
+                        c0 = rate[j] * t * mc_speed_ratio(d, 0)
+                        us += rate[j] if cw >= c0 else 0.0
                 if rs > 0.0:
                     b += self.grant_tasks * t * us / rs
         mc_store_relaxed(&self.grant_pub, <uint64_t>(b if b < 1e15 else 1e15))
