@@ -508,9 +508,9 @@ cdef class MalcolmPolicy(GatewayRules):
         if not self.cons_median:
             k = 1
             for j in range(n):
-                if j != self.me and self.peer_theta_ok[j]:
+                if j != self.me and self.peers[j].theta_ok:
                     for i in range(d):
-                        th[i] += self.peer_theta[<Py_ssize_t>j * d + i]
+                        th[i] += self.peer_theta[<Py_ssize_t>j * self.theta_row + i]
                     k += 1
             if k > 1:
                 for i in range(d):
@@ -521,8 +521,8 @@ cdef class MalcolmPolicy(GatewayRules):
             m[0] = th[i]
             k = 1
             for j in range(n):
-                if j != self.me and self.peer_theta_ok[j]:
-                    m[k] = self.peer_theta[<Py_ssize_t>j * d + i]
+                if j != self.me and self.peers[j].theta_ok:
+                    m[k] = self.peer_theta[<Py_ssize_t>j * self.theta_row + i]
                     k += 1
             th[i] = mc_median(m, k)     # quickselect: O(K), the same value as a sort's
         self.consensus_rounds += 1

@@ -23,6 +23,8 @@ ctypedef struct PeerRec:
     uint64_t stl
     uint32_t seq
     uint8_t seen
+    uint8_t theta_ok    # its critic (peer_theta): 0 none or refused, 1 received, 2 checked, ok
+    uint64_t _pad       # 32 bytes: two records a cache line (at 24, one in four straddled two)
 
 
 cdef class AgentState(Policy):
@@ -40,8 +42,14 @@ cdef class AgentState(Policy):
     # (tasks/ns)
     cdef double* adv
     cdef PeerRec* peers
-    cdef double* peer_theta              # n x d, latest critic received from each peer
-    cdef uint8_t* peer_theta_ok          # 0 none or refused, 1 received, 2 checked and ok
+    # n: each peer's speed code (0: not known, and at me), apart from PeerRec so that the
+    # publish's scan reads two cache lines on 64 servers, not one per peer
+    cdef uint16_t* pcode
+    # latest critic received from each peer: n rows of theta_row doubles, the first d used
+    # (8 where d <= 8: a row written per heartbeat then fills one cache line, where 40-byte
+    # rows straddled two lines every other peer)
+    cdef double* peer_theta
+    cdef int theta_row
     cdef readonly int n_theta       # critic features: 5, or 2n + 2 with per_server features
     cdef bint sparse
     cdef readonly bint auto_hop
@@ -231,9 +239,6 @@ cdef class AgentState(Policy):
     cdef readonly double speed_band      # the gate weighs per-task speeds beyond this ratio
     cdef readonly bint gate_residual     # the hop gate counts the first departure's residual
     cdef int speed_band_lg               # the band in speed-code units (< 0: off)
-    # n: each peer's speed code (0: not known, and at me), apart from PeerRec so that the
-    # publish's scan reads two cache lines on 64 servers, not one per peer
-    cdef uint16_t* pcode
     cdef uint64_t sp_n_seen
     cdef double sp_l_seen, sp_s_seen, sp_w, sp_l, sp_s
     cdef readonly int svc_lg             # the speed code the heartbeat carries (0: not yet)

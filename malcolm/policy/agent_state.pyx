@@ -141,10 +141,10 @@ cdef class AgentState(Policy):
         self.ps_pub = _dalloc(n)
         self.coef = _dalloc(n)
         self.adv = _dalloc(3 * n)
-        self.peer_theta = _dalloc(n * d)
+        self.theta_row = 8 if d <= 8 else d
+        self.peer_theta = _dalloc(n * self.theta_row)
         self.known = <uint8_t*>_zalloc(n)
         self.pcode = <uint16_t*>_zalloc(sizeof(uint16_t) * n)
-        self.peer_theta_ok = <uint8_t*>_zalloc(n)
         self.peers = <PeerRec*>_zalloc(sizeof(PeerRec) * n)
         self.cnt_mig = <uint64_t*>_zalloc(8 * n)
         self.cnt_stl = <uint64_t*>_zalloc(8 * n)
@@ -160,7 +160,7 @@ cdef class AgentState(Policy):
                 or self.feat_prev == NULL or self.feat_cur == NULL or self.pm_pub == NULL
                 or self.ps_pub == NULL or self.coef == NULL or self.adv == NULL
                 or self.peer_theta == NULL or self.known == NULL
-                or self.peer_theta_ok == NULL or self.peers == NULL or self.pcode == NULL
+                or self.peers == NULL or self.pcode == NULL
                 or self.cnt_mig == NULL or self.cnt_stl == NULL or self.seen_mig == NULL
                 or self.seen_stl == NULL):
             self._release()
@@ -215,7 +215,6 @@ cdef class AgentState(Policy):
         free(self.peer_theta)
         free(self.known)
         free(self.pcode)
-        free(self.peer_theta_ok)
         free(self.peers)
         free(self.cnt_mig)
         free(self.cnt_stl)
@@ -226,7 +225,7 @@ cdef class AgentState(Policy):
         self.ord = self.pos = NULL
         self.x = self.u = self.u_pub = self.feat_prev = self.feat_cur = NULL
         self.pm_pub = self.ps_pub = self.coef = self.adv = self.peer_theta = NULL
-        self.known = self.peer_theta_ok = NULL
+        self.known = NULL
         self.peers = NULL
         self.pcode = NULL
         self.cnt_mig = self.cnt_stl = self.seen_mig = self.seen_stl = NULL
@@ -652,13 +651,13 @@ cdef class AgentState(Policy):
             # of this method, n - 1 times per window, on a 64-server rack (docs/policy-log.md
             # "Scale: earlier sessions"). 1: received, not yet checked. d = 5 (symmetric): a
             # few moves.
-            pt = &self.peer_theta[<Py_ssize_t>src * d]
+            pt = &self.peer_theta[<Py_ssize_t>src * self.theta_row]
             if d == 5:
                 memcpy(pt, hb.theta, sizeof(double) * 5)
             else:
                 for i in range(d):      # no call: the method saves no registers
                     pt[i] = hb.theta[i]
-            self.peer_theta_ok[src] = 1
+            pr.theta_ok = 1
         if not self.sparse:
             self._set_load(src, load)
             return
@@ -667,18 +666,18 @@ cdef class AgentState(Policy):
 
     cdef void _peer_critics_checked(self) noexcept nogil:
         """Bounded consensus: the peers' critics received since the last check are used
-        only if finite with norm <= theta_bound (peer_theta_ok 2), else refused (0, counted
-        in ``consensus_rejected``). Run before the consensus reads them: the same critics
-        pass as when each heartbeat was checked on arrival (a refused one may overwrite
-        the last accepted copy, as it did then)."""
+        only if finite with norm <= theta_bound (``PeerRec.theta_ok`` 2), else refused (0,
+        counted in ``consensus_rejected``). Run before the consensus reads them: the same
+        critics pass as when each heartbeat was checked on arrival (a refused one may
+        overwrite the last accepted copy, as it did then)."""
         cdef int j, i, d = self.n_theta
         cdef double t, nrm, tb = self.theta_bound
         cdef bint ok
         cdef const double* pt
         for j in range(self.n):
-            if self.peer_theta_ok[j] != 1:
+            if self.peers[j].theta_ok != 1:
                 continue
-            pt = &self.peer_theta[<Py_ssize_t>j * d]
+            pt = &self.peer_theta[<Py_ssize_t>j * self.theta_row]
             ok = True
             nrm = 0.0
             for i in range(d):
@@ -687,10 +686,10 @@ cdef class AgentState(Policy):
                 nrm += t * t
             # nrm <= (tb / 2)^2 decides without the square root; the boundary cases take it
             if ok and ((tb < 1e150 and nrm <= 0.25 * tb * tb) or sqrt(nrm) <= tb):
-                self.peer_theta_ok[j] = 2
+                self.peers[j].theta_ok = 2
             else:
                 self.consensus_rejected += 1
-                self.peer_theta_ok[j] = 0
+                self.peers[j].theta_ok = 0
 
     cdef void fill_heartbeat(self, Heartbeat* hb) noexcept nogil:
         memset(hb, 0, sizeof(Heartbeat) - sizeof(double) * MAX_THETA)
