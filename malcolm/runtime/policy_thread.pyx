@@ -84,7 +84,7 @@ cdef class PolicyThread:
     cdef void observe_heartbeats(self) noexcept nogil:
         cdef uint64_t head = self.hb_head
         while head != mc_load_acq(&self.hb_tail):
-            drv_observe_peer(&self.win, self.policy, mc_now_ns(), &self.hb_in[head % HB_RING])
+            drv_observe_peer(self.policy, mc_now_ns(), &self.hb_in[head % HB_RING])
             head += 1
             mc_store_rel(&self.hb_head, head)
             self.hb_observed += 1

@@ -57,16 +57,16 @@ cdef inline void hb_send(Engine e, int s, int idx, uint32_t seq) noexcept nogil:
 
 
 cdef inline void hb_deliver(Engine e, int dst, const Heartbeat* hb) noexcept nogil:
-    drv_observe_peer(&e.servers[dst].win, <Policy>e.pol[dst], e.now, hb)
+    drv_observe_peer(<Policy>e.pol[dst], e.now, hb)
 
 
-cdef inline void hb_deliver_range(Server* sv, void** pol, int lo, int hi, int64_t now,
+cdef inline void hb_deliver_range(void** pol, int lo, int hi, int64_t now,
                                   const Heartbeat* hb) noexcept nogil:
     """Deliver to servers lo..hi-1, with the engine's fields in locals: through the policy's
     (opaque) call the compiler would reload them for every copy."""
     cdef int j
     for j in range(lo, hi):
-        drv_observe_peer(&sv[j].win, <Policy>pol[j], now, hb)
+        drv_observe_peer(<Policy>pol[j], now, hb)
 
 
 cdef inline void hb_deliver_all(Engine e, int src, int idx, double seq) noexcept nogil:
@@ -80,8 +80,8 @@ cdef inline void hb_deliver_all(Engine e, int src, int idx, double seq) noexcept
         # in the same order. The loop counted one of the n - 1 receptions already.
         e.hb_sent += <uint64_t>(n - 1)
         e.events += <uint64_t>(n - 2)
-        hb_deliver_range(e.servers, e.pol, 0, src, e.now, hb)
-        hb_deliver_range(e.servers, e.pol, src + 1, n, e.now, hb)
+        hb_deliver_range(e.pol, 0, src, e.now, hb)
+        hb_deliver_range(e.pol, src + 1, n, e.now, hb)
         return
     for j in range(n):
         if j == src or hb_lost_on_way(e):
