@@ -162,12 +162,14 @@ static inline void mc_speed_tab_init(void) {
     for (int d = -MC_SPEED_TAB_R; d <= MC_SPEED_TAB_R; d++)
         mc_speed_tab[d + MC_SPEED_TAB_R] = exp2((double)d * (1.0 / 256.0));
 }
-static inline double mc_speed_ratio(int code, int lg) {
-    int d = code - lg;
+static inline double mc_speed_ratio_d(int d) {      /* 2^(d/256), d a codes' difference */
     if ((unsigned)(d + MC_SPEED_TAB_R) <= 2u * MC_SPEED_TAB_R
             && mc_speed_tab[MC_SPEED_TAB_R] == 1.0)
         return mc_speed_tab[d + MC_SPEED_TAB_R];
     return exp2((double)d * (1.0 / 256.0));
+}
+static inline double mc_speed_ratio(int code, int lg) {
+    return mc_speed_ratio_d(code - lg);
 }
 
 /* The steal bars of GatewayRules._steal_thresholds (whose docstring says what they are), as

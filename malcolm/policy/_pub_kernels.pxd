@@ -10,6 +10,7 @@ cdef extern from "policy/_pub_kernels.h" nogil:
                                double mask_factor, const uint16_t* code, int lg,
                                double t) noexcept nogil
     double mc_speed_ratio(int code, int lg) noexcept nogil
+    double mc_speed_ratio_d(int d) noexcept nogil
     void mc_speed_tab_init() noexcept nogil
     void mc_pub_steal_bars(const double* x, int n, double xm, double r, double off, double hd,
                            double never, uint32_t* out) noexcept nogil

@@ -9,7 +9,6 @@ import numpy as np
 from libc.math cimport exp2
 from libc.stdint cimport int32_t, int64_t, uint32_t
 
-
 from malcolm._core cimport cat_publish_probs, cat_set_params, softmax
 from malcolm.policy.actor_critic cimport MalcolmPolicy
 from malcolm.policy.param_layout cimport from_dense

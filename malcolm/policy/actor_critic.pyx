@@ -546,7 +546,7 @@ cdef class MalcolmPolicy(GatewayRules):
         cdef int n = self.n, j, me = self.me
         cdef double vmin = 1e300, vme, sme, t, r = self.adv[2 * n + me]
         cdef const double* x = self.x
-        vme = self.x[self.me] / self.load_scale
+        vme = x[me] / self.load_scale
         sme = max(self.n_workers, 1) / (r * self.load_scale) if r > 0.0 else 1.0  # a task time
         if vme > 16.0 * sme:            # else below the bar whatever the peers' loads (>= 0)
             for j in range(n):          # the least loaded known peer (loads <= LOAD_MAX_NS)

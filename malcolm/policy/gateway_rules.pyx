@@ -17,7 +17,7 @@ from malcolm._core cimport cat_sample, cat_sample_except, mc_load_relaxed, mc_st
 from malcolm.policy.agent_state cimport AgentState
 from malcolm.policy.base cimport MAX_SERVERS
 from malcolm.policy._pub_kernels cimport (
-    mc_pub_count_known, mc_pub_steal_bars, mc_speed_ratio, mc_speed_tab_init,
+    mc_pub_count_known, mc_pub_steal_bars, mc_speed_ratio, mc_speed_ratio_d, mc_speed_tab_init,
 )
 
 mc_speed_tab_init()     # this module's copy of mc_speed_ratio's table, before any policy
@@ -393,9 +393,9 @@ cdef class GatewayRules(AgentState):
                         rs += rate[j]
                         cw = self.x[j] * rate[j] + 0.5          # its tasks + 1/2
                         # its workers at its speed (ours where a code is not known: the
-                        # ratio at d = 0 is 1, exactly), a table read (mc_speed_ratio)
+                        # ratio at d = 0 is 1, exactly), a table read (mc_speed_ratio_d)
                         d = <int>pc[j] - lg if lg != 0 and pc[j] != 0 else 0
-                        c0 = rate[j] * t * mc_speed_ratio(d, 0)
+                        c0 = rate[j] * t * mc_speed_ratio_d(d)
                         us += rate[j] if cw >= c0 else 0.0
                 if rs > 0.0:
                     b += self.grant_tasks * t * us / rs
