@@ -377,6 +377,33 @@ def test_peer_costs_use_cumulative_counts_across_lost_heartbeats():
     assert p.last_cost == pytest.approx(3.0 + 10.0)
 
 
+def test_peer_moves_are_counted_per_window_from_the_latest_count():
+    """A peer's moves in a window are its latest count less the one at the last window's
+    end: a reordered (older) heartbeat changes nothing, a count that went down counts 0 and
+    is the new base, and a window's move beyond 10^6 is clamped and counted once."""
+    p = make(3, 0, migration_cost=1.0, steal_cost=0.0, init="zero")
+    p.py_observe_local(0, 1.0 * S, 1.0, 1.0 / S)
+    p.py_observe_peer(0, 1, 1.0 * S, rate=1.0 / S, migrations=100, seq=10)
+    p.py_end_window(1)
+    assert p.last_cost == 0.0                        # moves before we knew of it
+    p.py_observe_peer(2, 1, 1.0 * S, rate=1.0 / S, migrations=103, seq=11)
+    p.py_observe_peer(3, 1, 1.0 * S, rate=1.0 / S, migrations=101, seq=9)    # older: dropped
+    p.py_observe_peer(4, 1, 1.0 * S, rate=1.0 / S, migrations=107, seq=12)
+    p.py_end_window(5)
+    assert p.last_cost == 7.0
+    p.py_observe_peer(6, 1, 1.0 * S, rate=1.0 / S, migrations=50, seq=13)     # went down
+    p.py_end_window(7)
+    assert p.last_cost == 0.0
+    p.py_observe_peer(8, 1, 1.0 * S, rate=1.0 / S, migrations=52, seq=14)
+    p.py_end_window(9)
+    assert p.last_cost == 2.0 and p.hb_clamped == 0
+    for k in range(3):                               # 1.8 M in one window, 0.6 M a beat
+        p.py_observe_peer(10 + k, 1, 1.0 * S, rate=1.0 / S,
+                          migrations=52 + 600_000 * (k + 1), seq=15 + k)
+    p.py_end_window(20)
+    assert p.last_cost == 1_000_000.0 and p.hb_clamped == 1
+
+
 def test_sampled_decisions_follow_published_probabilities():
     n = 5
     p = make(n, 2, learn=False)

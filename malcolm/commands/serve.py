@@ -56,7 +56,7 @@ def log_policy(k, prev, cur):
     """Log, once a tick, the policy's guards that fired since the last snapshot (its
     ``stats()`` under ``policy``: a runaway reset, peers' critics refused, heartbeat fields
     clamped); the simulator says the same of a run (``malcolm sim``'s notes)."""
-    from malcolm.policy.agent_state import GUARDS, guards_text
+    from malcolm.policy.guards import GUARDS, guards_text
 
     now, was = cur.get("policy") or {}, prev.get("policy") or {}
     text = guards_text({key: now.get(key, 0) - was.get(key, 0) for key, _ in GUARDS})

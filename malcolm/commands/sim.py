@@ -167,7 +167,7 @@ def from_rack_file(path):
 def guard_note(policy_stats):
     """What the policy's guards did in a run, per server (None where they did nothing):
     the same counters ``malcolm serve`` logs (``SimResult.policy_stats``)."""
-    from malcolm.policy.agent_state import GUARDS
+    from malcolm.policy.guards import GUARDS
 
     parts = []
     for key, what in GUARDS:

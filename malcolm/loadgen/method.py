@@ -491,7 +491,7 @@ def stats_delta(a, b):
     for k in ("calls", "overruns", "cpu_ns", "target_ns", "wall_ns"):
         d["pad_" + k] = hb.get(k, 0) - ha.get(k, 0)
     # the policy's guards that fired (its stats(), under "policy"; none for the baselines)
-    from malcolm.policy.agent_state import GUARDS
+    from malcolm.policy.guards import GUARDS
     pa, pb = a.get("policy") or {}, b.get("policy") or {}
     d["guards"] = {k: pb.get(k, 0) - pa.get(k, 0) for k, _ in GUARDS}
     return d

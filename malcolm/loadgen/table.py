@@ -31,7 +31,7 @@ def format_run(x):
     """One line per run, as it finishes."""
     flag = "  FLAGGED: " + "; ".join(x["flags"]) if x["flags"] else ""
     if x.get("guards"):         # the policy's guards that fired (method.guards_fired)
-        from malcolm.policy.agent_state import guards_text
+        from malcolm.policy.guards import guards_text
         flag = ", guards fired: " + guards_text(x["guards"]) + flag
     return (f"  run {x['repeat'] + 1} {x['policy']:<16} load {x['load']:4.2f}: p99 "
             f"{_f(x['p99_us'], 7)} µs, eff. load {x['effective_load']:.3f}, late "

@@ -347,6 +347,64 @@ static inline void mc_pub_clip_dev(const double *restrict u, double ub, double *
     }
 }
 
+/* What the peers moved in a window (AgentState._peer_moves), from n (migrations, steals)
+   pairs of cumulative counts: last[] as the peers' latest heartbeats reported them, base[]
+   as they stood at the last call (set to last[] here). Per count d = last - base where that
+   is positive (0 where a count went down), at most cap; *big counts the counts over cap.
+   Integer sums: any order gives the same. Once per window and agent instead of a read of
+   each peer's last counts in every heartbeat. */
+static MC_PUB_CLONES void mc_peer_moves(const uint64_t *restrict last, uint64_t *restrict base,
+                                        int n, uint64_t cap, uint64_t *mig, uint64_t *stl,
+                                        uint64_t *big) {
+    const mc_pub_v4u cv = {cap, cap, cap, cap};
+    mc_pub_v4u acc = {0, 0, 0, 0}, nb = acc;
+    uint64_t m = 0, s = 0, b = 0;
+    int j = 0, k = 2 * n;
+    for (; j + 4 <= k; j += 4) {        /* two pairs a pass: lanes m, s, m, s */
+        mc_pub_v4u l, o, d, over;
+        __builtin_memcpy(&l, last + j, sizeof l);
+        __builtin_memcpy(&o, base + j, sizeof o);
+        d = (l - o) & (mc_pub_v4u)(l > o);
+        over = (mc_pub_v4u)(d > cv);
+        nb -= over;                     /* a true lane is all ones: -1 */
+        acc += (d & ~over) | (cv & over);
+        __builtin_memcpy(base + j, &l, sizeof l);
+    }
+    for (; j < k; j += 2) {
+        uint64_t dm = last[j] > base[j] ? last[j] - base[j] : 0;
+        uint64_t ds = last[j + 1] > base[j + 1] ? last[j + 1] - base[j + 1] : 0;
+        b += (dm > cap) + (ds > cap);
+        m += dm > cap ? cap : dm;
+        s += ds > cap ? cap : ds;
+        base[j] = last[j];
+        base[j + 1] = last[j + 1];
+    }
+    *mig = m + acc[0] + acc[2];
+    *stl = s + acc[1] + acc[3];
+    *big = b + nb[0] + nb[1] + nb[2] + nb[3];
+}
+
+/* u_j <- x_j / ls, clipped above at clip, for every j (AgentState._fresh_inputs): the
+   sparse actors' inputs, computed where they are read instead of in every heartbeat (n - 1
+   a window, each a write to one more cache line of the receiver's). The same division and
+   the same select as _store_load's v > clip ? clip : v: MINPD(clip, v) returns v unless
+   clip < v. A server never heard of has x_j = 0 and so u_j = 0, as if never written. */
+static inline void mc_pub_scaled_loads(const double *restrict x, double *restrict u, int n,
+                                       double ls, double clip) {
+    int j = 0;
+#if defined(__SSE2__)
+    const __m128d c = _mm_set1_pd(clip), l = _mm_set1_pd(ls);
+    for (; j + 4 <= n; j += 4) {
+        _mm_storeu_pd(u + j, _mm_min_pd(c, _mm_div_pd(_mm_loadu_pd(x + j), l)));
+        _mm_storeu_pd(u + j + 2, _mm_min_pd(c, _mm_div_pd(_mm_loadu_pd(x + j + 2), l)));
+    }
+#endif
+    for (; j < n; j++) {
+        double v = x[j] / ls;
+        u[j] = v > clip ? clip : v;
+    }
+}
+
 static inline void mc_pub_actor_inputs(const double *restrict u,
                                        const unsigned char *restrict known,
                                        double *restrict z, int n, double zclip) {

@@ -1,7 +1,7 @@
 # cython: language_level=3
 """The publish kernels of ``_pub_kernels.h``, declared once for the modules that call them
 (``agent_state``, ``gateway_rules``, ``actor_critic``): branch-free C loops that vectorize."""
-from libc.stdint cimport uint8_t, uint16_t, uint32_t
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 
 
 cdef extern from "policy/_pub_kernels.h" nogil:
@@ -18,6 +18,10 @@ cdef extern from "policy/_pub_kernels.h" nogil:
                          int me, double t, int lg) noexcept nogil
     void mc_pub_steal_weights(const double* x, const uint8_t* known, double* w, int n, int me,
                               int mask) noexcept nogil
+    void mc_peer_moves(const uint64_t* last, uint64_t* base, int n, uint64_t cap,
+                       uint64_t* mig, uint64_t* stl, uint64_t* big) noexcept nogil
+    void mc_pub_scaled_loads(const double* x, double* u, int n, double ls,
+                             double clip) noexcept nogil
     void mc_pub_actor_inputs(const double* u, const uint8_t* known, double* z, int n,
                              double zclip) noexcept nogil
     void mc_pub_learned_logits(const double* A, const double* z, double* g, int n,

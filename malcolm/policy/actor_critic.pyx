@@ -307,7 +307,7 @@ cdef class MalcolmPolicy(GatewayRules):
         cdef int n = self.n, d = self.n_theta, i
         cdef double vprev = 0.0, vcur = 0.0, delta, payoff, cost, tot, ts = 0.0, tm = 0.0
         cdef double own_mig, own_stl, c
-        cdef uint64_t now_mig, now_stl
+        cdef uint64_t now_mig, now_stl, peer_mig, peer_stl
         cdef double* G = self.G
         cdef double* th = self.P
         cdef double* gw
@@ -345,11 +345,10 @@ cdef class MalcolmPolicy(GatewayRules):
         own_stl = <double>(now_stl - self.own_stl_seen) if now_stl >= self.own_stl_seen else 0.0
         self.own_mig_seen = now_mig
         self.own_stl_seen = now_stl
-        self.rack_mig = own_mig + <double>self.win_peer_mig      # for the herd term
+        self._peer_moves(&peer_mig, &peer_stl)
+        self.rack_mig = own_mig + <double>peer_mig      # for the herd term
         cost = (self.migration_cost * self.rack_mig
-                + self.steal_cost * (own_stl + <double>self.win_peer_stl))
-        self.win_peer_mig = 0
-        self.win_peer_stl = 0
+                + self.steal_cost * (own_stl + <double>peer_stl))
         payoff = -self.feat_cur[1] - cost
         self.last_cost = cost
         self.last_payoff = payoff
@@ -508,9 +507,9 @@ cdef class MalcolmPolicy(GatewayRules):
         if not self.cons_median:
             k = 1
             for j in range(n):
-                if j != self.me and self.peers[j].theta_ok:
+                if j != self.me and self._peer(j).theta_ok:
                     for i in range(d):
-                        th[i] += self.peer_theta[<Py_ssize_t>j * self.theta_row + i]
+                        th[i] += self._peer_theta(j)[i]
                     k += 1
             if k > 1:
                 for i in range(d):
@@ -521,8 +520,8 @@ cdef class MalcolmPolicy(GatewayRules):
             m[0] = th[i]
             k = 1
             for j in range(n):
-                if j != self.me and self.peers[j].theta_ok:
-                    m[k] = self.peer_theta[<Py_ssize_t>j * self.theta_row + i]
+                if j != self.me and self._peer(j).theta_ok:
+                    m[k] = self._peer_theta(j)[i]
                     k += 1
             th[i] = mc_median(m, k)     # quickselect: O(K), the same value as a sort's
         self.consensus_rounds += 1

@@ -16,15 +16,12 @@ cdef enum:
 
 
 ctypedef struct PeerRec:
-    # What the last heartbeat from one peer said, in one record: observe_peer reads and
-    # writes all of it, and on a 64-server rack four separate arrays cost four cache misses
-    # per heartbeat (n - 1 heartbeats per agent and window).
-    uint64_t mig                         # cumulative migrations and steals it reported
-    uint64_t stl
-    uint32_t seq
-    uint8_t seen
-    uint8_t theta_ok    # its critic (peer_theta): 0 none or refused, 1 received, 2 checked, ok
-    uint64_t _pad       # 32 bytes: two records a cache line (at 24, one in four straddled two)
+    # The head of a peer's row (``peer_rows``), before the critic its last heartbeat carried.
+    # observe_peer only writes the row: what it reads of a peer (the sequence number, and
+    # whether it was seen) lies in denser arrays that stay in cache, where a record read per
+    # heartbeat missed on most of them (each row is written a window after the last look).
+    uint32_t theta_ok   # its critic (_peer_theta): 0 none or refused, 1 received, 2 checked, ok
+    uint32_t _pad
 
 
 cdef class AgentState(Policy):
@@ -36,27 +33,32 @@ cdef class AgentState(Policy):
     cdef readonly double load_scale    # ns per unit of scaled load (derived when auto_scale)
     cdef readonly double load_clip
     cdef double* x                       # loads in ns (last known)
-    cdef double* u                       # scaled, clipped loads: the actors' inputs
+    # scaled, clipped loads: the actors' inputs; with the sparse actors computed from x where
+    # read (_actor_inputs, _features), not in each heartbeat
+    cdef double* u
     cdef uint8_t* known                  # a load for this server has been seen
     # 3n: marginal advantages (migrate, steal) at the last publish, then each server's rate
     # (tasks/ns)
     cdef double* adv
-    cdef PeerRec* peers
+    # n rows of peer_row doubles, one per peer: its PeerRec (one double), then the
+    # latest critic it sent (n_theta doubles, _peer_theta); peer_row rounds the row up to
+    # whole cache lines (8: d <= 7)
+    cdef double* peer_rows
+    cdef int peer_row
+    cdef uint32_t* pseq                  # n: the last heartbeat's sequence number (known)
+    # 2n: each peer's cumulative migrations and steals, (mig, stl) pairs: as its last
+    # heartbeat reported them, and as they stood at the last window's end (_peer_moves)
+    cdef uint64_t* pcnt
+    cdef uint64_t* pbase
     # n: each peer's speed code (0: not known, and at me), apart from PeerRec so that the
     # publish's scan reads two cache lines on 64 servers, not one per peer
     cdef uint16_t* pcode
-    # latest critic received from each peer: n rows of theta_row doubles, the first d used
-    # (8 where d <= 8: a row written per heartbeat then fills one cache line, where 40-byte
-    # rows straddled two lines every other peer)
-    cdef double* peer_theta
-    cdef int theta_row
     cdef readonly int n_theta       # critic features: 5, or 2n + 2 with per_server features
     cdef bint sparse
     cdef readonly bint auto_hop
     cdef double hop_est                  # EWMA of measured one-way heartbeat delays (ns)
     cdef bint hop_seen
     cdef bint sorted_ok                  # srt reflects the current loads
-    cdef uint64_t win_peer_mig, win_peer_stl
     cdef readonly uint64_t hb_clamped          # heartbeat fields clamped to sane bounds
 
     # configuration (read-only from Python)
@@ -258,11 +260,19 @@ cdef class AgentState(Policy):
     cdef inline int _wd(self, int w, int j) noexcept nogil:
         """Where W[j, j] of the W block at ``w`` is (W[me, me]: in column me)."""
         return w + self.wcol + j if j == self.me else w + self.wdiag * j
+    cdef inline PeerRec* _peer(self, int j) noexcept nogil:
+        """Peer j's record (the head of its row in ``peer_rows``)."""
+        return <PeerRec*>(self.peer_rows + <Py_ssize_t>j * self.peer_row)
+
+    cdef inline double* _peer_theta(self, int j) noexcept nogil:
+        """The latest critic peer j sent (n_theta doubles, after its record)."""
+        return self.peer_rows + <Py_ssize_t>j * self.peer_row + sizeof(PeerRec) // 8
     cdef void _peer_critics_checked(self) noexcept nogil
     cdef void _push_params(self) noexcept nogil
     cdef void _rescale(self) noexcept nogil
     cdef double _hop_units(self) noexcept nogil
     cdef void _decisions_counted(self) noexcept nogil
+    cdef void _peer_moves(self, uint64_t* mig, uint64_t* stl) noexcept nogil
     cdef double _steal_load(self, double vme, double sme) noexcept nogil
     cdef void _learned_logits(self) noexcept nogil
     cdef void _tilt_logits(self) noexcept nogil

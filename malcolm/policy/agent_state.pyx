@@ -24,6 +24,7 @@ from malcolm._core cimport (
 from malcolm.policy.base cimport MAX_SVC_LG, MAX_THETA, Heartbeat, Policy
 from malcolm.policy._pub_kernels cimport (
     mc_busy_share, mc_pub_actor_inputs, mc_pub_count_known, mc_pub_count_pos,
+    mc_peer_moves, mc_pub_scaled_loads,
     mc_pub_learned_logits, mc_pub_migrate_weights, mc_pub_steal_weights, mc_speed_tab_init,
 )
 
@@ -48,7 +49,7 @@ cdef double SPEED_MIN = 64.0
 cdef double LN2 = 0.6931471805599453
 mc_speed_tab_init()     # this module's copy of mc_speed_ratio's table, before any policy
 cdef enum:
-    COUNT_JUMP_MAX = 1000000    # a constant (not a global): an immediate in observe_peer
+    COUNT_JUMP_MAX = 1000000    # the most one peer's count may move in a window (_peer_moves)
 
 
 cdef inline double _store_load(AgentState s, int j, double load) noexcept nogil:
@@ -76,20 +77,6 @@ cdef inline void* _zalloc(Py_ssize_t nbytes) noexcept nogil:
     if p != NULL:
         memset(p, 0, nbytes if nbytes > 0 else 8)
     return p
-
-
-# The counters of ``AgentState.stats`` that say a guard fired (worth a line in a log): the
-# key and what one count is.
-GUARDS = (("resets", "runaway reset(s) of the actors"),
-          ("consensus_rejected", "peer critic(s) refused in consensus"),
-          ("hb_clamped", "heartbeat field(s) clamped to sane bounds"))
-
-
-def guards_text(counts):
-    """``counts`` (a guard's key: how often it fired) in words, in :data:`GUARDS`' order:
-    "2 runaway reset(s) of the actors, ..." ('' where none fired). The one wording of
-    ``malcolm serve``'s log and the demo's run lines."""
-    return ", ".join(f"{counts[k]} {what}" for k, what in GUARDS if counts.get(k, 0) > 0)
 
 
 cdef class AgentState(Policy):
@@ -141,11 +128,13 @@ cdef class AgentState(Policy):
         self.ps_pub = _dalloc(n)
         self.coef = _dalloc(n)
         self.adv = _dalloc(3 * n)
-        self.theta_row = 8 if d <= 8 else d
-        self.peer_theta = _dalloc(n * self.theta_row)
+        self.peer_row = (sizeof(PeerRec) // 8 + d + 7) // 8 * 8    # whole 64-byte lines
+        self.peer_rows = _dalloc(<Py_ssize_t>n * self.peer_row)
+        self.pseq = <uint32_t*>_zalloc(sizeof(uint32_t) * n)
+        self.pcnt = <uint64_t*>_zalloc(sizeof(uint64_t) * 2 * n)
+        self.pbase = <uint64_t*>_zalloc(sizeof(uint64_t) * 2 * n)
         self.known = <uint8_t*>_zalloc(n)
         self.pcode = <uint16_t*>_zalloc(sizeof(uint16_t) * n)
-        self.peers = <PeerRec*>_zalloc(sizeof(PeerRec) * n)
         self.cnt_mig = <uint64_t*>_zalloc(8 * n)
         self.cnt_stl = <uint64_t*>_zalloc(8 * n)
         self.seen_mig = <uint64_t*>_zalloc(8 * n)
@@ -159,8 +148,8 @@ cdef class AgentState(Policy):
                 or self.x == NULL or self.u == NULL or self.u_pub == NULL
                 or self.feat_prev == NULL or self.feat_cur == NULL or self.pm_pub == NULL
                 or self.ps_pub == NULL or self.coef == NULL or self.adv == NULL
-                or self.peer_theta == NULL or self.known == NULL
-                or self.peers == NULL or self.pcode == NULL
+                or self.peer_rows == NULL or self.known == NULL or self.pcode == NULL
+                or self.pseq == NULL or self.pcnt == NULL or self.pbase == NULL
                 or self.cnt_mig == NULL or self.cnt_stl == NULL or self.seen_mig == NULL
                 or self.seen_stl == NULL):
             self._release()
@@ -212,10 +201,12 @@ cdef class AgentState(Policy):
         free(self.ps_pub)
         free(self.coef)
         free(self.adv)
-        free(self.peer_theta)
+        free(self.peer_rows)
+        free(self.pseq)
+        free(self.pcnt)
+        free(self.pbase)
         free(self.known)
         free(self.pcode)
-        free(self.peers)
         free(self.cnt_mig)
         free(self.cnt_stl)
         free(self.seen_mig)
@@ -224,11 +215,11 @@ cdef class AgentState(Policy):
         self.srt = self.pre = self.g_pub = self.act = self.tl = self.fv = self.gdiag = NULL
         self.ord = self.pos = NULL
         self.x = self.u = self.u_pub = self.feat_prev = self.feat_cur = NULL
-        self.pm_pub = self.ps_pub = self.coef = self.adv = self.peer_theta = NULL
+        self.pm_pub = self.ps_pub = self.coef = self.adv = self.peer_rows = NULL
         self.known = NULL
-        self.peers = NULL
+        self.pseq = NULL
         self.pcode = NULL
-        self.cnt_mig = self.cnt_stl = self.seen_mig = self.seen_stl = NULL
+        self.cnt_mig = self.cnt_stl = self.seen_mig = self.seen_stl = self.pcnt = self.pbase = NULL
 
     # ------------------------------------------------------------ policy thread
     cdef void _actor_inputs(self, double* z) noexcept nogil:
@@ -243,6 +234,7 @@ cdef class AgentState(Policy):
             # in C (_pub_kernels.h), the same operations. Deviations beyond ZCLIP tasks carry
             # no more information (the mask handles overloaded servers), and bounded inputs
             # keep logits bounded
+            mc_pub_scaled_loads(self.x, self.u, n, self.load_scale, self.load_clip)
             mc_pub_actor_inputs(self.u, self.known, z, n, ZCLIP)
             return
         if not self.rel_input:
@@ -402,6 +394,15 @@ cdef class AgentState(Policy):
             self.seen_stl[j] = mc_load_relaxed(&self.cnt_stl[j])
         self.stl_dq_seen = mc_load_relaxed(&self.stl_dq)
         self.stl_dn_seen = mc_load_relaxed(&self.stl_dn)
+
+    cdef void _peer_moves(self, uint64_t* mig, uint64_t* stl) noexcept nogil:
+        """The migrations and steals the peers reported since the last call (a window): per
+        peer, its latest cumulative count less the one at the last call, 0 where it went
+        down, at most COUNT_JUMP_MAX (a jump beyond what a server can move in a window is a
+        lie: clamped, and counted in ``hb_clamped``)."""
+        cdef uint64_t big = 0
+        mc_peer_moves(self.pcnt, self.pbase, self.n, COUNT_JUMP_MAX, mig, stl, &big)
+        self.hb_clamped += big
 
     cdef double _steal_load(self, double vme, double sme) noexcept nogil:
         """The own load the window's steals are credited at: vme, the window's end, or with
@@ -597,33 +598,25 @@ cdef class AgentState(Policy):
         cdef int src = hb.src
         cdef int d, i
         cdef double rate, load, dly
-        cdef uint64_t dm, ds
         cdef int64_t dl
-        cdef PeerRec* pr
         cdef double* pt
         if <unsigned int>src >= <unsigned int>self.n or src == self.me:
             return
-        pr = &self.peers[src]
-        if pr.seen:
+        if self.known[src]:
             # A reordered (older) heartbeat carries nothing newer: drop it.
-            if <int32_t>(hb.seq - pr.seq) <= 0:
+            if <int32_t>(hb.seq - self.pseq[src]) <= 0:
                 return
-            # Counts are cumulative, so a lost heartbeat's actions show up in the next one.
-            # A jump beyond what a server can move in a heartbeat interval is a lie: clamp it.
-            dm = hb.migrations - pr.mig if hb.migrations > pr.mig else 0
-            ds = hb.steals - pr.stl if hb.steals > pr.stl else 0
-            if dm > COUNT_JUMP_MAX or ds > COUNT_JUMP_MAX:
-                self.hb_clamped += 1
-                dm = COUNT_JUMP_MAX if dm > COUNT_JUMP_MAX else dm
-                ds = COUNT_JUMP_MAX if ds > COUNT_JUMP_MAX else ds
-            self.win_peer_mig += dm
-            self.win_peer_stl += ds
-        pr.seen = 1
-        pr.seq = hb.seq
+        else:
+            # the first: the moves it reports were made before we knew of it
+            self.pbase[2 * src] = hb.migrations
+            self.pbase[2 * src + 1] = hb.steals
+        self.pseq[src] = hb.seq
+        # Counts are cumulative, so a lost heartbeat's moves show up in the next one: the
+        # latest is kept, and _peer_moves takes what each peer moved in the window.
+        self.pcnt[2 * src] = hb.migrations
+        self.pcnt[2 * src + 1] = hb.steals
         # its speed, for the hop gate (_speed_shift); 0: not known
         self.pcode[src] = <uint16_t>(hb.svc_lg if <uint32_t>hb.svc_lg <= MAX_SVC_LG else 0)
-        pr.mig = hb.migrations
-        pr.stl = hb.steals
         # Every heartbeat-derived input within sane bounds: a NaN or absurd rate or load from
         # one peer must not reach the logits, the advantages or the capacity prior.
         rate = hb.rate
@@ -651,18 +644,21 @@ cdef class AgentState(Policy):
             # of this method, n - 1 times per window, on a 64-server rack (docs/policy-log.md
             # "Scale: earlier sessions"). 1: received, not yet checked. d = 5 (symmetric): a
             # few moves.
-            pt = &self.peer_theta[<Py_ssize_t>src * self.theta_row]
+            pt = self._peer_theta(src)
+            self._peer(src).theta_ok = 1
             if d == 5:
                 memcpy(pt, hb.theta, sizeof(double) * 5)
             else:
                 for i in range(d):      # no call: the method saves no registers
                     pt[i] = hb.theta[i]
-            pr.theta_ok = 1
         if not self.sparse:
             self._set_load(src, load)
             return
-        # _set_load's sparse path without its vtable call (load is in [0, LOAD_MAX_NS])
-        _store_load(self, src, load)
+        # _set_load's sparse path without its vtable call (load is in [0, LOAD_MAX_NS]), and
+        # without u[src]: the sparse actors' readers compute u from x (_actor_inputs)
+        self.x[src] = load
+        self.known[src] = 1
+        self.sorted_ok = False
 
     cdef void _peer_critics_checked(self) noexcept nogil:
         """Bounded consensus: the peers' critics received since the last check are used
@@ -674,10 +670,12 @@ cdef class AgentState(Policy):
         cdef double t, nrm, tb = self.theta_bound
         cdef bint ok
         cdef const double* pt
+        cdef PeerRec* pr
         for j in range(self.n):
-            if self.peers[j].theta_ok != 1:
+            pr = self._peer(j)
+            if pr.theta_ok != 1:
                 continue
-            pt = &self.peer_theta[<Py_ssize_t>j * self.theta_row]
+            pt = self._peer_theta(j)
             ok = True
             nrm = 0.0
             for i in range(d):
@@ -686,10 +684,10 @@ cdef class AgentState(Policy):
                 nrm += t * t
             # nrm <= (tb / 2)^2 decides without the square root; the boundary cases take it
             if ok and ((tb < 1e150 and nrm <= 0.25 * tb * tb) or sqrt(nrm) <= tb):
-                self.peers[j].theta_ok = 2
+                pr.theta_ok = 2
             else:
                 self.consensus_rejected += 1
-                self.peers[j].theta_ok = 0
+                pr.theta_ok = 0
 
     cdef void fill_heartbeat(self, Heartbeat* hb) noexcept nogil:
         memset(hb, 0, sizeof(Heartbeat) - sizeof(double) * MAX_THETA)
@@ -742,6 +740,8 @@ cdef class AgentState(Policy):
             out[3] = hi - mean
             out[4] = mean - lo
             return
+        if self.sparse:     # observe_peer left u to its readers
+            mc_pub_scaled_loads(self.x, self.u, n, self.load_scale, self.load_clip)
         for j in range(n):
             out[2 + j] = self.u[j]
             out[2 + n + j] = fabs(self.u[j] - mean) if self.known[j] else 0.0
