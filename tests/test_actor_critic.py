@@ -359,6 +359,21 @@ def test_heartbeat_carries_load_counts_and_theta():
     assert all(p.py_decide_steal() == -1 for _ in range(100))
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_consensus_sorting_network_gives_numpys_medians(seed):
+    """The consensus's medians (a sorting network of rows, _select.h) are numpy's, bit for
+    bit, for every row count 1..64: ties, signs and a column of one repeated value."""
+    rng = np.random.default_rng(seed)
+    for k in range(1, 65):
+        d = int(rng.integers(1, 9))
+        v = rng.normal(0.0, 10.0, (k, d))
+        v[:, 0] = np.round(v[:, 0])                 # ties
+        if d > 1:
+            v[:, -1] = 3.5
+        got = hooks.median_rows(v)
+        assert np.array_equal(got, np.median(v, axis=0)), (k, d)
+
+
 def test_peer_costs_use_cumulative_counts_across_lost_heartbeats():
     p = make(3, 0, migration_cost=1.0, steal_cost=10.0, init="zero")
     hooks.step(p, 0, 1.0 * S, [None, 1.0 * S, 1.0 * S], peer_migrations=[0, 5, 5],

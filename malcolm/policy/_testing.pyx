@@ -13,8 +13,10 @@ from malcolm._core cimport cat_publish_probs, cat_set_params, softmax
 from malcolm.policy.actor_critic cimport MalcolmPolicy
 from malcolm.policy.param_layout cimport from_dense
 from malcolm.policy._pub_kernels cimport mc_speed_ratio, mc_speed_tab_init
+from malcolm.policy._select cimport mc_med_init, mc_median_rows
 
 mc_speed_tab_init()
+mc_med_init()
 
 
 def step(MalcolmPolicy p, int64_t now, double own_load, peer_loads=None,
@@ -147,3 +149,18 @@ def grant_bar(MalcolmPolicy p, double h):
     """Run ``GatewayRules._grant_bar(h)``: the published bar."""
     p._grant_bar(h)
     return p.grant_pub
+
+
+def median_rows(values):
+    """``mc_median_rows`` of ``values`` (k x d, k <= 64, d <= 8): the d column medians."""
+    cdef double[:, ::1] v = np.ascontiguousarray(values, dtype=np.float64)
+    cdef Py_ssize_t k = v.shape[0], d = v.shape[1], i, c
+    cdef double[::1] r = np.zeros(64 * 8)
+    cdef double[::1] out = np.zeros(d)
+    if not (1 <= k <= 64 and 1 <= d <= 8):
+        raise ValueError("1..64 rows of 1..8 values")
+    for i in range(k):
+        for c in range(d):
+            r[i * 8 + c] = v[i, c]
+    mc_median_rows(&r[0], <int>k, <int>d, &out[0])
+    return np.asarray(out)

@@ -36,6 +36,7 @@ from malcolm.policy.agent_state cimport ZCLIP
 from malcolm.policy.gateway_rules cimport GatewayRules
 from malcolm.policy.base cimport MAX_THETA, Policy
 from malcolm.policy._pub_kernels cimport mc_pub_softmax_w
+from malcolm.policy._select cimport mc_med_init, mc_median_rows
 from malcolm.policy.param_layout cimport dense_of, from_dense
 
 cdef extern from "policy/_ac_kernels.h" nogil:
@@ -50,11 +51,10 @@ cdef extern from "policy/_ac_kernels.h" nogil:
     void mc_ac_sparse_grad(const double* coef, const double* z, double* gb, double* gd,
                            double* gw, int n, int me) noexcept nogil
 
-cdef extern from "policy/_select.h" nogil:
-    double mc_median(double* a, int k) noexcept nogil
-
 
 from malcolm.policy.ac_params import DEFAULTS, THESIS, check_params
+
+mc_med_init()       # this module's copy of the consensus's sorting networks (_select.h)
 
 __all__ = ["DEFAULTS", "THESIS", "MalcolmPolicy"]
 
@@ -496,11 +496,10 @@ cdef class MalcolmPolicy(GatewayRules):
         their mean with ``consensus="mean"``.
 
         The thesis averages; a median keeps one bad peer (whose theta passed the finiteness
-        and norm checks in observe_peer) from moving anyone's theta by more than the spread
-        of the honest ones. With two values it is their mean. O(d K), K <= n, every C
-        windows.
-        """
-        cdef int n = self.n, d = self.n_theta, i, j, k
+        and norm checks) from moving anyone's theta by more than the spread of the honest
+        ones. With two values it is their mean. O(d K log^2 K), K <= n, every C windows, in
+        a sorting network (``_select.h``) with no branch on the values."""
+        cdef int n = self.n, d = self.n_theta, i, j, k, c, w
         cdef double* th = self.P
         cdef double* m = self.med
         self._peer_critics_checked()
@@ -511,19 +510,20 @@ cdef class MalcolmPolicy(GatewayRules):
                     for i in range(d):
                         th[i] += self._peer_theta(j)[i]
                     k += 1
-            if k > 1:
-                for i in range(d):
-                    th[i] /= k
+            for i in range(d):
+                th[i] /= k          # k = 1: x / 1 is x, bit for bit
             self.consensus_rounds += 1
             return
-        for i in range(d):
-            m[0] = th[i]
+        for c in range(0, d, 8):
+            # 8 coordinates (MC_MED_W) in one sorting network: a row per critic, own first
+            w = d - c if d - c < 8 else 8
+            memcpy(m, th + c, sizeof(double) * w)
             k = 1
             for j in range(n):
                 if j != self.me and self._peer(j).theta_ok:
-                    m[k] = self._peer_theta(j)[i]
+                    memcpy(m + k * 8, self._peer_theta(j) + c, sizeof(double) * w)
                     k += 1
-            th[i] = mc_median(m, k)     # quickselect: O(K), the same value as a sort's
+            mc_median_rows(m, k, w, th + c)
         self.consensus_rounds += 1
 
     cdef void _reset_actors(self) noexcept nogil:

@@ -170,7 +170,7 @@ cdef class AgentState(Policy):
     cdef double tilt_g, tilt_m, tilt_v   # its cached gradient and AdamW moments
     cdef double* tl
     cdef double* logit                   # publish scratch: f + capacity prior, masked
-    cdef double* med                     # consensus scratch (n values per coordinate)
+    cdef double* med                     # consensus scratch (64 rows of 8 values)
     cdef int runaway_run                 # consecutive windows with a runaway own queue
     cdef double runaway_last
     # the hop gate: the policy publishes (sequence << 32 | K); the gateway accepts the first

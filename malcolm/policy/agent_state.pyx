@@ -106,7 +106,7 @@ cdef class AgentState(Policy):
         self.P = _dalloc(npar)
         self.P0 = _dalloc(npar)
         self.logit = _dalloc(n)
-        self.med = _dalloc(n)
+        self.med = _dalloc(MAX_SERVERS * 8)     # MC_MED_ROWS rows of MC_MED_W (_select.h)
         self.g_pub = _dalloc(2 * n)
         self.act = _dalloc(6 * n)
         self.tl = _dalloc(n)
