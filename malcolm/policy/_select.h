@@ -24,9 +24,9 @@
 _Static_assert(MC_MED_W == 8, "actor_critic's consensus steps by 8 coordinates");
 typedef double mc_med_v4d __attribute__((vector_size(32)));
 typedef long long mc_med_v4l __attribute__((vector_size(32)));
-/* rows a, b <- their lane-wise min, max: y < x ? y : x and the other, as masks (GCC turns
-   ternaries on doubles into branches here, and a lane's result must not depend on
-   operand order for equal values: either is the same value) */
+/* rows a, b <- their lane-wise min and max, y < x ? y : x and y < x ? x : y, as masks:
+   GCC turned the ternaries on doubles into a branch per lane here. Equal values keep
+   their rows (x stays low); they are the same number either way. */
 static inline __attribute__((always_inline)) void mc_med_cx(double *a, double *b) {
     for (int h = 0; h < MC_MED_W; h += 4) {
         mc_med_v4d x, y;

@@ -17,9 +17,10 @@ cdef enum:
 
 ctypedef struct PeerRec:
     # The head of a peer's row (``peer_rows``), before the critic its last heartbeat carried.
-    # observe_peer only writes the row: what it reads of a peer (the sequence number, and
-    # whether it was seen) lies in denser arrays that stay in cache, where a record read per
-    # heartbeat missed on most of them (each row is written a window after the last look).
+    # observe_peer only writes the row: what it reads of a peer (its sequence number in
+    # pseq, whether it was seen in known) lies in denser arrays that stay in cache, where a
+    # record read per heartbeat missed on most of them (each row is written a window after
+    # the last look).
     uint32_t theta_ok   # its critic (_peer_theta): 0 none or refused, 1 received, 2 checked, ok
     uint32_t _pad
 
@@ -267,6 +268,7 @@ cdef class AgentState(Policy):
     cdef inline double* _peer_theta(self, int j) noexcept nogil:
         """The latest critic peer j sent (n_theta doubles, after its record)."""
         return self.peer_rows + <Py_ssize_t>j * self.peer_row + sizeof(PeerRec) // 8
+
     cdef void _peer_critics_checked(self) noexcept nogil
     cdef void _push_params(self) noexcept nogil
     cdef void _rescale(self) noexcept nogil

@@ -53,8 +53,8 @@ cdef enum:
 
 
 cdef inline double _store_load(AgentState s, int j, double load) noexcept nogil:
-    """Server j's load (ns, >= 0) and its scaled, clipped input; returns the input. A plain
-    C function, so that observe_peer's sparse path (n - 1 times a window) inlines it."""
+    """Server j's load (ns, >= 0) and its scaled, clipped input, which mc_pub_scaled_loads
+    computes alike; returns the input (_set_load: the own load, and the dense actors')."""
     cdef double v = load / s.load_scale
     if v > s.load_clip:
         v = s.load_clip
