@@ -374,6 +374,37 @@ def test_consensus_sorting_network_gives_numpys_medians(seed):
         assert np.array_equal(got, np.median(v, axis=0)), (k, d)
 
 
+@pytest.mark.parametrize("n, herd", [(64, 0.5), (13, 0.5), (7, 0.0)])
+def test_advantages_scalar_and_vector_paths_give_the_same_bits(n, herd):
+    """_marginal_advantages' outcomes (_adv_kernels.h) on the scalar path and on AVX2's
+    (where the CPU has it): the same gradients and parameters, bit for bit, over windows
+    of random loads and speeds with unknown and masked peers, steals credited where they
+    went ahead (the steal load apart from the window's end)."""
+    import malcolm.policy.agent_state as st
+
+    def run(scalar):
+        st._scalar_advantages(scalar)
+        try:
+            rng = np.random.default_rng(n)
+            p = MalcolmPolicy(n, 3, seed=5, herd=herd, batch_windows=10_000, learn_every=1,
+                              steal_state="decision")
+            rates = rng.choice([1.0, 4.0, 16.0], n) / S
+            for w in range(12):
+                loads = list(rng.exponential(2.0, n) * S)
+                loads[5] = None if w < 6 else loads[5]           # unknown, then known
+                hooks.sample_many(p, "arrival", 30)
+                hooks.sample_many(p, "steal", 30)
+                hooks.step(p, w * 100_000, loads[3], loads, rates=list(rates),
+                           peer_migrations=[10 * w] * n)
+            return p.grad_cache.copy(), p.params.copy(), p.probs_migrate.copy()
+        finally:
+            st._scalar_advantages(False)
+
+    for a, b in zip(run(True), run(False), strict=True):
+        assert np.array_equal(a, b)
+    assert np.any(run(False)[0] != 0.0)
+
+
 def test_peer_costs_use_cumulative_counts_across_lost_heartbeats():
     p = make(3, 0, migration_cost=1.0, steal_cost=10.0, init="zero")
     hooks.step(p, 0, 1.0 * S, [None, 1.0 * S, 1.0 * S], peer_migrations=[0, 5, 5],

@@ -22,6 +22,7 @@ from malcolm._core cimport (
     mc_load_relaxed,
 )
 from malcolm.policy.base cimport MAX_SVC_LG, MAX_THETA, Heartbeat, Policy
+from malcolm.policy._adv_kernels cimport mc_adv_in, mc_adv_outcomes, mc_adv_set_scalar
 from malcolm.policy._pub_kernels cimport (
     mc_busy_share, mc_pub_actor_inputs, mc_pub_count_known, mc_pub_count_pos,
     mc_peer_moves, mc_pub_scaled_loads,
@@ -35,7 +36,6 @@ cdef extern from "policy/_sort_kernels.h" nogil:
     double mc_absdev64(const double* v, const double* pre, int k, double a) noexcept nogil
     double mc_absdev_at(const double* pre, int k, double a, int lo) noexcept nogil
     void mc_herd_scales(const double*, const double*, int, int, double, double*, double*)
-    double mc_absdev_step64(const double*, const double*, int, double, double, double)
 
 
 # Sane bounds on heartbeat-derived inputs (issue 13): 1000 s of queued work, 1e9 tasks in a
@@ -77,6 +77,11 @@ cdef inline void* _zalloc(Py_ssize_t nbytes) noexcept nogil:
     if p != NULL:
         memset(p, 0, nbytes if nbytes > 0 else 8)
     return p
+
+
+def _scalar_advantages(bint on):
+    """Tests: ``_marginal_advantages``' outcomes on the scalar path (``_adv_kernels.h``)."""
+    mc_adv_set_scalar(on)
 
 
 cdef class AgentState(Policy):
@@ -296,7 +301,7 @@ cdef class AgentState(Policy):
         cdef double* am = self.adv
         cdef double* st = self.adv + n
         cdef const double* rate = self.adv + 2 * n
-        cdef double sme, si, vi, vme, vs, di, norm, inv = 1.0 / self.load_scale, fme, fme_up
+        cdef double sme, vme, vs, norm, inv = 1.0 / self.load_scale, fme, fme_up
         cdef double hop = self._hop_units() * self.hop_weight
         cdef double hc = self.hop_cap if self.hop_cap > 0.0 else INFINITY
         cdef double cmig = self.migration_cost + hop, cstl = self.steal_cost + hop
@@ -304,6 +309,7 @@ cdef class AgentState(Policy):
         cdef const double* srt = self.srt
         cdef const double* pre = self.pre
         cdef double hq = 0.0, hcs = 0.0          # the herd term's scales (herd > 0)
+        cdef mc_adv_in a
         self._sort_loads()
         k = self.nsrt
         norm = 2.0 / (self.nsrt - 1) if self.nsrt > 1 else 0.0
@@ -324,23 +330,8 @@ cdef class AgentState(Policy):
             hq = self.herd * self.rack_mig * pow(mc_busy_share(
                 self.x, rate, self.pcode, n, me, self.svc_mean_ns, self.svc_lg), self.herd_busy)
             mc_herd_scales(self.pm_pub, rate, n, me, hq, &hq, &hcs)
-        # migrate: the task goes to i (i = me: accepted here).
-        # sum_{k != i} |vi + si - vk| - |vi - vk| = F(vi + si) - si - F(vi)
-        for i in range(n):
-            if not self.known[i] or (i != me and not (do_mig and self.pm_pub[i] > 0.0)):
-                am[i] = 0.0
-                continue          # never heard of: set below
-            si = 1.0 / (rate[i] * self.load_scale) if rate[i] > 0.0 else 1.0
-            vi = self.x[i] * inv
-            if i == me:
-                am[i] = -norm * (fme_up - si - fme)
-                continue
-            di = (mc_absdev_step64(srt, pre, k, vi, si, (hq * self.pm_pub[i] - hcs * rate[i]) * si)
-                  if self.herd > 0.0 else mc_absdev64(srt, pre, k, vi + si) - si - fv[self.pos[i]])
-            am[i] = -norm * di - (self.migration_cost + min(hop, hc * (si + sme)))   # hop_cap
-        for i in range(n if k < n else 0):     # k < n: some server is unknown
-            if not self.known[i]:
-                am[i] = am[me] - cmig      # no information: accepting, plus the cost
+        # migrate: the task goes to i (i = me: accepted here), over k != i
+        # sum |vi + si - vk| - |vi - vk| = F(vi + si) - si - F(vi).
         # steal: one task moves from i to me (i = me: nothing moves). Over k != i, me:
         # sum |a - vk| = F(a) - |a - vi| - |a - vme|. Our own terms at vs, our load where the
         # steals went ahead (steal_state="decision"; vme otherwise): with steal_idle a steal
@@ -348,31 +339,25 @@ cdef class AgentState(Policy):
         # does not sample. Credited at the end, a many-worker server's steals from one-worker
         # servers looked like adding to a queue, and its actor learnt to stop stealing
         # (docs/policy.md, "The default policy", item 12).
-        st[me] = 0.0
+        a.fme, a.fme_up = fme, fme_up
         vs = self._steal_load(vme, sme)
         if vs != vme:
             # F at vs and vs + sme with the sorted loads' own term |a - vme| swapped for the
             # |a - vs| (= sme at a = vs + sme) that the loop takes off as k = me's
-            fme = mc_absdev64(srt, pre, k, vs) - fabs(vs - vme)
-            fme_up = mc_absdev64(srt, pre, k, vs + sme) - fabs(vs + sme - vme) + sme
-        for i in range(n):
-            if i == me:
-                continue
-            if not do_stl or self.ps_pub[i] <= 0.0:
-                st[i] = 0.0
-                continue
+            a.fme = mc_absdev64(srt, pre, k, vs) - fabs(vs - vme)
+            a.fme_up = mc_absdev64(srt, pre, k, vs + sme) - fabs(vs + sme - vme) + sme
+        # every peer's two outcomes in C, four at a time (_adv_kernels.h)
+        a.srt, a.pre, a.fv, a.x, a.rate, a.pos = srt, pre, fv, self.x, rate, self.pos
+        a.known, a.pm, a.ps, a.n, a.me, a.k = self.known, self.pm_pub, self.ps_pub, n, me, k
+        a.herd, a.do_mig, a.do_stl = self.herd > 0.0, do_mig, do_stl
+        a.inv, a.ls, a.norm, a.hq, a.hcs = inv, self.load_scale, norm, hq, hcs
+        a.mcost, a.scost, a.cstl, a.hop, a.hc = self.migration_cost, self.steal_cost, cstl, hop, hc
+        a.sme, a.vme, a.vs = sme, vme, vs
+        mc_adv_outcomes(&a, am, st)
+        am[me] = -norm * (fme_up - sme - fme)
+        for i in range(n if k < n else 0):     # k < n: some server is unknown
             if not self.known[i]:
-                st[i] = -cstl              # no information: nothing moves
-                continue
-            si = 1.0 / (rate[i] * self.load_scale) if rate[i] > 0.0 else 1.0
-            vi = self.x[i] * inv
-            di = ((mc_absdev64(srt, pre, k, vi - si) - si - fabs(vi - si - vme))
-                  - (fv[self.pos[i]] - fabs(vi - vme)))
-            di += ((fme_up - fabs(vs + sme - vi) - sme)
-                   - (fme - fabs(vs - vi)))
-            # the pair (i, me) itself
-            di += fabs((vi - si) - (vs + sme)) - fabs(vi - vs)
-            st[i] = -norm * di - (self.steal_cost + min(hop, hc * (si + sme)))
+                am[i] = am[me] - cmig      # no information: accepting, plus the cost
 
     cdef void _fold_gdiag(self, double* g, bint clear) noexcept nogil:
         """g (flat like ``G``) += the sparse actors' diagonal gradients held in ``gdiag``,
