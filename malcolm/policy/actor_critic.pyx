@@ -421,7 +421,8 @@ cdef class MalcolmPolicy(GatewayRules):
                 self._guard_actors()
                 self._push_params()
 
-        self._decisions_counted()     # the next window's decisions are counted from here
+        if not self.learn or self.learn_clock + 1 >= self.learn_every or not self.adv_next:
+            self._decisions_counted()   # the next window's decisions, where it learns from them
 
     cdef void _apply_adamw(self) noexcept nogil:
         """AdamW on the batch-mean of the cached gradients, then clear the cache.

@@ -372,7 +372,9 @@ cdef class AgentState(Policy):
             memset(self.gdiag, 0, sizeof(double) * 2 * n)
 
     cdef void _decisions_counted(self) noexcept nogil:
-        """The snapshot the next window's decisions are counted from."""
+        """The snapshot the next window's decisions are counted from: taken only before a
+        window that reads it (a learning step's, with ``learn_every`` > 1 one window in
+        learn_every; every window while frozen or with advantage="marginal" or "td")."""
         cdef int j
         for j in range(self.n):
             self.seen_mig[j] = mc_load_relaxed(&self.cnt_mig[j])
