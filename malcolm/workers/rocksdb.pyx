@@ -242,24 +242,26 @@ cdef uint32_t _calibrate_warm(KvState* s, uint32_t m, int64_t budget_ns,
                               uint64_t seed) noexcept nogil:
     """Fill ``s.warm``: ``m`` back-to-back GETs of each calibrated size (one round = one GET
     of every size, so the sizes share the cache state), after ``m`` untimed rounds, thread CPU
-    time each; stop early once ``budget_ns`` of wall time is spent (keeping at least 32
-    rounds). Sorts each row; returns the rounds kept (0: a GET failed)."""
+    time each (a round with a GET of <= 0 ns, a VM clock glitch, is dropped); stop early once
+    ``budget_ns`` of wall time is spent (keeping at least 32 rounds). Sorts each row; returns
+    the rounds kept (0: a GET failed)."""
     cdef uint8_t payload[4 + 4 * MC_KV_MAX_KEYS]
     cdef uint8_t out[MC_KV_MAX_VALUE]
     cdef malcolm_task t
-    cdef uint32_t r, j, i, n, kept = 0
+    cdef uint32_t r = 0, j, i, n, kept = 0
     cdef uint64_t x = seed
-    cdef int64_t c0, start = mc_now_ns()
+    cdef int64_t c0, d, start = mc_now_ns()
+    cdef bint seen                      # every GET of the round took > 0 ns
     memset(&t, 0, sizeof(t))
     t.payload = payload
     t.out = out
     t.out_cap = MC_KV_MAX_VALUE
-    r = 0
     while r < 2 * m:
         if r < m and mc_now_ns() - start > budget_ns // 2:
             r = m                       # the warm-up had its half of the budget
         if r >= m + 32 and mc_now_ns() - start > budget_ns:
             break
+        seen = True
         for j in range(s.n_grid):
             n = s.grid[j]
             mc_kv_st32(payload, n)
@@ -270,10 +272,11 @@ cdef uint32_t _calibrate_warm(KvState* s, uint32_t m, int64_t budget_ns,
             c0 = _thread_cpu_ns()
             if _get(s, &t) != MALCOLM_OK:
                 return 0
+            d = _thread_cpu_ns() - c0
+            seen = seen and d > 0
             if r >= m:
-                s.warm[j * s.warm_stride + (r - m)] = <double>(_thread_cpu_ns() - c0)
-        if r >= m:
-            kept = r - m + 1
+                s.warm[j * s.warm_stride + kept] = <double>d
+        kept += (r >= m) and seen       # a timed round, every GET seen by the clock
         r += 1
     for j in range(s.n_grid):
         qsort(s.warm + j * s.warm_stride, kept, sizeof(double), _cmp_double)
