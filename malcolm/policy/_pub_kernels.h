@@ -385,7 +385,7 @@ static MC_PUB_CLONES void mc_peer_moves(const uint64_t *restrict last, uint64_t 
 }
 
 /* u_j <- x_j / ls, clipped above at clip, for every j (AgentState._actor_inputs and the
-   per-server _features, the sparse actors' readers of u): the
+   per-server _features, the sparse actors' readers of u, and _rescale for all actors): the
    sparse actors' inputs, computed where they are read instead of in every heartbeat (n - 1
    a window, each a write to one more cache line of the receiver's). The same division and
    the same select as _store_load's v > clip ? clip : v: MINPD(clip, v) returns v unless

@@ -763,7 +763,7 @@ cdef class AgentState(Policy):
         both actors' logits).
         """
         cdef int n = self.n, j, k = 0
-        cdef double sr = 0.0, ls, v
+        cdef double sr = 0.0, ls
         cdef const double* rate = self.adv + 2 * n
         for j in range(n):
             # rate_j >= 0, and 0 while j is unknown: the terms left out added +0.0
@@ -776,10 +776,8 @@ cdef class AgentState(Policy):
             return
         self.load_scale = ls
         self.sorted_ok = False
-        for j in range(n):
-            if self.known[j]:
-                v = self.x[j] / ls
-                self.u[j] = v if v < self.load_clip else self.load_clip
+        # the one expression of u (x of a server never heard of is 0, its u stays 0)
+        mc_pub_scaled_loads(self.x, self.u, n, ls, self.load_clip)
         if not self.sparse:
             self._actor_inputs(self.logit)
             cat_set_inputs(&self.mig, self.logit)

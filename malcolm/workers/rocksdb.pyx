@@ -259,7 +259,7 @@ cdef uint32_t _calibrate_warm(KvState* s, uint32_t m, int64_t budget_ns,
     while r < 2 * m:
         if r < m and mc_now_ns() - start > budget_ns // 2:
             r = m                       # the warm-up had its half of the budget
-        if r >= m + 32 and mc_now_ns() - start > budget_ns:
+        if kept >= 32 and mc_now_ns() - start > budget_ns:
             break
         seen = True
         for j in range(s.n_grid):
