@@ -31,8 +31,9 @@ handful of small scenarios as a smoke test (< 60 s). Writes ``DIR/sweep.csv``,
 and ``DIR/sweep.png`` (``--outdir DIR``; ``--name STEM`` for other names), and with ``--json
 [FILE|-]`` every run and the run metadata::
 
-    python3 bench/sweep.py --tasks-mult 2 --hetero-seeds 3 --outdir docs/figures   # committed
-    python3 bench/sweep.py --tasks-mult 2 --hetero-seeds 3 --speeds 0.25,4 \
+    python3 bench/sweep.py --tasks-mult 2 --hetero-seeds 3 --reference sed \
+        --outdir docs/figures                                                  # committed
+    python3 bench/sweep.py --tasks-mult 2 --hetero-seeds 3 --speeds 0.25,4 --reference sed \
         --outdir docs/figures --name sweep_speeds                              # committed
     python3 bench/sweep.py --quick --outdir /tmp/sweep       # smoke test
 """
