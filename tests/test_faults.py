@@ -163,8 +163,8 @@ def test_kill_stop_and_restart_under_load_lose_nothing_unreported(tmp_path):
     assert restarted["forwarded_in"] > 50 and restarted["peer_joins"] == 2, restarted
     for x in st:
         assert x["peer_restarts"] >= 1 and 2 in x["peers_up"], x
-        assert x["peer_leaves"] >= 1                # it was missed while down
-    assert codes[0] == codes[1] == 0
+        assert x["peer_leaves"] >= 1, x             # it was missed while down
+    assert codes[0] == codes[1] == 0, codes
     # and each survivor's log says so, in the order it happened (serve's PeerLog)
     addr = fr.lr.cfg.addresses[2]
     for k, text in enumerate(logs):
@@ -297,8 +297,12 @@ def test_survivors_stop_migrating_to_a_dead_server_within_a_few_windows(tmp_path
         fr.lr.kill(2)
         return {}
 
-    with FaultRack(str(tmp_path), policy='name = "jsq"', window_us=10_000.0,
-                   peer_timeout_ms=1000.0) as fr:
+    # JSQ without count_own keeps choosing the dead server (its last report stays the
+    # shortest queue), so only the gate can stop it: with count_own the tasks JSQ itself
+    # sent there pile onto that report, it stopped choosing the server on its own within a
+    # few windows, and kept_for_silent was 0 or not depending on the machine's timing.
+    with FaultRack(str(tmp_path), policy='name = "jsq"\ncount_own = false',
+                   window_us=10_000.0, peer_timeout_ms=1000.0) as fr:
         rep = fr.load(2000, 2.5, workload="exp:500", shares=[1.0, 1.0, 0.0],
                       faults=[(1.0, kill)])
         # The leave comes peer_timeout_ms after the kill, 0.5 s before the load ends on a
@@ -316,5 +320,6 @@ def test_survivors_stop_migrating_to_a_dead_server_within_a_few_windows(tmp_path
     # 5 windows of silence, plus up to one window since its last heartbeat: 60 ms; a bound
     # of 15 windows leaves room for a loaded machine and is far from the 100 of before
     assert last - marks["t"] < 15 * 10_000_000, (last - marks["t"]) / 1e6
-    assert all(x["kept_for_silent"] > 0 and x["peer_leaves"] >= 1 for x in st), st
+    assert all(x["kept_for_silent"] > 0 for x in st), [x["kept_for_silent"] for x in st]
+    assert all(x["peer_leaves"] >= 1 for x in st), [x["peer_leaves"] for x in st]
     assert codes[0] == codes[1] == 0
