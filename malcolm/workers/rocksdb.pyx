@@ -156,6 +156,7 @@ cdef enum:
     PAD_CPU = 0                  # K x this GET's CPU time
     PAD_WARM = 1                 # K x a draw from the warm back-to-back cost of GET(n)
     WARM_GRID_MAX = 8            # calibrated sizes: 1, 2, 4, ..., 64
+    WARM_GET_FAILED = 0x7FFFFFFF  # _calibrate_warm: a GET failed (no count of rounds is)
 
 
 ctypedef struct KvState:
@@ -240,11 +241,10 @@ cdef int _cmp_double(const void* a, const void* b) noexcept nogil:
 
 cdef uint32_t _calibrate_warm(KvState* s, uint32_t m, int64_t budget_ns,
                               uint64_t seed) noexcept nogil:
-    """Fill ``s.warm``: ``m`` back-to-back GETs of each calibrated size (one round = one GET
-    of every size, so the sizes share the cache state), after ``m`` untimed rounds, thread CPU
-    time each (a round with a GET of <= 0 ns, a VM clock glitch, is dropped); stop early once
-    ``budget_ns`` of wall time is spent (keeping at least 32 rounds). Sorts each row; returns
-    the rounds kept (0: a GET failed)."""
+    """Fill ``s.warm``: ``m`` back-to-back GETs of each calibrated size (a round: one GET of
+    each size, sharing the cache state) after ``m`` untimed rounds, thread CPU time each (a
+    round with a GET of <= 0 ns, a VM clock glitch, is dropped), until ``budget_ns`` of wall
+    time (>= 32 rounds kept). Sorts each row; returns the rounds kept, or WARM_GET_FAILED."""
     cdef uint8_t payload[4 + 4 * MC_KV_MAX_KEYS]
     cdef uint8_t out[MC_KV_MAX_VALUE]
     cdef malcolm_task t
@@ -271,7 +271,7 @@ cdef uint32_t _calibrate_warm(KvState* s, uint32_t m, int64_t budget_ns,
             t.payload_len = 4 + 4 * n
             c0 = _thread_cpu_ns()
             if _get(s, &t) != MALCOLM_OK:
-                return 0
+                return WARM_GET_FAILED
             d = _thread_cpu_ns() - c0
             seen = seen and d > 0
             if r >= m:
@@ -522,14 +522,14 @@ cdef class RocksDB:
             raise MemoryError()
         with nogil:
             kept = _calibrate_warm(&self.st, calib, budget, 0x5EED)
-        if kept < 2:
-            raise RocksDBError(f"{self.path!r}: the warm calibration's GETs failed (a broken "
-                               "database?)")
+        if kept == WARM_GET_FAILED or kept < 2:     # < 2: the clock read 0 ns every round
+            raise RocksDBError(f"{self.path!r}: a warm calibration GET failed (a broken database?)"
+                               if kept == WARM_GET_FAILED else "the warm calibration's GETs all "
+                               "took 0 ns by this thread's CPU clock: give warm=FILE")
         self.st.warm_m = kept
 
     def __dealloc__(self):
-        # Runs only once no worker can use the handle: the Handler keeps this object alive
-        # as long as its function pointer.
+        # Runs once no worker can use the handle (the Handler holds this object until then).
         free(self.st.pad)
         free(self.st.dil)
         free(self.st.warm)
