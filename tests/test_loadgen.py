@@ -327,3 +327,23 @@ def test_a_lagging_generator_says_so():
     assert sch["late_sends"] > 0 and sch["late_episodes"] >= 1
     assert sch["lag_max_us"] > sch["threshold_us"]
     assert rep["offered_per_s"] > 0
+
+
+def test_raw_out_writes_exactly_its_path_and_a_failed_write_is_one_line(tmp_path):
+    """--raw-out FILE: the samples go to FILE itself (np.save(name) wrote name + ".npy", a path
+    the early check had not looked at), and a write that fails after the run is one line, not
+    a traceback."""
+    import numpy as np
+    out = tmp_path / "samples.bin"
+    base = ["loadgen", "--rate", "500", "--duration", "0.3s", "--warmup", "0", "--raw"]
+    with StubServer("udp", delay_us=100) as s:
+        r = CliRunner().invoke(main, base + ["--server", s.address, "--raw-out", str(out)])
+        assert r.exit_code == 0, r.output
+        assert out.exists() and not (tmp_path / "samples.bin.npy").exists()
+        assert len(np.load(out)) > 0
+        # /proc takes no new files: the folder passes the early check, the write fails
+        r = CliRunner().invoke(main, base + ["--server", s.address, "--raw-out", "/proc/x"])
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit), (r.output, r.exception)
+    assert "Error: --raw-out /proc/x: " in r.output, r.output
+    r = CliRunner().invoke(main, base + ["--server", "127.0.0.1:9", "--raw-out", "-"])
+    assert r.exit_code == 2 and "stdout" in r.output, r.output

@@ -9,6 +9,7 @@ import threading
 
 import click
 
+from malcolm._files import shown
 from malcolm.commands.types import (
     FLOAT,
     INT,
@@ -135,7 +136,8 @@ def _refuse_orphans(ctx, raw, app, poll, bad_fraction):
               help="Write the latency histograms (ns, one interval per rate) as an "
                    "HdrHistogram log to FILE (needs the hdrhistogram package).")
 @click.option("--raw-out", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-              help="With --raw: write the samples (ns, int64) of the last rate to this .npy.")
+              help="With --raw: write the samples (ns, int64) of the last rate to FILE, in "
+                   "NumPy's .npy format (no suffix added).")
 @click.option("--app", default=None,
               help="Send real requests instead of service times: rocksdb1, rocksdb2 or "
                    "rocksdb:W:N,W:N,... (GET(N) mixes; servers run the rocksdb handler). "
@@ -191,6 +193,9 @@ def loadgen(rack_path, servers, transport, rates, arrivals, payload_size, payloa
         spin_us = spin_us_old
     refuse_empty(rack=rack_path, key_file=key_file, app=app, bind=bind, policy=policy,
                  shares=shares, json=json_out, csv=csv_out, hdr=hdr_out, raw_out=raw_out)
+    if raw_out == "-":
+        raise click.BadParameter("'-' (stdout) is not supported: give a file",
+                                 param_hint="--raw-out")
     for path, flag in ((json_out, "--json"), (csv_out, "--csv"), (hdr_out, "--hdr"),
                        (raw_out, "--raw-out")):
         check_writable(path, flag)              # fail now, not after the run
@@ -292,7 +297,13 @@ def loadgen(rack_path, servers, transport, rates, arrivals, payload_size, payloa
         signal.signal(signal.SIGINT, old)
     if raw_out and reps and reps[-1].get("_raw") is not None:
         import numpy as np
-        np.save(raw_out, reps[-1]["_raw"])
+        try:
+            # through a file object: np.save(name) writes name + ".npy" where the name has no
+            # such suffix, a path other than the one check_writable looked at
+            with open(raw_out, "wb") as f:
+                np.save(f, reps[-1]["_raw"])
+        except OSError as e:
+            raise click.ClickException(f"--raw-out {shown(raw_out)}: {e.strerror}") from None
     if json_out:
         from malcolm._metadata import run_metadata
         write_json(json_out, {"metadata": run_metadata(click.get_current_context().params),
