@@ -196,10 +196,10 @@ def test_sim_rack_is_a_rack_file_too(tmp_path):
 
 
 @pytest.mark.parametrize("args, msg", [
-    (["--delay", "1e9"], "delay_us must be within"),
+    (["--delay", "1e9"], "--delay must be within"),
     (["--delay", "200ms"], "1000 policy windows"),
     (["--window", "2", "--jitter", "3ms"], "1000 policy windows"),
-    (["--window", "0.5"], "window_us must be within"),
+    (["--window", "0.5"], "--window must be within"),
     (["--seed", str(2**70)], "--seed"),
     (["--servers", "1x4@1e-9"], "must be within 0.001-1000"),
     (["--servers", "1x4@1e9"], "must be within 0.001-1000"),
@@ -213,17 +213,28 @@ def test_sim_rack_is_a_rack_file_too(tmp_path):
     (["--load", "0.1:0.9:1e-300"], "8e+299 points"),
     (["--policy", "po2:d=" + str(2**70)], "d must be within"),
     (["--policy", "malcolm:window_ns=" + str(2**70)], "window_ns out of range"),
-    (["--capacity", str(2**70)], "capacity must be within"),
-    (["--clients", "100000000", "--policy", "po2"], "clients must be within"),
+    (["--capacity", str(2**70)], "--capacity must be within"),
+    (["--clients", "100000000", "--policy", "po2"], "--clients must be within"),
     (["--sched", "ps", "--quantum", "1e-6"], "at least 0.001"),
     (["--policy", "racksched:quantum=1e-300"], "at least 0.001"),
     (["--policy", "racksched:quantum=-1"], "quantum must be within"),
     (["--policy", "racksched:quantum=nan"], "must be finite"),
     (["--policy", "cfcfs:delay=1e300"], "delay must be within"),
     (["--policy", "steal:min_victim=nan"], "must be finite"),
-    (["--policy", "jsq", "--gateway-cost", "1e12"], "gateway_ns must be within"),
-    (["--policy", "malcolm", "--steal-timeout", "1e300"], "steal_timeout_us must be within"),
-    (["--policy", "malcolm", "--steal-timeout", "1e-300"], "steal_timeout_us must be within"),
+    (["--policy", "jsq", "--gateway-cost", "1e12"], "--gateway-cost must be within"),
+    # a gateway that heartbeats alone keep busy: its backlog grew without end (2 GB in 20 s)
+    (["--servers", "2x1", "--policy", "jsq", "--gateway-cost", "100ms"],
+     "--gateway-cost: 1e+08 ns a message fills the gateways with heartbeats alone"),
+    (["--servers", "64x1", "--policy", "malcolm", "--gateway-cost", "800ns"], "at most 794 ns"),
+    # round robin's quanta, an event each: 10^9 a task never ended
+    (["--sched", "ps", "--quantum", "1ns", "--workload", "const:1000000", "--tasks", "10"],
+     "--quantum: a quantum of 0.001 µs cuts a mean task of 1e+06 µs into 1e+09 quanta"),
+    (["--policy", "racksched:quantum=0.001", "--workload", "const:1000000", "--tasks", "10"],
+     "racksched quantum: a quantum of 0.001 µs"),
+    (["--loss", "1"], "not in the range 0<=x<1"),
+    (["--plot", "-"], "'-' (stdout) is not supported"),
+    (["--policy", "malcolm", "--steal-timeout", "1e300"], "--steal-timeout must be within"),
+    (["--policy", "malcolm", "--steal-timeout", "1e-300"], "--steal-timeout must be within"),
     # ASCII digits only, in every number (int(), float() and \d read '８'):
     # "８x８" was a rack of 8 servers, "--tasks ２０００" 2000 tasks, and "--delay ８" refused
     (["--servers", "８x８"], "bad group"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 
 import click
@@ -31,6 +32,25 @@ MAX_POINTS = 1000       # values one START:STOP:STEP range may expand to
 # against the memory available before the run: on Linux an allocation past it is not
 # refused, the OOM killer ends the process later, with no message.
 BYTES_PER_TASK = 96
+
+
+# simulate()'s argument names, as this command's options spell them: its checks name the
+# argument, and a user who typed --delay should read --delay
+_FLAGS = {"delay_us": "--delay", "jitter_us": "--jitter", "window_us": "--window",
+          "window_tasks": "--window-tasks", "quantum_us": "--quantum",
+          "gateway_ns": "--gateway-cost", "steal_timeout_us": "--steal-timeout",
+          "max_steals_in_flight": "--steals-in-flight"}
+# names that are also words of a message: only where one starts it
+_LEAD = {"capacity": "--capacity", "clients": "--clients", "loss": "--loss",
+         "ewma": "--ewma", "warmup": "--warmup-fraction", "tasks": "--tasks"}
+
+
+def in_flags(msg: str) -> str:
+    """A message of ``simulate``'s checks in this command's terms (``delay_us must be ...``
+    -> ``--delay must be ...``)."""
+    msg = re.sub(r"\b(" + "|".join(_FLAGS) + r")\b", lambda m: _FLAGS[m.group(1)], msg)
+    word = msg.split(" ", 1)[0]
+    return _LEAD[word] + msg[len(word):] if word in _LEAD else msg
 
 
 def _available_bytes():
@@ -228,8 +248,8 @@ Examples:
               help="PS quantum (bare number: µs); 0 is ideal processor sharing.")
 @click.option("--shares", default=None,
               help="Per-server traffic shares (weights, no unit), e.g. 1,1,2,2.")
-@click.option("--loss", default=0.0, show_default=True, type=FloatRange(0, 1),
-              help="Heartbeat loss probability (0..1).")
+@click.option("--loss", default=0.0, show_default=True, type=FloatRange(0, 1, max_open=True),
+              help="Heartbeat loss probability, in [0, 1).")
 @click.option("--clients", default=None, type=IntRange(1),
               help="Clients (default: one per server).")
 @click.option("--warmup-fraction", "warmup", default=0.1, show_default=True,
@@ -318,14 +338,14 @@ def sim(rack, rack_file, policies, workloads, loads, tasks, seed, delay, jitter,
         for run in runs:            # every point of a sweep, before its first run
             check_simulate(**kwargs(*run))
     except (TypeError, ValueError) as e:        # either is one line, not a traceback
-        raise click.UsageError(str(e)) from None
+        raise click.UsageError(in_flags(str(e))) from None
     check_memory(tasks)             # the runs are one at a time: one run's peak counts
 
     def one(p, w, ld):
         try:
             r = simulate(**kwargs(p, w, ld))
         except ValueError as e:
-            raise click.UsageError(str(e)) from None
+            raise click.UsageError(in_flags(str(e))) from None
         except MemoryError:         # a limit below what MemAvailable said (ulimit -v, say)
             raise click.ClickException(f"out of memory simulating {p} {w} at load {ld:g} "
                                        f"with {tasks} tasks; use fewer --tasks") from None

@@ -231,6 +231,8 @@ def check_plot_format(path, flag: str = "--plot") -> None:
     extension: PNG, matplotlib's default). Without matplotlib the plot is skipped anyway."""
     if path is None:
         return
+    if path == "-":         # a PNG is not for a terminal or a pipe; it made a file named "-"
+        raise click.BadParameter("'-' (stdout) is not supported: give a file", param_hint=flag)
     ext = os.path.splitext(path)[1].lstrip(".").lower()
     if not ext:
         return

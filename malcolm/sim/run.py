@@ -19,6 +19,7 @@ from malcolm.policy.defaults import (
     MAX_WINDOW_TASKS,
     STEAL_TIMEOUT_US,
     STEALS_IN_FLIGHT,
+    WINDOW_SHRINK,
     WINDOW_TASKS,
 )
 from malcolm.sim.rack import MAX_SPEED, MIN_SPEED, Rack, parse_rack_spec
@@ -207,6 +208,38 @@ def _check_quantum(label, us):
                          f"(1 ns), got {us}")
 
 
+def _check_slices(label, quantum_us, wl, rk, tasks):
+    """Round robin cuts each task into quanta, an event each: refuse a quantum that makes
+    the run more than :data:`MAX_QUANTA` of them (a 1 ns quantum on 1 s tasks: 10^9 a task,
+    the run never ended)."""
+    if quantum_us > 0:
+        per_task = wl.mean_us / min(rk.speeds) / quantum_us
+        if tasks * per_task > MAX_QUANTA:
+            raise ValueError(f"{label}: a quantum of {quantum_us:g} µs cuts a mean task of "
+                             f"{wl.mean_us:g} µs into {per_task:.3g} quanta, {tasks} tasks "
+                             f"into more than {MAX_QUANTA:.0e} events: give a longer quantum, "
+                             "or 0 (ideal processor sharing)")
+
+
+def _check_gateway_keeps_up(gateway_ns, rk, wl, window_us, window_tasks):
+    """Each server's gateway handles 2 (n - 1) heartbeat messages a window (its n - 1 copies
+    out, one in from each peer) before any task. At a cost per message that fills the window
+    with them its backlog, and the engine's events, grow without end (100 ms a message on 2
+    servers: 2 GB in 20 s, never done). The window is the shortest a server runs: window_tasks
+    of its task times, within [window / WINDOW_SHRINK, window] (``drv_window_ns``)."""
+    msgs = 2 * (rk.n - 1)
+    if gateway_ns <= 0 or msgs == 0:
+        return
+    win = window_us
+    if window_tasks > 0:
+        win = min(max(window_tasks * wl.mean_us / max(rk.speeds), window_us / WINDOW_SHRINK),
+                  window_us)
+    if msgs * gateway_ns >= win * 1e3:
+        raise ValueError(f"gateway_ns: {gateway_ns:g} ns a message fills the gateways with "
+                         f"heartbeats alone ({msgs} a window of {win:.3g} µs on each of "
+                         f"{rk.n} servers): at most {win * 1e3 / msgs:.3g} ns here")
+
+
 def _check_rate(rate, capacity, tasks, what):
     """An arrival rate (tasks per ns), the run's or a change's: > 0, at most :data:`MAX_LOAD`
     times the rack's ``capacity``, and slow enough no more than that ``tasks`` at it fit
@@ -260,6 +293,8 @@ MAX_TASKS = 100_000_000
 MAX_SIM_NS = 1e15
 #: Arrivals at most this many times the rack's capacity.
 MAX_LOAD = 100.0
+#: Round robin's quanta in a run at most (an event each: a minute or so of the engine).
+MAX_QUANTA = 1e9
 #: The policy window (µs): at least 1 µs, at most :data:`MAX_TIME_US`.
 MIN_WINDOW_US = 1.0
 #: Clients of a run (each keeps its own policy object).
@@ -481,6 +516,10 @@ def _plan(a: dict) -> _Plan:
         rate = load * capacity
         what = f"load {load:g}"
     _check_rate(rate, capacity, tasks, what)
+    if a["sched"] == "ps":
+        _check_slices("quantum_us", a["quantum_us"], wl, rk, tasks)
+    if info.kind == "server":
+        _check_gateway_keeps_up(gateway_ns, rk, wl, a["window_us"], a["window_tasks"])
     n_clients = _whole("clients", a["clients"], 1, MAX_CLIENTS, optional=True) or rk.n
     plan = _Plan(args=a, rack=rk, workload=wl, params=params, tasks=tasks,
                  n_warm=int(tasks * a["warmup"]), load=float(load), rate=rate,
@@ -569,6 +608,8 @@ def _setup_central(plan: _Plan, info) -> dict:
         raise ValueError(f"{info.name} sched must be ps or fcfs")
     quantum_us = float(p.get("quantum", 0.0))
     _check_quantum(f"{info.name} quantum", quantum_us)
+    if sched == "ps":
+        _check_slices(f"{info.name} quantum", quantum_us, plan.workload, plan.rack, plan.tasks)
     return dict(mode={"cfcfs": _engine.MODE_CFCFS,
                       "central_pod": _engine.MODE_CENTRAL_POD}[info.sim_mode],
                 sched=_sched_kind(sched, quantum_us), quantum_ns=quantum_us * 1e3,
