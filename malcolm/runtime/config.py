@@ -383,6 +383,9 @@ def load_rack(path: str) -> RackConfig:
         raise ConfigError(f"rack file {path!r}: {e.strerror}") from None
     except ValueError as e:             # a FIFO, /dev/zero, too large, not UTF-8
         raise ConfigError(f"rack file {e}") from None
+    # a byte-order mark (Windows editors write one) is not TOML; tomllib's error pointed at
+    # line 1, column 1, where nothing shows
+    text = text.removeprefix("\ufeff")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
