@@ -211,6 +211,12 @@ def test_gen_writes_toml_for_any_name_and_refuses_odd_hosts(tmp_path):
     hf = tmp_path / "hosts"
     hf.write_bytes(b"no\x01de\n")
     _one_line(_gen("--hostfile", str(hf)), "control characters")
+    # written before, and no server could resolve its own name
+    _one_line(_gen("--hosts", 'h"1'), "a host name is at most 253 ASCII letters")
+    _one_line(_gen("--hosts", "h1", "--host-suffix", '"x'), "host 'h1\"x'")
+    hf.write_text("node[01-99999999]\n")         # a hostfile's names are not expanded
+    _one_line(_gen("--hostfile", str(hf)), "node[01-99999999]")
+    _one_line(_gen("--hosts", "h" * 254), "at most 253")
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "abc", "²", "1000"])

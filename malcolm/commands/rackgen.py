@@ -32,6 +32,7 @@ except ModuleNotFoundError:     # Python 3.10
     import tomli as tomllib
 
 _BRACKET = re.compile(r"\[([^\[\]]*)\]")
+_HOST_NAME = re.compile(r"[A-Za-z0-9_.-]{1,253}")
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
@@ -253,8 +254,10 @@ def _rack_key(key_file: str | None, output: str) -> str:
 
 
 def _check_host(host: str) -> None:
-    """Refuse a host name no server could resolve: control characters, or a ':' outside an
-    IPv6 address (``node1:2`` is a hostfile's slot count, not a host)."""
+    """Refuse a host name no server could resolve: control characters, a ':' outside an
+    IPv6 address (``node1:2`` is a hostfile's slot count, not a host), or anything but
+    ASCII letters, digits, '-', '.' and '_' (``h"1`` or a hostfile's ``node[01-09]`` were
+    written, and every server then failed to resolve its own name)."""
     if not host or any(ord(c) < 32 or ord(c) == 127 for c in host):
         raise ValueError(f"host {host!r} is empty or holds control characters")
     if ":" in host:
@@ -263,6 +266,9 @@ def _check_host(host: str) -> None:
         except ValueError:
             raise ValueError(f"host {host!r}: a ':' is only allowed in an IPv6 address "
                              "(give slots with --per-host or a hostfile)") from None
+    elif not _HOST_NAME.fullmatch(host):
+        raise ValueError(f"host {host!r}: a host name is at most 253 ASCII letters, digits, "
+                         "'-', '.' and '_'")
 
 
 # Handlers that name something on the servers' nodes (a database, a library, a module): gen
