@@ -165,6 +165,30 @@ def test_registry_errors():
         "jbt", {"threshold": 4.0, "count_own": False})
 
 
+@pytest.mark.parametrize("spec, key", [
+    ("malcolm:learn=0,learn=1", "learn"), ("jbt:threshold=2,threshold=3", "threshold"),
+    ("po2:d=1,d=2", "d"), ("jsq:count_own=1, count_own =0", "count_own"),
+])
+def test_parse_policy_refuses_a_parameter_given_twice(spec, key):
+    """The last one won, silently: ``malcolm:learn=0,learn=1`` ran a learning policy."""
+    with pytest.raises(ValueError, match=f"parameter '{key}' given twice"):
+        registry.parse_policy(spec)
+
+
+def test_parse_policy_keys_of_a_self_validating_policy():
+    """malcolm's class checks its own parameters, but a key that is no identifier, or one
+    the drivers set themselves (name, seed), broke what was built from it first: a second
+    ``seed`` line in rack gen's file, "multiple values for argument 'seed'" in sim."""
+    for key in ("name", "seed", "n", "me", "stream"):
+        with pytest.raises(ValueError, match=f"'{key}' is not a parameter of malcolm"):
+            registry.parse_policy(f"malcolm:{key}=1")
+    for key in ("x y", "[rack]", "a.b", "1x", "x\nFAKE"):
+        with pytest.raises(ValueError, match="is not a parameter name"):
+            registry.parse_policy(f"malcolm:{key}=1")
+    assert registry.parse_policy("malcolm:learn=0, gamma = 0.5") == (
+        "malcolm", {"learn": 0, "gamma": 0.5})
+
+
 def test_lazy_policy_missing_module_is_a_clear_error(monkeypatch):
     info = registry.POLICIES["malcolm"]
     monkeypatch.setitem(registry.POLICIES, "malcolm", registry.PolicyInfo(

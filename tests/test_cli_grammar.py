@@ -252,6 +252,13 @@ def test_sim_rack_is_a_rack_file_too(tmp_path):
     # a parameter's name is the user's: quoted, a newline in it cannot forge a line
     (["--policy", "jsq:x\nFAKE=1"], "no parameter(s) 'x\\nFAKE'"),
     (["--policy", "jsq:\x1b[31mx=1"], "no parameter(s) '\\x1b[31mx'"),
+    # a parameter given twice: the last one won, silently
+    (["--policy", "malcolm:learn=0,learn=1"], "parameter 'learn' given twice"),
+    (["--policy", "jbt:threshold=2,threshold=3"], "parameter 'threshold' given twice"),
+    (["--policy", "po2:d=1,d=2"], "parameter 'd' given twice"),
+    # what the simulator sets itself ("make_policy() got multiple values for argument")
+    (["--policy", "malcolm:seed=5"], "'seed' is not a parameter of malcolm"),
+    (["--policy", "malcolm:name=jsq"], "'name' is not a parameter of malcolm"),
 ])
 def test_sim_inputs_out_of_range_fail_in_one_line(args, msg):
     """Values the 64-bit ns clock cannot hold, or that would run for hours, are refused
@@ -263,6 +270,24 @@ def test_sim_inputs_out_of_range_fail_in_one_line(args, msg):
         isinstance(r.exception, SystemExit)
     err = [ln for ln in r.output.splitlines() if ln.startswith("Error:")]
     assert len(err) == 1 and msg in err[0], r.output
+
+
+@pytest.mark.parametrize("cmd", [
+    ["loadgen", "--server", "127.0.0.1:1", "--rate", "10", "--policy", "po2:d=2,d=1"],
+    ["rack", "gen", "--hosts", "h1", "--policy", "malcolm:learn=0,learn=1"],
+    ["rack", "gen", "--hosts", "h1", "--policy", "malcolm:seed=5"],
+    ["rack", "gen", "--hosts", "h1", "--policy", "malcolm:x y=1"],
+])
+def test_every_command_refuses_a_bad_policy_parameter(cmd, tmp_path):
+    """One parser: a parameter given twice, or a key no policy takes, is refused by each
+    command in one line (rack gen wrote learn = 1, or said it wrote an unreadable rack)."""
+    out = tmp_path / "rack.toml"
+    args = cmd + (["-o", str(out)] if cmd[0] == "rack" else [])
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code != 0 and not out.exists(), r.output
+    err = [ln for ln in r.output.splitlines() if ln.startswith("Error:")]
+    assert len(err) == 1 and f"policy '{cmd[-1]}': " in err[0], r.output
+    assert "Traceback" not in r.output and "unreadable" not in r.output, r.output
 
 
 def test_a_sweep_is_checked_before_its_first_run(tmp_path):

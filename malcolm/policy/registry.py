@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import re
 from dataclasses import dataclass, field
 
 from malcolm._units import ascii_number
@@ -174,7 +175,15 @@ def _auto(value: str):
 
 
 def parse_policy(spec: str) -> tuple[str, dict]:
-    """Split ``"name:key=value,..."`` into ``(name, params)`` with converted values."""
+    """Split ``"name:key=value,..."`` into ``(name, params)`` with converted values.
+
+    Raises
+    ------
+    ValueError
+        Unknown policy; a parameter that is not ``key=value``, is given twice, or that the
+        policy does not take (for a policy that validates its own parameters: a key that is
+        no identifier, or one the command sets, such as ``seed``); a value of the wrong type.
+    """
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"policy must be a non-empty string, got {spec!r}")
     name, _, rest = spec.strip().partition(":")
@@ -183,12 +192,41 @@ def parse_policy(spec: str) -> tuple[str, dict]:
     if rest.strip():
         for item in rest.split(","):
             key, eq, value = item.partition("=")
-            if not eq or not key.strip():
+            key = key.strip()
+            if not eq or not key:
                 raise ValueError(f"policy {spec!r}: parameter {item!r} must be key=value")
-            raw[key.strip()] = value.strip()
+            if key in raw:
+                # the last one won, silently: `learn=0,learn=1` ran a learning policy
+                raise ValueError(f"policy {spec!r}: parameter {key!r} given twice")
+            raw[key] = value.strip()
     if info.params is None:
+        for key in raw:
+            _check_free_key(spec, info, key)
         return info.name, {k: _auto(v) for k, v in raw.items()}
     return info.name, check_params(info.name, raw)
+
+
+# What make_policy and make_client_policy pass a policy's class themselves, and a rack
+# file's [policy] holds beside the parameters: as a parameter, ``seed`` was "got multiple
+# values for argument 'seed'" in sim and a second ``seed =`` line in the file rack gen
+# wrote; ``name`` would name another policy there.
+_RESERVED_KEYS = ("name", "seed", "n", "me", "stream")
+_PARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _check_free_key(spec: str, info: PolicyInfo, key: str) -> None:
+    """Refuse a key that no keyword argument of a self-validating policy (``params=None``)
+    can be: its class names its unknown parameters, but a key that is no identifier, or one
+    the drivers set, broke the rack files written from it first."""
+    if key == "name":
+        raise ValueError(f"policy {spec!r}: 'name' is not a parameter of {info.name} "
+                         "(the policy's name goes before the colon)")
+    if key in _RESERVED_KEYS:
+        raise ValueError(f"policy {spec!r}: {key!r} is not a parameter of {info.name} "
+                         "(the command sets it)")
+    if not _PARAM_NAME.fullmatch(key):
+        raise ValueError(f"policy {spec!r}: {key!r} is not a parameter name (letters, "
+                         "digits and _)")
 
 
 def _load_class(info: PolicyInfo):
