@@ -189,6 +189,14 @@ def test_parse_policy_keys_of_a_self_validating_policy():
         "malcolm", {"learn": 0, "gamma": 0.5})
 
 
+def test_parse_policy_without_defaults():
+    assert registry.parse_policy("jbt:threshold=3") == (
+        "jbt", {"threshold": 3.0, "count_own": True})
+    assert registry.parse_policy("jbt:threshold=3", defaults=False) == (
+        "jbt", {"threshold": 3.0})
+    assert registry.parse_policy("po2", defaults=False) == ("po2", {})
+
+
 def test_lazy_policy_missing_module_is_a_clear_error(monkeypatch):
     info = registry.POLICIES["malcolm"]
     monkeypatch.setitem(registry.POLICIES, "malcolm", registry.PolicyInfo(

@@ -97,6 +97,16 @@ def test_demo_quick(tmp_path):
     assert not _demo_servers(tmp_path)
 
 
+def test_demo_po2_takes_its_d(tmp_path):
+    """po2's d is its clients' (the gateways' jbt refused it, naming jbt)."""
+    r = subprocess.run([sys.executable, "-m", "malcolm", "demo", "--quick", "--policy",
+                        "po2:d=2", "--load", "0.5", "--json", "-", "--plot", os.devnull],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (row,) = json.loads(r.stdout)["rows"]
+    assert row["policy"] == "po2:d=2" and row["migrations_per_task"] == 0
+
+
 def test_demo_compare_sim_and_json_to_stdout(tmp_path):
     """One policy, one load, against its simulator twin; JSON on stdout, text on stderr."""
     r = subprocess.run([sys.executable, "-m", "malcolm", "demo", "--quick", "--policy",
@@ -200,7 +210,20 @@ def test_demo_killed_leaves_no_servers(sig, tmp_path):
      "--window 1e+06 µs at dilation K=10000 is 1e+10 µs in real time, outside a rack's"),
     (["--window", "0.001"], "give a longer --window or a larger --dilate"),
     (["--dilate", "10000", "--hop-delay", "10000"], "--hop-delay 10000 µs at dilation K=10000"),
-    (["--policy", "malcolm:bogus=1"], "--policy malcolm:bogus=1: [policy]"),
+    (["--policy", "malcolm:bogus=1"], "--policy malcolm:bogus=1: MalcolmPolicy: unknown"),
+    # a policy's parameters, checked before they become lines of a rack file: these failed
+    # in words of that file ("Invalid statement (at line 17, column 2)"), ran the random
+    # policy as jsq, named the gateways' jbt for po2's d, or let the last one win
+    (["--policy", "malcolm:=1"], "--policy malcolm:=1: parameter '=1' must be key=value"),
+    (["--policy", "malcolm:x y=1"], "--policy malcolm:x y=1: 'x y' is not a parameter name"),
+    (["--policy", "malcolm:[rack]=1"], "'[rack]' is not a parameter name"),
+    (["--policy", "jsq:name=random"], "--policy jsq:name=random: policy jsq has no "
+                                      "parameter(s) 'name'"),
+    (["--policy", "po2:e=2"], "--policy po2:e=2: policy po2 has no parameter(s) 'e' "
+                              "(accepted: d)"),
+    (["--policy", "po2:d=5", "--workers", "1,1"], "--policy po2:d=5: po2: d must be in 1..2"),
+    (["--policy", "malcolm:learn=0,learn=1"], "--policy malcolm:learn=0,learn=1: parameter "
+                                              "'learn' given twice"),
     # ASCII digits only, in every number: int() and float() read '８' ("--workers ８,８" was a
     # rack of two 8-worker servers)
     (["--workers", "８,８"], "--workers '８,８' must be integers like 3,3,1,1"),

@@ -165,6 +165,64 @@ def test_policies_and_rack_file(tmp_path):
     assert cfg.servers[1].cpus == [5, 6] and cfg.servers[0].handler == "bench"
 
 
+@pytest.mark.parametrize("spec, msg", [
+    # keys that were no TOML key: the error named a line of a temporary rack file
+    ("malcolm:=1", "--policy malcolm:=1: parameter '=1' must be key=value"),
+    ("malcolm:x y=1", "--policy malcolm:x y=1: 'x y' is not a parameter name"),
+    ("malcolm:[rack]=1", "--policy malcolm:[rack]=1: '[rack]' is not a parameter name"),
+    # ran the random policy under jsq's label (exit 0)
+    ("jsq:name=random", "--policy jsq:name=random: policy jsq has no parameter(s) 'name'"),
+    ("malcolm:name=jsq", "'name' is not a parameter of malcolm"),
+    ("malcolm:seed=5", "'seed' is not a parameter of malcolm"),
+    # the last one won, silently
+    ("malcolm:learn=0,learn=1", "--policy malcolm:learn=0,learn=1: parameter 'learn' given "
+                                "twice"),
+    ("po2:d=2,d=1", "parameter 'd' given twice"),
+    # malcolm's own parameters, checked before any rack file is written
+    ("malcolm:bogus=1", "--policy malcolm:bogus=1: MalcolmPolicy: unknown parameter(s)"),
+    ("malcolm:gamma=2", "gamma=2.0 must be < 1.0"),
+    ("po2:e=1", "--policy po2:e=1: policy po2 has no parameter(s) 'e' (accepted: d)"),
+    ("jbt:threshold=x", "threshold='x' is not a valid float"),
+])
+def test_demo_policy_parameters_are_checked_before_the_rack_file(spec, msg):
+    with pytest.raises(ExperimentError) as e:
+        split_policy(spec)
+    assert msg in str(e.value) and "\n" not in str(e.value)
+    assert str(e.value).count(spec) == 1               # said once, as the user typed it
+
+
+def test_demo_policy_roles():
+    """The servers' [policy] section gets the parameters of a server policy; po2's (d) are
+    its clients' (they went to the gateways' jbt, which refused them as jbt's)."""
+    assert split_policy("jbt:threshold=3,count_own=no") == (
+        "jbt", {"threshold": 3.0, "count_own": False})
+    assert split_policy("malcolm:learn=false") == ("malcolm", {"learn": "false"})   # as sim
+    assert method.policy_roles("jsq") == ("jsq", {"name": "jsq"}, None)
+    assert method.policy_roles("malcolm:learn=0") == (
+        "malcolm", {"name": "malcolm", "seed": 1, "learn": 0}, None)
+    assert method.policy_roles("po2") == ("po2", {"name": "jbt", "threshold": 1e9}, "po2")
+    assert method.policy_roles("po2:d=2") == (
+        "po2", {"name": "jbt", "threshold": 1e9}, "po2:d=2")
+    # the base tables are not changed by a spec's parameters
+    assert method.BASE_POLICIES["po2"][0] == {"name": "jbt", "threshold": 1e9}
+    # d is checked against the rack's servers before any rack starts
+    with pytest.raises(ExperimentError, match="--policy po2:d=5: po2: d must be in 1..4"):
+        Experiment([1, 1, 1, 1], policies=["po2:d=5"], dilate=50)
+    Experiment([1, 1, 1, 1], policies=["po2:d=4"], dilate=50)
+
+
+def test_rack_toml_quotes_keys_that_are_not_bare(tmp_path):
+    """Defence in depth: a key that is no bare TOML key is quoted, so it stays one key of
+    [policy] (it was a statement of its own, or a second [rack] table)."""
+    from malcolm.runtime.config import tomllib
+    text = rack_toml({"name": "jsq", "x y": 1, "[rack]": 2, "a\nb": "c\x7fd", "ok_k-1": 3},
+                     [("127.0.0.1:1", 1)], window_us=100.0)
+    data = tomllib.loads(text)
+    assert data["policy"] == {"name": "jsq", "x y": 1, "[rack]": 2, "a\nb": "c\x7fd",
+                              "ok_k-1": 3}
+    assert data["rack"]["name"] == "exp"
+
+
 def test_the_demo_runs_malcolms_defaults_but_the_dilated_window(tmp_path):
     """Principle 1: the demo's Malcolm is the simulator's default. It set load_scale to the
     dilated mean service time, from before the default derived it from the rates."""

@@ -48,20 +48,16 @@ import time
 import types
 
 from malcolm.loadgen import draws, method, table
-from malcolm.loadgen.method import SPIN_US, rack_toml  # noqa: F401 (their home; re-exported)
+from malcolm.loadgen.method import (  # noqa: F401 (their home; re-exported)
+    BASE_POLICIES,
+    SPIN_US,
+    rack_toml,
+)
 from malcolm.loadgen.table import HEADER, format_row, format_run  # noqa: F401 (re-exported)
 from malcolm.net.ports import free_udp_ports
 from malcolm.runtime.cpus import NICE, raise_priority
 from malcolm.runtime.launcher import LocalRack, ServerExited
 
-BASE_POLICIES = {
-    # name: (server [policy] section, client policy)
-    "malcolm": ({"name": "malcolm", "seed": 1}, None),
-    "jsq": ({"name": "jsq"}, None),
-    "jbt": ({"name": "jbt"}, None),
-    # accept everything, never steal: jbt with an unreachable threshold
-    "po2": ({"name": "jbt", "threshold": 1e9}, "po2"),
-}
 LAG_US = 50.0                   # late-send threshold at K = 1
 # Per-hop one-way delay of the real rack (µs, rack time): half the median eRPC round trip
 # between machines in the thesis (Table 7.1: 4.2 µs, 3.8-3.9 on one machine), rounded to the
@@ -77,21 +73,11 @@ class ExperimentError(RuntimeError):
 
 
 def split_policy(spec):
-    """``"malcolm:learn=0"`` -> ``("malcolm", {"learn": 0})`` (base must be a demo policy)."""
-    base, _, rest = spec.partition(":")
-    if base not in BASE_POLICIES:
-        raise ExperimentError(f"unknown policy {spec!r}; choose from "
-                              f"{', '.join(BASE_POLICIES)} (with :key=value parameters)")
-    params = {}
-    for item in filter(None, rest.split(",")):
-        key, eq, val = item.partition("=")
-        if not eq:
-            raise ExperimentError(f"policy {spec!r}: {item!r} must be key=value")
-        try:
-            params[key.strip()] = json.loads(val)
-        except ValueError:
-            params[key.strip()] = val
-    return base, params
+    """:func:`malcolm.loadgen.method.split_policy`, raising :class:`ExperimentError`."""
+    try:
+        return method.split_policy(spec)
+    except ValueError as e:
+        raise ExperimentError(str(e)) from None
 
 
 # ---------------------------------------------------------------- a rack of one policy
@@ -273,6 +259,7 @@ class Experiment:
         self.policies = list(policies)
         for p in self.policies:
             split_policy(p)
+            self._check_client(p)
         self.loads = list(loads)
         if not (1 <= repeat <= MAX_REPEAT and 0 <= retries <= MAX_RETRIES):
             raise ExperimentError(f"--repeat must be in 1..{MAX_REPEAT} and --retries in "
@@ -325,6 +312,18 @@ class Experiment:
                                   f"{why[ks[0]]}; {why[ks[-1]]}")
 
     # ------------------------------------------------------------ helpers
+    def _check_client(self, policy):
+        """Refuse now a client policy this rack's clients cannot build (po2:d=5 on four
+        servers), rather than in the load generator of the first run."""
+        from malcolm.policy import registry
+        client = method.policy_roles(policy)[2]
+        if client:
+            try:
+                name, params = registry.parse_policy(client)
+                registry.make_client_policy(name, len(self.workers), **params)
+            except ValueError as e:
+                raise ExperimentError(f"--policy {policy}: {e}") from None
+
     def hop_us(self, k=None):
         """The per-hop delay injected at dilation ``k`` (µs of rack time)."""
         k = self.dilate if k is None else k
@@ -340,10 +339,9 @@ class Experiment:
     def rack_text(self, policy, k, name):
         """``policy``'s client policy, and its rack file at dilation ``k`` as a function of
         its servers ([(address, workers), ...])."""
-        base, params = split_policy(policy)
-        section, client = BASE_POLICIES[base]
+        base, section, client = method.policy_roles(policy)
         return client, method.experiment_rack(
-            dict(section, **params), base, k=k, window_us=self.window_us,
+            section, base, k=k, window_us=self.window_us,
             hop_us=self.hop_us(k), poll=self.layout.poll, handler=self.handler_spec(k),
             name=name, cpus=self.layout.server_cpus)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 from dataclasses import dataclass
 
 from malcolm._units import ascii_number
@@ -394,6 +395,60 @@ def rack_times(k, window_us, hop_us):
             "max_wait_ms": MAX_WAIT_MS * k, "hop_delay_us": hop_us * k, "spin_us": SPIN_US / k}
 
 
+# The demo's policies: name -> (the servers' [policy] section, the clients' policy).
+BASE_POLICIES = {
+    "malcolm": ({"name": "malcolm", "seed": 1}, None),
+    "jsq": ({"name": "jsq"}, None),
+    "jbt": ({"name": "jbt"}, None),
+    # accept everything, never steal: jbt with an unreachable threshold
+    "po2": ({"name": "jbt", "threshold": 1e9}, "po2"),
+}
+
+
+def split_policy(spec):
+    """A demo policy spec: ``"malcolm:learn=0"`` -> ``("malcolm", {"learn": 0})``.
+
+    The parameters are checked here against the policy the user named, by ``malcolm
+    sim``'s parser (its twin's), before they become lines of a rack file: a key that was no
+    TOML key failed in words of that temporary file, a key given twice won silently, and
+    ``jsq:name=random`` ran the random policy under jsq's label.
+
+    Raises
+    ------
+    ValueError
+        Not a demo policy, or ``--policy SPEC: why`` for its parameters.
+    """
+    from malcolm.policy.registry import parse_policy
+    base = spec.partition(":")[0]
+    if base not in BASE_POLICIES:
+        raise ValueError(f"unknown policy {spec!r}; choose from "
+                         f"{', '.join(BASE_POLICIES)} (with :key=value parameters)")
+    try:
+        _, params = parse_policy(spec, defaults=False)
+        if base == "malcolm":
+            # its class validates its own parameters: check them now rather than after
+            # the servers read them (ac_params is pure Python: no native build needed)
+            from malcolm.policy.ac_params import check_params
+            check_params(params)
+    except (TypeError, ValueError) as e:
+        why = str(e).removeprefix(f"policy {spec!r}: ")      # the spec is said once
+        raise ValueError(f"--policy {spec}: {why}") from None
+    return base, params
+
+
+def policy_roles(spec):
+    """A demo policy spec's ``(base, the servers' [policy] section, the clients' policy
+    spec or None)``: po2's parameters (``d``) are its clients', whose gateways only accept
+    (they went to the gateways' jbt, which has no ``d``)."""
+    base, params = split_policy(spec)
+    section, client = BASE_POLICIES[base]
+    if client is None:
+        return base, dict(section, **params), None
+    if params:
+        client += ":" + ",".join(f"{k}={v!r}" for k, v in params.items())
+    return base, dict(section), client
+
+
 def experiment_rack(section, base, *, k, window_us, hop_us, **kw):
     """A demo policy's rack file at dilation ``k`` as a function of its servers (``kw``: the
     rest of :func:`rack_toml`'s keywords). Malcolm learns once per (dilated) window, unless
@@ -455,7 +510,7 @@ def rack_toml(policy, servers, *, window_us, poll="adaptive", handler="bench",
              f"steal_timeout_us = {steal_timeout_us!r}", f"max_wait_ms = {max_wait_ms!r}",
              "grace_s = 1.0", "", "[policy]"]
     for k, v in policy.items():
-        lines.append(f"{k} = {_toml(v)}")
+        lines.append(f"{_toml_key(k)} = {_toml(v)}")
     for i, (addr, workers) in enumerate(servers):
         lines += ["", "[[server]]", f'address = "{addr}"', f"workers = {workers}"]
         if cpus:
@@ -468,7 +523,15 @@ def _toml(v):
         return "true" if v else "false"
     if isinstance(v, (int, float)):
         return repr(v)
-    return json.dumps(str(v))
+    # JSON's escapes are TOML's, but for DEL, which TOML forbids raw in a string
+    return json.dumps(str(v)).replace("\x7f", "\\u007f")
+
+
+def _toml_key(k):
+    """``k`` as a TOML key: bare if it can be, else quoted (a key the parameters let through
+    must not become a statement of its own, or a second [rack] table)."""
+    k = str(k)
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else _toml(k)
 
 
 def stats_delta(a, b):

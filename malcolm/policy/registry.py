@@ -174,8 +174,16 @@ def _auto(value: str):
     return value
 
 
-def parse_policy(spec: str) -> tuple[str, dict]:
+def parse_policy(spec: str, *, defaults: bool = True) -> tuple[str, dict]:
     """Split ``"name:key=value,..."`` into ``(name, params)`` with converted values.
+
+    Parameters
+    ----------
+    spec : str
+        The policy spec, as ``--policy`` takes it.
+    defaults : bool
+        Fill in the defaults of the parameters ``spec`` leaves out (for a policy with a
+        parameter list); False: only the ones it gives.
 
     Raises
     ------
@@ -203,7 +211,8 @@ def parse_policy(spec: str) -> tuple[str, dict]:
         for key in raw:
             _check_free_key(spec, info, key)
         return info.name, {k: _auto(v) for k, v in raw.items()}
-    return info.name, check_params(info.name, raw)
+    params = check_params(info.name, raw)
+    return info.name, params if defaults else {k: params[k] for k in raw}
 
 
 # What make_policy and make_client_policy pass a policy's class themselves, and a rack
