@@ -139,6 +139,19 @@ def test_shares_changes_and_client_po2():
     assert rep["accounted"] and sent[1] > 0.62 * sum(sent), sent
 
 
+def test_shares_whose_sum_overflows_keep_their_proportions():
+    """Each weight finite, their sum past the largest float: every weight over that inf was 0
+    and the last server got every task (--shares 1e308,1e308,1 sent [0, 0, 1217])."""
+    with StubServer("udp", index=0, delay_us=100) as a, \
+            StubServer("udp", index=1, delay_us=100) as b:
+        sp = spec_for([a, b], duration_s=1.0, warmup_s=0.0, shares=parse_shares("1e308,1e308", 2),
+                      changes=[parse_change("0.5s:shares=1e308/1", 2)])
+        rep = run_load(sp, 1000)
+    sent = rep["per_server"]["sent"]
+    # half a second split evenly, then half a second all to server 0: about 750 and 250
+    assert rep["accounted"] and 0.6 < sent[0] / sum(sent) < 0.9, sent
+
+
 def test_parsers_reject_bad_input():
     assert parse_rate("20k") == 20000 and parse_rate("1.5M") == 1.5e6
     for bad in ("fast", "-3", "0", ""):

@@ -174,6 +174,21 @@ def test_steal_from_empty_victim_returns_nothing():
     assert 0 <= r.steal_requests - r.steal_empty <= 1
 
 
+def test_shares_whose_sum_overflows_keep_their_proportions():
+    """Each weight finite, their sum past the largest float: every weight over that inf was 0
+    and the last server took all the traffic (1e308,1e308,1 ran as 0,0,1), in a change of
+    shares too. Now they split as written; an ordinary sum's arithmetic is unchanged."""
+    kw = dict(rack="3x1", policy="steal:min_victim=1e9", workload="exp:50", load=0.3,
+              tasks=6000, seed=1)     # no steals: a server completes what it was sent
+
+    def done(shares, changes=()):
+        return simulate(shares=shares, changes=list(changes), **kw).per_server["completed"]
+    assert done([1e308, 1e308, 1]) == done([1, 1, 0]) and done([1, 1, 0])[1] > 2500
+    assert done([1, 1, 1e308]) == done([0, 0, 1])
+    assert done([1e308] * 3) == done([1, 1, 1])
+    assert done([0, 0, 1], [RackChange(t_us=0, shares=(1e308, 1e308, 1))]) == done([1, 1, 0])
+
+
 def test_steals_under_ideal_ps_return_nothing():
     # decide_steal is still called after every completion, but no task is ever waiting
     r = simulate("4x2", "steal:min_victim=0", "exp:50", 0.8, 20_000, seed=1, sched="ps",

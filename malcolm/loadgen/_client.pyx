@@ -22,6 +22,8 @@ from libc.stdint cimport UINT32_MAX, int64_t, uint8_t, uint16_t, uint32_t, uint6
 from libc.stdlib cimport free
 from libc.string cimport memcpy, memset
 
+import math
+
 import numpy as np
 
 from malcolm._core cimport Rng, mc_aligned_alloc, mc_cpu_relax, mc_load_acq, mc_now_ns, \
@@ -199,6 +201,13 @@ cdef class LoadClient:
                 tot = float(sum(shares))
                 if not tot > 0 or any(not x >= 0 for x in shares):
                     raise ValueError("shares must be >= 0 with a positive sum")
+                if not math.isfinite(tot):
+                    # each weight finite, their sum past the largest float (1e308,1e308,1):
+                    # every weight over inf was 0 and the last server took every task. Over
+                    # the largest weight first the sum is at most n; a finite sum is as it was
+                    top = max(shares)
+                    shares = [x / top for x in shares]
+                    tot = float(sum(shares))
                 acc = 0.0
                 for j in range(n):
                     acc += shares[j] / tot
