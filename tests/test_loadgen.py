@@ -228,6 +228,12 @@ def test_parsers_reject_bad_input():
                                       "port out of range"),
     (["--server", "127.0.0.1:9,nohost.invalid.:1"], "cannot resolve 'nohost.invalid.'"),
     (["--server", "a/b", "--transport", "shm"], "shm endpoint name 'a/b' must be"),
+    # refused as a rack file refuses them: each ran, no task completed, and it failed (3)
+    (["--server", "127.0.0.1:0"], "--server address '127.0.0.1:0' has port 0; a server needs"),
+    (["--server", "127.0.0.1:9,127.0.0.1:9"], "--server address '127.0.0.1:9' used twice"),
+    (["--server", "127.0.0.1:9", "--server", "127.0.0.1:09"],
+     "'127.0.0.1:09' used twice (as '127.0.0.1:9' before)"),
+    (["--server", "s0,s0", "--transport", "shm"], "--server address 's0' used twice"),
 ])
 def test_cli_errors_are_clear(args, msg):
     r = CliRunner().invoke(main, ["loadgen", "--duration", "0.2s", "--warmup", "0"] + args)

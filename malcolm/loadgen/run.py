@@ -46,14 +46,6 @@ def parse_rate(text: str) -> float:
         raise LoadgenError(f"rate {e}") from None
 
 
-def parse_rates(text: str) -> list[float]:
-    """A comma-separated list of rates (a sweep)."""
-    parts = [p for p in str(text).split(",") if p.strip()]
-    if not parts:
-        raise LoadgenError("--rate needs at least one rate")
-    return [parse_rate(p) for p in parts]
-
-
 def parse_duration(text: str) -> float:
     """``"2"``, ``"2s"``, ``"500ms"``, ``"250us"`` -> seconds (>= 0)."""
     try:
@@ -206,11 +198,16 @@ def resolve_target(rack=None, servers=(), transport=None, key_file=None) -> Targ
         raise LoadgenError(f"at most 64 servers, got {len(flat)}")
     _check_transport(kind)
     from malcolm.net.transport import check_address
+    from malcolm.runtime.config import check_server_addresses
     for s in flat:      # here, not as the first run opens its endpoints: before any output
         try:
             check_address(kind, s)
         except ValueError as e:
             raise LoadgenError(f"bad server address: {e}") from None
+    try:        # as a rack file: port 0, or an address twice, ran and no task completed
+        check_server_addresses(kind, flat)
+    except ValueError as e:
+        raise LoadgenError(f"--server {e}") from None
     return Target(kind, flat, "--server", key=key)
 
 

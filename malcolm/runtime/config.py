@@ -201,7 +201,48 @@ def _policy_value(path, key, value):
                       f"{_toml_kind(value)}")
 
 
-def _server_address(cfg, where, i, s, addr_bytes, split_host_port):
+def server_address_key(transport: str, addr) -> tuple:
+    """The key that tells two server addresses of ``transport`` apart, ``addr`` checked as a
+    server's: a rack file's ``[[server]]`` and ``loadgen --server`` refuse the same ones.
+
+    Raises
+    ------
+    ValueError
+        One line starting with the address: unreadable, or port 0.
+    """
+    from malcolm.net.transport import addr_bytes, split_host_port
+    if transport == "verbs":
+        # verbs names the RDMA interface, which may resolve only on its node
+        host, port = split_host_port(addr, "verbs")
+        key = (host.lower(), port)
+    else:
+        key = addr_bytes(transport, addr)
+        port = key[1]
+    if transport != "shm" and port == 0:
+        raise ValueError(f"address {addr!r} has port 0; a server needs a fixed port (peers "
+                         "and clients send to it), 1..65535")
+    return key
+
+
+def check_server_addresses(transport: str, addrs) -> None:
+    """Refuse server addresses given outside a rack file (``loadgen --server``) as its
+    ``[[server]]`` tables are refused: port 0 (:func:`server_address_key`), or one address
+    twice (also spelled two ways: ``127.0.0.1:7001`` and ``127.0.0.1:07001``).
+
+    Raises
+    ------
+    ValueError
+        One line starting with the address.
+    """
+    seen = {}
+    for i, a in enumerate(addrs):
+        j = seen.setdefault(server_address_key(transport, a), i)
+        if j != i:
+            also = f" (as {addrs[j]!r} before)" if addrs[j] != a else ""
+            raise ValueError(f"address {a!r} used twice{also}")
+
+
+def _server_address(cfg, where, i, s):
     """Server ``i``'s address (its ``[[server]]`` table ``s``) and the key that tells two
     addresses apart, or ConfigError."""
     if cfg.transport == "shm" and "address" not in s:
@@ -222,19 +263,9 @@ def _server_address(cfg, where, i, s, addr_bytes, split_host_port):
     if "\0" in addr:
         raise ConfigError(f"{where}: address {addr!r} contains NUL")
     try:
-        if cfg.transport == "verbs":
-            # verbs names the RDMA interface, which may resolve only on its node
-            host, port = split_host_port(addr, "verbs")
-            key = (host.lower(), port)
-        else:
-            key = addr_bytes(cfg.transport, addr)
-            port = key[1]
+        return addr, server_address_key(cfg.transport, addr)
     except ValueError as e:
         raise ConfigError(f"{where}: {e}") from None
-    if cfg.transport != "shm" and port == 0:
-        raise ConfigError(f"{where}: address {addr!r} has port 0; a server needs a fixed "
-                          "port (peers and clients send to it), 1..65535")
-    return addr, key
 
 
 def parse_rack(data: dict, path: str = "<rack>") -> RackConfig:
@@ -325,11 +356,7 @@ def parse_rack(data: dict, path: str = "<rack>") -> RackConfig:
         raise ConfigError(f"{path}: at most {MAX_SERVERS} servers, got {len(servers)}")
     cfg = RackConfig(path=path, policy=str(pname).lower(), policy_params=params, seed=seed,
                      **{k: vals[k] for k in RACK_KEYS if k not in ("workers", "handler")})
-    from malcolm.net.transport import (
-        TransportUnavailable,  # noqa: F401 (import check)
-        addr_bytes,
-        split_host_port,
-    )
+    from malcolm.net.transport import TransportUnavailable  # noqa: F401 (import check)
     seen = set()
     for i, s in enumerate(servers):
         where = f"{path} [[server]] #{i}"
@@ -343,7 +370,7 @@ def parse_rack(data: dict, path: str = "<rack>") -> RackConfig:
         if tr != cfg.transport:
             raise ConfigError(f"{where}: transport {tr!r} differs from the rack's "
                               f"{cfg.transport!r}; all servers of a rack share one transport")
-        addr, key = _server_address(cfg, where, i, s, addr_bytes, split_host_port)
+        addr, key = _server_address(cfg, where, i, s)
         if key in seen:
             raise ConfigError(f"{where}: address {addr!r} used twice")
         seen.add(key)
