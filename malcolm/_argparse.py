@@ -21,7 +21,7 @@ import os
 import re
 import sys
 
-from malcolm._units import ascii_number, parse_duration, parse_rate
+from malcolm._units import ascii_number, parse_duration, parse_rate, split_items
 
 __all__ = ["PRESETS", "SIM_PHASES", "SIM_WINDOW_US", "add_json", "add_window_phase",
            "duration", "hidden_alias", "json_stdout", "loads", "parser", "rate", "seeds",
@@ -138,10 +138,12 @@ def seeds(text) -> list[int]:
 
 def loads(text) -> list[float]:
     """An argparse ``type``: loads ``0.5,0.7`` or ``0.5:0.95:0.05`` (STOP included)."""
+    try:
+        parts = split_items(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     out = []
-    for part in (p.strip() for p in str(text).split(",")):
-        if not part:
-            continue
+    for part in parts:
         try:
             if part.count(":") == 2:
                 a, b, s = (ascii_number(x) for x in part.split(":"))

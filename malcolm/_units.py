@@ -1,12 +1,13 @@
-"""Durations and rates as people write them (``500ms``, ``20k``): the one parser that the CLI's
-parameter types (:mod:`malcolm.commands.types`) and the tools below the CLI both use."""
+"""Durations, rates and lists as people write them (``500ms``, ``20k``, ``1,1,2,2``): the one
+parser that the CLI's parameter types (:mod:`malcolm.commands.types`) and the tools below the
+CLI both use."""
 
 from __future__ import annotations
 
 import math
 import re
 
-__all__ = ["ascii_digits", "ascii_number", "parse_duration", "parse_rate"]
+__all__ = ["ascii_digits", "ascii_number", "parse_duration", "parse_rate", "split_items"]
 
 # nanoseconds per unit (whole numbers, so that 0.5ms -> 500.0 µs exactly)
 _DURATION_UNITS = {"ns": 1.0, "us": 1e3, "µs": 1e3, "ms": 1e6, "s": 1e9, "m": 60e9,
@@ -77,3 +78,20 @@ def parse_rate(text) -> float:
     if not (math.isfinite(v) and v > 0):
         raise ValueError(f"{text!r} must be a rate > 0")
     return v
+
+
+def split_items(text, seps: str = ",") -> list[str]:
+    """The items of a list such as ``0.5,0.7`` (separated by any character of ``seps``),
+    stripped of spaces.
+
+    Raises
+    ------
+    ValueError
+        With a one-line message, where an item is empty (``0.5,,0.7``, or a comma at either
+        end) or ``text`` is: left out, the run was of another list than the one written, and
+        some options dropped such items while others refused them.
+    """
+    items = [p.strip() for p in re.split(f"[{re.escape(seps)}]", str(text))]
+    if "" in items:
+        raise ValueError(f"{text!r} has an empty item" if len(items) > 1 else "is empty")
+    return items

@@ -64,7 +64,8 @@ def test_types_convert_and_fail_in_one_line(capsys):
                        (["--load", "-1"], "--load"), (["--duration", "0"], "--duration"),
                        (["--duration", "5 parsecs"], "--duration"),
                        (["--load", "０.５"], "--load"), (["--servers", "８x８"], "--servers"),
-                       (["--seeds", "１,2"], "--seeds")):
+                       (["--seeds", "１,2"], "--seeds"), (["--load", "0.5,,0.6"], "--load"),
+                       (["--load", "0.5,"], "--load")):
         with pytest.raises(SystemExit) as e:
             ap.parse_args(args)
         err = capsys.readouterr().err.strip().splitlines()

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from malcolm._metadata import run_metadata
-from malcolm._units import parse_duration, parse_rate
+from malcolm._units import parse_duration, parse_rate, split_items
 from malcolm.cli import main
 from malcolm.commands.types import Duration, Rate
 
@@ -55,6 +55,7 @@ def test_bad_text_is_one_clear_error(text):
     (Duration("s"), "5 parsecs"), (Duration("s"), "-1s"), (Duration("s"), "nan"),
     (Duration("us", min=0, min_open=True), "0"), (Duration("s", max=10), "11s"),
     (Rate(), "0"), (Rate(), "lots"), (Rate(many=True), ","), (Rate(many=True), "1k,x"),
+    (Rate(many=True), "1k,,2k"), (Rate(many=True), "1k,"), (Rate(many=True), ""),
 ])
 def test_param_types_fail_in_one_line(typ, bad):
     @click.command()
@@ -65,6 +66,20 @@ def test_param_types_fail_in_one_line(typ, bad):
     assert r.exit_code == 2, r.output
     assert "Invalid value for '--x'" in r.output and "Traceback" not in r.output
     assert r.exception is None or isinstance(r.exception, SystemExit)
+
+
+def test_list_items_are_never_empty():
+    """Every comma-separated option reads its items here: some dropped an empty item
+    (--load 0.5,,0.6 ran two loads) while others refused it."""
+    assert split_items(" 0.5, 0.6 ") == ["0.5", "0.6"]
+    assert split_items("1/2,3", ",/") == ["1", "2", "3"]
+    for bad in ("0.5,,0.6", "0.5,", ",0.5", " , ", "1//2"):
+        with pytest.raises(ValueError) as e:
+            split_items(bad, ",/")
+        assert str(e.value) == f"{bad!r} has an empty item"
+    for bad in ("", "  "):
+        with pytest.raises(ValueError, match="^is empty$"):
+            split_items(bad)
 
 
 def test_param_types_convert():
@@ -243,6 +258,10 @@ def test_sim_rack_is_a_rack_file_too(tmp_path):
     (["--ewma", "０.５"], "ASCII digits only"),
     (["--load", "０.５"], "is not a number"),
     (["--load", "０.１:0.5:0.1"], "bad range"),
+    # an empty item was dropped (--servers and --shares refused one already)
+    (["--load", "0.5,,0.6"], "--load: '0.5,,0.6' has an empty item"),
+    (["--load", "0.5,"], "--load: '0.5,' has an empty item"),
+    (["--load", ""], "--load: is empty"),
     (["--shares", "１,1,1,1,1,1,1,1"], "comma-separated numbers"),
     (["--workload", "exp:５０"], "is not a number"),
     (["--workload", "mix:１:exp:5"], "is not a number"),

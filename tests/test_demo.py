@@ -227,6 +227,10 @@ def test_demo_killed_leaves_no_servers(sig, tmp_path):
     # ASCII digits only, in every number: int() and float() read '８' ("--workers ８,８" was a
     # rack of two 8-worker servers)
     (["--workers", "８,８"], "--workers '８,８' must be integers like 3,3,1,1"),
+    # an empty item was dropped: "--workers 1,,1" ran two servers
+    (["--workers", "1,,1"], "--workers '1,,1' has an empty item"),
+    (["--workers", "1,1,"], "--workers '1,1,' has an empty item"),
+    (["--load", "0.5,,0.6"], "'0.5,,0.6' has an empty item"),
     (["--repeat", "２"], "'２' is not a valid integer (ASCII digits only)"),
     (["--retries", "１"], "'１' is not a valid integer (ASCII digits only)"),
     (["--dilate", "５０"], "--dilate '５０' must be 'auto' or a number >= 1"),

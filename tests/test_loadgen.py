@@ -165,6 +165,10 @@ def test_parsers_reject_bad_input():
             parse_change(bad, 3)
     with pytest.raises(LoadgenError):
         parse_shares("1,-1", 2)
+    # an empty item was dropped: "1,,1" was two weights
+    for bad in ("1,,1", "1,1,", "1//1", ",1,1"):
+        with pytest.raises(LoadgenError, match="has an empty item"):
+            parse_shares(bad, 2)
 
 
 @pytest.mark.parametrize("args, msg", [
@@ -234,6 +238,13 @@ def test_parsers_reject_bad_input():
     (["--server", "127.0.0.1:9", "--server", "127.0.0.1:09"],
      "'127.0.0.1:09' used twice (as '127.0.0.1:9' before)"),
     (["--server", "s0,s0", "--transport", "shm"], "--server address 's0' used twice"),
+    # an empty item was dropped, the run went on with the others
+    (["--server", "127.0.0.1:9", "--rate", "1k,,2k"], "'1k,,2k' has an empty item"),
+    (["--server", ",127.0.0.1:9"], "--server ',127.0.0.1:9' has an empty item"),
+    (["--server", ""], "--server is empty"),
+    (["--server", "127.0.0.1:9,127.0.0.1:10", "--shares", "1,1,"], "'1,1,' has an empty item"),
+    (["--server", "127.0.0.1:9,127.0.0.1:10", "--change", "0.1s:shares=1//1"],
+     "shares '1//1' has an empty item"),
 ])
 def test_cli_errors_are_clear(args, msg):
     r = CliRunner().invoke(main, ["loadgen", "--duration", "0.2s", "--warmup", "0"] + args)

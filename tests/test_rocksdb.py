@@ -522,6 +522,8 @@ def _one_line(r, word):
     (["calibrate", "{db}", "--sizes", ""], "--sizes"),
     (["calibrate", "{db}", "--sizes", ",,"], "--sizes"),
     (["calibrate", "{db}", "--sizes", "65"], "--sizes"),
+    (["calibrate", "{db}", "--sizes", "16,,64"], "'16,,64' has an empty item"),   # was 16,64
+    (["calibrate", "{db}", "--sizes", "16,"], "'16,' has an empty item"),
     (["calibrate", "{db}", "--samples", str(2 ** 70)], "--samples"),
     (["calibrate", "{db}", "--warmup-requests", "-1"], "--warmup-requests"),
     (["calibrate", "{db}", "--seed", "-1"], "--seed"),

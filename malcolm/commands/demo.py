@@ -152,9 +152,13 @@ def _dilate(text):
 
 
 def _workers(text):
-    from malcolm._units import ascii_number
+    from malcolm._units import ascii_number, split_items
+    try:
+        items = split_items(text)
+    except ValueError as e:
+        raise click.UsageError(f"--workers {e}") from None
     try:        # ASCII digits: int() took "８,８" for two servers of 8 workers
-        vals = [ascii_number(x, int) for x in text.split(",") if x.strip()]
+        vals = [ascii_number(x, int) for x in items]
     except ValueError:
         raise click.UsageError(f"--workers {text!r} must be integers like 3,3,1,1") from None
     if not 1 <= len(vals) <= 64 or any(not 0 <= w <= 64 for w in vals):

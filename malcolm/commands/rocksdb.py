@@ -184,9 +184,13 @@ def calibrate(sizes, samples, warmup, warmup_old, key_dist, seed, json_out, out_
         s = parse_key_dist(key_dist)
     except AppError as e:
         raise click.UsageError(str(e)) from None
-    from malcolm._units import ascii_number
+    from malcolm._units import ascii_number, split_items
+    try:
+        items = split_items(sizes)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--sizes") from None
     try:        # ASCII digits, as every number of the CLI (int() read "１６")
-        ns = [ascii_number(x, int) for x in sizes.split(",") if x.strip()]
+        ns = [ascii_number(x, int) for x in items]
     except ValueError:
         ns = []
     if not ns:

@@ -10,7 +10,7 @@ import sys
 import click
 
 from malcolm._files import shown
-from malcolm._units import ascii_number
+from malcolm._units import ascii_number, split_items
 from malcolm.commands.types import (
     FLOAT,
     Duration,
@@ -80,10 +80,11 @@ def check_memory(tasks):
 def _floats(values, what):
     out = []
     for v in values:
-        for part in str(v).split(","):
-            part = part.strip()
-            if not part:
-                continue
+        try:
+            parts = split_items(v)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint=what) from None
+        for part in parts:
             if part.count(":") == 2:           # START:STOP:STEP, STOP included
                 try:
                     a, b, s = (ascii_number(x) for x in part.split(":"))

@@ -23,7 +23,13 @@ import os
 import click
 
 from malcolm._files import shown
-from malcolm._units import _DURATION_UNITS, ascii_number, parse_duration, parse_rate
+from malcolm._units import (
+    _DURATION_UNITS,
+    ascii_number,
+    parse_duration,
+    parse_rate,
+    split_items,
+)
 
 
 class Duration(click.ParamType):
@@ -82,10 +88,7 @@ class Rate(click.ParamType):
         try:
             if not self.many:
                 return parse_rate(value)
-            parts = [p for p in str(value).split(",") if p.strip()]
-            if not parts:
-                raise ValueError("needs at least one rate")
-            return [parse_rate(p) for p in parts]
+            return [parse_rate(p) for p in split_items(value)]
         except ValueError as e:
             self.fail(str(e), param, ctx)
 

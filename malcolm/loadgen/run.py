@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -70,10 +69,10 @@ def parse_share_limit(text, what="limit") -> float:
 
 def parse_shares(text, n: int) -> list[float]:
     """``"1,1,2,2"`` or ``"1/1/2/2"``: one non-negative weight per server."""
-    if isinstance(text, (list, tuple)):
-        vals = list(text)
-    else:
-        vals = [p for p in re.split(r"[,/]", str(text)) if p.strip()]
+    try:
+        vals = list(text) if isinstance(text, (list, tuple)) else _units.split_items(text, ",/")
+    except ValueError as e:
+        raise LoadgenError(f"shares {e}") from None
     try:        # a string in ASCII digits only (float() read "１,1"); a number as it is
         vals = [_units.ascii_number(v) if isinstance(v, str) else float(v) for v in vals]
     except ValueError:
@@ -190,9 +189,10 @@ def resolve_target(rack=None, servers=(), transport=None, key_file=None) -> Targ
     if not servers:
         raise LoadgenError("no servers: give --rack RACK.toml or --server HOST:PORT "
                            "(repeatable, or comma-separated)")
-    flat = [s.strip() for item in servers for s in str(item).split(",") if s.strip()]
-    if not flat:
-        raise LoadgenError("--server needs at least one address (HOST:PORT or an shm name)")
+    try:
+        flat = [s for item in servers for s in _units.split_items(item)]
+    except ValueError as e:
+        raise LoadgenError(f"--server {e}") from None
     kind = transport or "udp"
     if len(flat) > 64:
         raise LoadgenError(f"at most 64 servers, got {len(flat)}")
