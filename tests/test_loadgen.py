@@ -163,6 +163,11 @@ def test_parsers_reject_bad_input():
     for bad in ("2s", "2s:speed=3", "soon:rate=2x", "1s:shares=1/1"):
         with pytest.raises(LoadgenError):
             parse_change(bad, 3)
+    # a key twice: the last one won (rate=2x,rate=3x ran 3x)
+    for bad, key in (("1s:rate=2x,rate=3x", "rate"), ("1s:rate=2x,RATE=30k", "rate"),
+                     ("1s:shares=1/1/1,rate=2x,shares=1/0/1", "shares")):
+        with pytest.raises(LoadgenError, match=f"{key} is given twice"):
+            parse_change(bad, 3)
     with pytest.raises(LoadgenError):
         parse_shares("1,-1", 2)
     # an empty item was dropped: "1,,1" was two weights
@@ -240,6 +245,8 @@ def test_parsers_reject_bad_input():
     (["--server", "s0,s0", "--transport", "shm"], "--server address 's0' used twice"),
     # an empty item was dropped, the run went on with the others
     (["--server", "127.0.0.1:9", "--rate", "1k,,2k"], "'1k,,2k' has an empty item"),
+    (["--server", "127.0.0.1:9", "--change", "0.1s:rate=2x,rate=3x"],
+     "--change '0.1s:rate=2x,rate=3x': rate is given twice"),
     (["--server", ",127.0.0.1:9"], "--server ',127.0.0.1:9' has an empty item"),
     (["--server", ""], "--server is empty"),
     (["--server", "127.0.0.1:9,127.0.0.1:10", "--shares", "1,1,"], "'1,1,' has an empty item"),

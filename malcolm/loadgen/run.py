@@ -102,12 +102,15 @@ def parse_change(text: str, n: int) -> Change:
     if not sep or not rest.strip():
         raise LoadgenError(f"--change {text!r} must look like 2s:rate=2x or "
                            "3s:shares=1/1/2/2")
-    ch = Change(parse_duration(when))
+    ch, keys = Change(parse_duration(when)), set()
     for item in rest.split(","):
         key, eq, value = item.partition("=")
         key = key.strip().lower()
         if not eq:
             raise LoadgenError(f"--change {text!r}: {item!r} must be key=value")
+        if key in keys:         # not the last one silently: rate=2x,rate=3x ran 3x
+            raise LoadgenError(f"--change {text!r}: {key} is given twice")
+        keys.add(key)
         if key == "rate":
             v = value.strip().lower()
             if v.endswith("x"):
