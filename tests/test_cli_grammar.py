@@ -453,3 +453,25 @@ def test_a_path_in_a_success_line_cannot_forge_a_line(tmp_path):
                                   str(tmp_path / "no\nError: forged" / "x.json")])
     err = [ln for ln in r.output.splitlines() if ln.startswith("Error")]
     assert r.exit_code == 2 and len(err) == 1 and "\\nError: forged" in err[0], r.output
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["loadgen", "--server", "127.0.0.1:0"], "--server address '127.0.0.1:0' has port 0"),
+    (["loadgen", "--server", "127.0.0.1:9,127.0.0.1:9"], "'127.0.0.1:9' used twice"),
+    (["loadgen", "--server", "127.0.0.1:9", "--rate", "1k,,2k"], "'1k,,2k' has an empty item"),
+    (["loadgen", "--server", "127.0.0.1:9", "--change", "0.1s:rate=2x,rate=3x"],
+     "rate is given twice"),
+    (["sim", "--tasks", "2000", "--load", "0.5,"], "'0.5,' has an empty item"),
+])
+def test_refused_as_typed_in_one_line(args, msg):
+    """As a shell runs them: each ran (a loadgen run that failed with exit 3 after sending,
+    or a sim of another list of loads); now one line, exit 2, before anything runs."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "malcolm", *args, *(
+        ["--duration", "0.2s", "--warmup", "0"] if args[0] == "loadgen" else [])],
+        capture_output=True, text=True, timeout=60)
+    err = [ln for ln in p.stderr.splitlines() if ln.startswith("Error:")]
+    assert p.returncode == 2 and len(err) == 1 and msg in err[0], p.stdout + p.stderr
+    assert "Traceback" not in p.stderr and not p.stdout
