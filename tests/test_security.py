@@ -68,6 +68,9 @@ def test_replay_window():
     assert w.check(9, 500) == wire.E_EPOCH      # an older epoch: a replay of a past run
     assert w.check(11, 1) == 1                  # a restart: accepted at once
     assert w.check(10, 201) == wire.E_EPOCH
+    # epoch 0 is no sender's: a fresh window took it, and a client's slot then reset itself
+    # at every copy of an epoch-0 task, which ran each time
+    assert native.ReplayWindow().check(0, 1) == wire.E_EPOCH
 
 
 def test_epochs_grow_across_starts():
@@ -222,6 +225,38 @@ def test_replays_restarts_and_forged_sequence_numbers():
         p.close()
 
 
+def test_a_recording_of_a_dead_peers_earlier_run_does_not_bring_it_back():
+    """A peer presumed down may come back with an older epoch (its clock went back across a
+    restart), but not with one it started before: replaying the recorded heartbeats of its
+    earlier run, after it restarted and died, brought it back into the rack, and the tasks
+    sent to it were lost. An older epoch never seen is still taken."""
+    srv, addr, peers = _server(policy="jsq", peer_timeout_ms=50.0)
+    p = peers[0]
+
+    def hb(epoch, aseq):
+        return wire.encode_heartbeat(1, seq=aseq, load=1000.0, queue_len=1.0, rate=1e-4,
+                                     key=KEY, epoch=epoch, auth_seq=aseq)
+    try:
+        recorded = [hb(100, k) for k in (1, 2, 3)]        # its first run, recorded
+        for d in recorded[:2]:
+            p.send(addr, d)
+        assert _wait(lambda: srv.stats()["peer_joins"] == 1)
+        p.send(addr, hb(200, 1))                           # it restarts ...
+        assert _wait(lambda: srv.stats()["peer_restarts"] == 1)
+        assert _wait(lambda: srv.stats()["peer_leaves"] == 1)   # ... and dies
+        for d in recorded:
+            p.send(addr, d)                                # the recording, replayed
+        assert _wait(lambda: srv.stats()["malformed_by_reason"].get("stale epoch") == 3)
+        s = srv.stats()
+        assert s["peers_up"] == [] and s["peer_joins"] == 1, s
+        p.send(addr, hb(150, 1))          # restarted with its clock set back: a new epoch
+        assert _wait(lambda: srv.stats()["peer_joins"] == 2)
+        assert srv.stats()["peer_restarts"] == 2
+    finally:
+        srv.stop(grace_s=0.5)
+        p.close()
+
+
 def _load_through_a_middle_box(on_datagram):
     """0.5 s of load from the generator to a one-server rack (key KEY, spin handler) through
     a box in the middle: ``on_datagram(box, server, data, src)`` gets everything sent to the
@@ -330,6 +365,9 @@ def test_a_replayed_task_runs_once():
             c.send(addr, task)                    # captured and replayed: runs once
         c.send(addr, wire.encode_task(77, 2, key=KEY, epoch=10, auth_seq=2))
         c.send(addr, wire.encode_task(77, 3, key=KEY, epoch=9, auth_seq=3))   # old epoch
+        zero = wire.encode_task(78, 4, key=KEY, epoch=0, auth_seq=1)    # no sender's epoch
+        for _ in range(3):
+            c.send(addr, zero)                  # each copy ran: the slot reset itself
         got = []
         t_end = time.monotonic() + 2
         while len(got) < 2 and time.monotonic() < t_end:
@@ -337,7 +375,7 @@ def test_a_replayed_task_runs_once():
         time.sleep(0.2)
         got += [wire.decode(d, KEY)["request_id"] for d, _ in c.recv(0.1)]
         assert sorted(got) == [1, 2]
-        assert srv.stats()["malformed_by_reason"] == {"replayed": 2, "stale epoch": 1}
+        assert srv.stats()["malformed_by_reason"] == {"replayed": 2, "stale epoch": 4}
     finally:
         srv.stop()
         c.close()

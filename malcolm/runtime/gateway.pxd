@@ -87,6 +87,10 @@ cdef class Gateway:
     cdef uint64_t tx_seq[MAX_SERVERS]
     cdef uint64_t tx_seq_client
     cdef WireReplay rx_replay[MAX_SERVERS]
+    # the last 8 epochs each peer started here (a ring; from_member): an older epoch is
+    # taken from a peer presumed down only if it is none of them
+    cdef uint64_t ep_seen[MAX_SERVERS][8]
+    cdef uint8_t ep_next[MAX_SERVERS]
     cdef uint64_t hb_top[MAX_SERVERS]      # trailer seq of the last heartbeat applied
     cdef uint32_t hb_local_seq[MAX_SERVERS]
     cdef ClientReplay* cli_replay
@@ -119,6 +123,7 @@ cdef class Gateway:
                      int64_t now) noexcept nogil
     cdef bint from_member(self, MsgBuf* m, int src, uint64_t ep, uint64_t aseq,
                           int64_t now) noexcept nogil
+    cdef bint epoch_seen(self, int src, uint64_t ep) noexcept nogil
     cdef int on_forward(self, MsgBuf* m, uint32_t blen, int64_t now) noexcept nogil
     cdef void on_steal_req(self, MsgBuf* m, int src, uint32_t blen, int64_t now) noexcept nogil
     cdef int on_steal_reply(self, MsgBuf* m, uint32_t blen, int64_t now) noexcept nogil

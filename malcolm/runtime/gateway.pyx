@@ -379,9 +379,11 @@ cdef class Gateway:
             return False
         known = self.rx_replay[src].epoch != 0
         rc = wire_replay_check(&self.rx_replay[src], ep, aseq)
-        if rc == E_EPOCH and not self.peer_up[src]:
-            # An older epoch from a peer presumed down: it restarted with its clock set
-            # back. (While it is up, an older epoch can only be a replay.)
+        if rc == E_EPOCH and not self.peer_up[src] and not self.epoch_seen(src, ep):
+            # An older epoch, new to us, from a peer presumed down: it restarted with its
+            # clock set back. (While it is up, an older epoch can only be a replay; so is
+            # one it started before: a recording of its earlier run, replayed after it
+            # died, brought it back, and the tasks sent to it were lost.)
             self.rx_replay[src].epoch = 0
             rc = wire_replay_check(&self.rx_replay[src], ep, aseq)
         if rc < 0:
@@ -390,6 +392,8 @@ cdef class Gateway:
         if rc == 1:
             # A new epoch: the peer (re)started. Its heartbeats are applied from the first.
             self.hb_top[src] = 0
+            self.ep_seen[src][self.ep_next[src] & 7] = ep
+            self.ep_next[src] += 1
             if known or self.peer_up[src]:
                 self.count.peer_restarts += 1
         if not self.peer_up[src]:
@@ -397,6 +401,14 @@ cdef class Gateway:
             self.count.peer_joins += 1
         self.peer_seen[src] = now
         return True
+
+    cdef bint epoch_seen(self, int src, uint64_t ep) noexcept nogil:
+        """Whether peer ``src`` started epoch ``ep`` among the last 8 it started here."""
+        cdef int i
+        for i in range(8):
+            if self.ep_seen[src][i] == ep:
+                return True
+        return False
 
     cdef int on_forward(self, MsgBuf* m, uint32_t blen, int64_t now) noexcept nogil:
         """A task a peer migrated here: kept (it answers its client from here)."""
