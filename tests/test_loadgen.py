@@ -384,3 +384,17 @@ def test_raw_out_writes_exactly_its_path_and_a_failed_write_is_one_line(tmp_path
     assert "Error: --raw-out /proc/x: " in r.output, r.output
     r = CliRunner().invoke(main, base + ["--server", "127.0.0.1:9", "--raw-out", "-"])
     assert r.exit_code == 2 and "stdout" in r.output, r.output
+
+
+def test_the_load_note_of_an_app_run_gives_no_nominal_load():
+    """With --app the requests ask no service time: the note printed "nominal 0.000
+    (... requested mean 0.0 µs ...)", a load that means nothing; now only the effective."""
+    from malcolm.loadgen.run import notes
+    rep = dict(schedule=dict(late_sends=0), effective_load=0.42, nominal_load=0.0,
+               service_us=dict(requested_mean=0.0, measured_mean=21.5), target_workers=4,
+               rejected={}, timed_out=0, accounted=True)
+    line = [ln for ln in notes(rep) if "load:" in ln]
+    assert line == ["  load: effective 0.420 (measured mean 21.5 µs)"], line
+    rep["service_us"]["requested_mean"], rep["nominal_load"] = 20.0, 0.4
+    assert "nominal 0.400 (offered rate x requested mean 20.0 µs / 4 workers)" in \
+        [ln for ln in notes(rep) if "load:" in ln][0]

@@ -760,9 +760,10 @@ def notes(rep):
                    "(latency is still measured from the intended send time)")
     if rep.get("effective_load") is not None and math.isfinite(rep["effective_load"]):
         svc = rep["service_us"]
-        out.append(f"  load: nominal {rep['nominal_load']:.3f} (offered rate x requested mean "
-                   f"{svc['requested_mean']:.1f} µs / {rep['target_workers']} workers), "
-                   f"effective {rep['effective_load']:.3f} (measured mean "
+        nom = (f"nominal {rep['nominal_load']:.3f} (offered rate x requested mean "
+               f"{svc['requested_mean']:.1f} µs / {rep['target_workers']} workers), "
+               if svc["requested_mean"] > 0 else "")    # --app: requests ask no service time
+        out.append(f"  load: {nom}effective {rep['effective_load']:.3f} (measured mean "
                    f"{svc['measured_mean']:.1f} µs)")
     if rep["rejected"]:
         out.append("  rejected by servers: " + ", ".join(f"{v} {k}" for k, v in
