@@ -40,15 +40,17 @@ def _server(kind, poll, workers=1, spin_us=50.0):
 
     from malcolm.runtime.config import build_server, parse_rack
     log = logging.getLogger("malcolm.server")
-    if _unkeyed_is_known not in log.filters:
-        log.addFilter(_unkeyed_is_known)
     addr = f"127.0.0.1:{free_udp_ports(1)[0]}" if kind == "udp" else f"rb{os.getpid():x}"[:16]
     cfg = parse_rack({"rack": {"name": "bench", "transport": kind, "poll": poll,
                                "workers": workers, "handler": "echo", "spin_us": spin_us,
                                "window_us": 1000.0, "grace_s": 0.5},
                       "policy": {"name": "random"},      # one server: always accepts
                       "server": [{"address": addr}]}, "<bench>")
-    return build_server(cfg, 0).start(), addr
+    log.addFilter(_unkeyed_is_known)        # only while this server starts: a filter left
+    try:                                    # on the logger hid every later server's warning
+        return build_server(cfg, 0).start(), addr
+    finally:
+        log.removeFilter(_unkeyed_is_known)
 
 
 def _gateway_cpu_clock():
