@@ -7,6 +7,8 @@ another kind.
 """
 import ipaddress
 import itertools
+import math
+import numbers
 import os
 import socket
 
@@ -87,6 +89,18 @@ class TransportUnavailable(RuntimeError):
 
 cdef bint addr_eq(const NetAddr* a, const NetAddr* b) noexcept nogil:
     return memcmp(a, b, sizeof(NetAddr)) == 0
+
+
+# the most messages an shm ring holds: a rack file's [rack] shm_capacity bound
+MAX_SHM_CAPACITY = 1 << 20
+
+
+cdef int64_t _timeout_ns(double timeout) except? -1:
+    """A wait of ``timeout`` s in ns: finite and >= 0 (a negative, NaN or 1e10 s one came out
+    negative, which the waits read as "forever"), at most 1e9 s (the int64 ns clock)."""
+    if not (math.isfinite(timeout) and timeout >= 0.0):
+        raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout}")
+    return <int64_t>(min(timeout, 1e9) * 1e9)
 
 
 def split_host_port(obj, str what="udp"):
@@ -316,9 +330,11 @@ cdef class Transport:
         import time
         if self.closed:
             raise RuntimeError("transport is closed")
+        if max_n < 1:       # a negative count reached recvmmsg as a huge one: data lost
+            raise ValueError(f"max_n must be at least 1, got {max_n}")
         if max_n > BATCH:
             max_n = BATCH
-        t_end = time.monotonic_ns() + <int64_t>(timeout * 1e9)
+        t_end = time.monotonic_ns() + _timeout_ns(timeout)
         while True:
             n = self.rx_poll(max_n)
             if n > 0:
@@ -342,7 +358,7 @@ cdef class Transport:
 
     def block(self, double timeout):
         """Block until input may be waiting, ``notify()`` is called, or ``timeout`` s pass."""
-        cdef int64_t ns = <int64_t>(timeout * 1e9)
+        cdef int64_t ns = _timeout_ns(timeout)
         if self.closed:
             raise RuntimeError("transport is closed")
         with nogil:
@@ -490,13 +506,17 @@ cdef class ShmTransport(Transport):
     cdef int n_peers
     cdef uint32_t _ticket
 
-    def __init__(self, address=None, int capacity=1024):
+    def __init__(self, address=None, capacity=1024):
         cdef NetAddr a
         if not os.path.isdir("/dev/shm") or not os.access("/dev/shm", os.W_OK):
             raise TransportUnavailable("shm transport: /dev/shm is missing or not writable "
                                        "(mount a tmpfs there)")
-        if capacity < 2 or capacity & (capacity - 1):
-            raise ValueError(f"shm ring capacity {capacity} must be a power of two >= 2")
+        # bounded as a rack file's shm_capacity: 2^30 made a 4.4 TB sparse ring that filled
+        # the tmpfs (and outlived the process), 2^40 overflowed the C int
+        if (isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral)
+                or not 2 <= capacity <= MAX_SHM_CAPACITY or capacity & (capacity - 1)):
+            raise ValueError(f"shm ring capacity {capacity!r} must be a power of two in "
+                             f"2..{MAX_SHM_CAPACITY}")
         if address is None:
             address = f"c{os.getpid():x}-{next(_names)}"[:16]
         self.kind = "shm"

@@ -223,6 +223,14 @@ _RESERVED_KEYS = ("name", "seed", "n", "me", "stream")
 _PARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+def check_free_key(spec: str, name: str, key: str) -> None:
+    """:func:`_check_free_key` for policy ``name``'s parameter ``key``, given outside a spec
+    (``simulate(policy_params=...)``); TypeError for a key that is not a string."""
+    if not isinstance(key, str):
+        raise TypeError(f"policy {spec!r}: parameter names are strings, got {key!r}")
+    _check_free_key(spec, POLICIES[name], key)
+
+
 def _check_free_key(spec: str, info: PolicyInfo, key: str) -> None:
     """Refuse a key that no keyword argument of a self-validating policy (``params=None``)
     can be: its class names its unknown parameters, but a key that is no identifier, or one

@@ -34,10 +34,9 @@ from malcolm.runtime.policy_thread cimport PolicyThread
 from malcolm.workers.handlers cimport Handler
 from malcolm.workers.pool cimport WorkerPool
 
-from malcolm.policy.defaults import (
-    EST_ALPHA, EST_PRIOR_SERVICE_US, MAX_WINDOW_TASKS, WINDOW_TASKS)
+from malcolm.policy.defaults import EST_ALPHA, EST_PRIOR_SERVICE_US, WINDOW_TASKS
 from malcolm.runtime import cpus as _cpus
-from malcolm.runtime.config import GATEWAY_JOIN_EXTRA_S, THREAD_JOIN_MIN_S
+from malcolm.runtime.config import GATEWAY_JOIN_EXTRA_S, RACK_RANGES, THREAD_JOIN_MIN_S
 
 log = logging.getLogger("malcolm.server")
 
@@ -125,14 +124,21 @@ cdef class Server:
             raise ValueError(f"n_types={n_types} must be in 1..65535")
         if capacity < 1 or capacity > (1 << 22):
             raise ValueError(f"capacity={capacity} must be in 1..{1 << 22}")
-        if window_us <= 0:
-            raise ValueError(f"window_us={window_us} must be positive")
-        if not 0 <= window_tasks <= MAX_WINDOW_TASKS:
-            raise ValueError(f"window_tasks={window_tasks} must be in 0..{MAX_WINDOW_TASKS:g}")
+        # a rack file's ranges for the same settings: NaN, infinite or negative ones ran
+        # (a NaN window, a negative spin) or failed only at stop (grace_s)
+        for name, v in (("window_us", window_us), ("window_tasks", window_tasks),
+                        ("spin_us", spin_us), ("task_timeout_ms", task_timeout_ms),
+                        ("steal_timeout_us", steal_timeout_us),
+                        ("max_service_ms", max_service_ms), ("est_alpha", est_alpha),
+                        ("prior_service_us", prior_service_us), ("grace_s", grace_s),
+                        ("max_wait_ms", max_wait_ms),
+                        ("peer_timeout_ms", 1.0 if peer_timeout_ms == -1.0 else peer_timeout_ms)):
+            lo, hi = RACK_RANGES[name]
+            if not lo <= v <= hi:
+                raise ValueError(f"{name}={v} must be in {lo:g}..{hi:g}" +
+                                 (" (or -1: automatic)" if name == "peer_timeout_ms" else ""))
         if poll not in ("busy", "adaptive"):
             raise ValueError(f"poll={poll!r} must be 'busy' or 'adaptive'")
-        if not max_wait_ms >= 0:
-            raise ValueError(f"max_wait_ms={max_wait_ms} must be >= 0")
         self.tr = transport
         self.peers = [p for i, p in enumerate(peers) if i != me]
         self.me = me

@@ -9,6 +9,7 @@ within 0.001-1000.
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from dataclasses import dataclass
 
@@ -32,11 +33,32 @@ class Rack:
     spec: str = ""
 
     def __post_init__(self):
-        # here, not in the parser alone: a Rack built by hand reaches the engine too
-        for v in self.speeds:
+        # here, not in the parser alone: a Rack built by hand reaches the engine too (one
+        # with fewer speeds than servers crashed it, a billion workers hung it)
+        from malcolm.policy.base import MAX_SERVERS as max_servers
+        what = f"rack spec {self.spec or '(built by hand)'!r}"
+        if not isinstance(self.spec, str):
+            raise TypeError(f"rack spec must be a string, got {self.spec!r}")
+        try:
+            w, s = tuple(self.workers), tuple(self.speeds)
+        except TypeError:
+            raise TypeError(f"{what}: workers and speeds must be sequences") from None
+        if not 1 <= len(w) <= max_servers or len(s) != len(w):
+            raise ValueError(f"{what}: {len(w)} servers' workers and {len(s)} speeds; one of "
+                             f"each per server, 1-{max_servers} servers")
+        for v in w:
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise TypeError(f"{what}: workers must be whole numbers, got {v!r}")
+            if not 1 <= v <= MAX_WORKERS:
+                raise ValueError(f"{what}: workers {v} must be within 1-{MAX_WORKERS}")
+        for v in s:
+            if isinstance(v, bool) or not isinstance(v, numbers.Real):
+                raise TypeError(f"{what}: speeds must be numbers, got {v!r}")
             if not (math.isfinite(v) and MIN_SPEED <= v <= MAX_SPEED):
-                raise ValueError(f"rack spec {self.spec or '(built by hand)'!r}: speed {v:g} "
-                                 f"must be within {MIN_SPEED:g}-{MAX_SPEED:g}")
+                raise ValueError(f"{what}: speed {v:g} must be within {MIN_SPEED:g}-"
+                                 f"{MAX_SPEED:g}")
+        object.__setattr__(self, "workers", tuple(int(v) for v in w))
+        object.__setattr__(self, "speeds", tuple(float(v) for v in s))
 
     @property
     def n(self) -> int:

@@ -469,6 +469,9 @@ def _plan(a: dict) -> _Plan:
         params = {**params, **a["policy_params"]}
         if registry.POLICIES[name].params is not None:
             params = registry.check_params(name, params)
+        else:       # what parse_policy refuses of a spec (seed: "multiple values for ...")
+            for key in a["policy_params"]:
+                registry.check_free_key(f"{a['policy']} with policy_params", name, key)
     info = registry.POLICIES[name]
     # a Workload built by hand skips the parser's ranges (a Rack checks its speeds itself)
     if not MIN_TIME_US <= wl.mean_us <= MAX_TIME_US:
