@@ -22,9 +22,9 @@ from libc.stdint cimport UINT32_MAX, int64_t, uint8_t, uint16_t, uint32_t, uint6
 from libc.stdlib cimport free
 from libc.string cimport memcpy, memset
 
-import math
-
 import numpy as np
+
+from malcolm._shares import cumulative
 
 from malcolm._core cimport Rng, mc_aligned_alloc, mc_cpu_relax, mc_load_acq, mc_now_ns, \
     mc_store_rel, rng_below, rng_exponential, rng_next, rng_seed, rng_uniform
@@ -154,7 +154,7 @@ cdef class LoadClient:
                  int payload_content=PC_ZEROS, bint check_echo=False, long long stream=-1,
                  double segment_s=0.0):
         cdef int i, j, n
-        cdef double rate, tot, acc
+        cdef double rate, acc
         if not 1 <= len(servers) <= MAX_SERVERS:
             raise ValueError(f"1..{MAX_SERVERS} servers, got {len(servers)}")
         if not 1 <= len(phases) <= MAX_PHASES:
@@ -198,19 +198,9 @@ cdef class LoadClient:
                 n = len(shares)
                 if n != self.n_servers:
                     raise ValueError(f"{n} shares for {self.n_servers} servers")
-                tot = float(sum(shares))
-                if not tot > 0 or any(not x >= 0 for x in shares):
+                if not float(sum(shares)) > 0 or any(not x >= 0 for x in shares):
                     raise ValueError("shares must be >= 0 with a positive sum")
-                if not math.isfinite(tot):
-                    # each weight finite, their sum past the largest float (1e308,1e308,1):
-                    # every weight over inf was 0 and the last server took every task. Over
-                    # the largest weight first the sum is at most n; a finite sum is as it was
-                    top = max(shares)
-                    shares = [x / top for x in shares]
-                    tot = float(sum(shares))
-                acc = 0.0
-                for j in range(n):
-                    acc += shares[j] / tot
+                for j, acc in enumerate(cumulative(shares)):
                     self.ph_cdf[i][j] = acc
                 self.ph_cdf[i][n - 1] = 2.0     # never above: the last server catches rounding
         self.warm_ns = <int64_t>(warmup_s * 1e9)

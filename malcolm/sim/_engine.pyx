@@ -28,9 +28,9 @@ from libc.stdint cimport INT32_MAX, INT64_MAX, int32_t, int64_t, uint8_t, uint32
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memset
 
-import math
 import time
 
+from malcolm._shares import cumulative
 from malcolm.policy.defaults import EST_ALPHA, STEAL_TIMEOUT_US, STEALS_IN_FLIGHT, WINDOW_TASKS
 
 from malcolm._core cimport (
@@ -49,24 +49,6 @@ from malcolm.sim._network cimport (
 from malcolm.sim._queues cimport (
     Event, evq_init, evq_pop, evq_push, event_kind, ring_pop, ring_push,
 )
-
-
-def _cumulative(shares):
-    """The running sums of the weights ``shares`` over their total: the clients' share CDF
-    (the caller sets its last entry to exactly 1)."""
-    tot = float(sum(shares))
-    if not math.isfinite(tot):
-        # each weight finite but their sum past the largest float (1e308,1e308,1): every
-        # weight over inf was 0 and the last server took all the traffic. Over the largest
-        # weight first, the sum is at most n; a finite sum keeps the arithmetic it always had
-        top = max(shares)
-        shares = [x / top for x in shares]
-        tot = float(sum(shares))
-    out, acc = [], 0.0
-    for x in shares:
-        acc += x / tot
-        out.append(acc)
-    return out
 
 
 cdef class Engine:
@@ -225,7 +207,7 @@ cdef class Engine:
         cdef int s
         if len(shares) != self.n or not sum(shares) > 0 or any(x < 0 for x in shares):
             raise ValueError(f"shares must be {self.n} non-negative numbers with a positive sum")
-        for s, acc in enumerate(_cumulative(shares)):
+        for s, acc in enumerate(cumulative(shares)):
             self.shares_cdf[s] = acc
         self.shares_cdf[self.n - 1] = 1.0
 
@@ -249,7 +231,7 @@ cdef class Engine:
             self.ch_a[i] = a
             self.ch_x[i] = x
             if kind == CH_SHARES:
-                for s, acc in enumerate(_cumulative(sh)):
+                for s, acc in enumerate(cumulative(sh)):
                     self.ch_shares[i * self.n + s] = acc
                 self.ch_shares[i * self.n + self.n - 1] = 1.0
 
