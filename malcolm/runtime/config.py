@@ -70,6 +70,18 @@ RACK_RANGES = {
 SERVER_KEYS = {"address", "workers", "handler", "transport", "cpus"}
 
 
+def range_error(key: str, v) -> str | None:
+    """What is wrong with ``v`` for the numeric setting ``key`` (:data:`RACK_RANGES`), or
+    None: the rack file's check, and ``Server``'s for the same settings given in Python."""
+    lo, hi = RACK_RANGES[key]
+    if key == "peer_timeout_ms" and v == -1.0:
+        return None                     # the default: 20 windows, at least 100 ms
+    if math.isfinite(v) and lo <= v <= hi:
+        return None
+    extra = " (or -1: 20 windows, at least 100 ms)" if key == "peer_timeout_ms" else ""
+    return f"must be a finite number in {lo:g}..{hi:g}{extra}"
+
+
 # RackServer.stop's joins: the gateway's for grace_s + GATEWAY_JOIN_EXTRA_S (it answers every
 # waiting task before it exits), then each worker's and the policy thread's for
 # max(THREAD_JOIN_MIN_S, grace_s). One place, so the launcher's wait cannot drift from them.
@@ -292,14 +304,10 @@ def parse_rack(data: dict, path: str = "<rack>") -> RackConfig:
                           "to the shm transport")
     if vals["poll"] not in ("busy", "adaptive"):
         raise ConfigError(f"{path}: [rack] poll {vals['poll']!r} must be busy or adaptive")
-    for k, (lo, hi) in RACK_RANGES.items():
-        v = vals[k]
-        if k == "peer_timeout_ms" and v == -1.0:
-            continue                    # the default: 20 windows, at least 100 ms
-        if not (math.isfinite(v) and lo <= v <= hi):
-            extra = " (or -1: 20 windows, at least 100 ms)" if k == "peer_timeout_ms" else ""
-            raise ConfigError(f"{path}: [rack] {k} = {v!r} must be a finite number in "
-                              f"{lo:g}..{hi:g}{extra}")
+    for k in RACK_RANGES:
+        why = range_error(k, vals[k])
+        if why:
+            raise ConfigError(f"{path}: [rack] {k} = {vals[k]!r} {why}")
     if vals["transport"] == "shm" and vals["shm_capacity"] & (vals["shm_capacity"] - 1):
         raise ConfigError(f"{path}: [rack] shm_capacity = {vals['shm_capacity']} must be a "
                           "power of two")

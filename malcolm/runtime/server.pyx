@@ -36,7 +36,7 @@ from malcolm.workers.pool cimport WorkerPool
 
 from malcolm.policy.defaults import EST_ALPHA, EST_PRIOR_SERVICE_US, WINDOW_TASKS
 from malcolm.runtime import cpus as _cpus
-from malcolm.runtime.config import GATEWAY_JOIN_EXTRA_S, RACK_RANGES, THREAD_JOIN_MIN_S
+from malcolm.runtime.config import GATEWAY_JOIN_EXTRA_S, THREAD_JOIN_MIN_S, range_error
 
 log = logging.getLogger("malcolm.server")
 
@@ -132,11 +132,10 @@ cdef class Server:
                         ("max_service_ms", max_service_ms), ("est_alpha", est_alpha),
                         ("prior_service_us", prior_service_us), ("grace_s", grace_s),
                         ("max_wait_ms", max_wait_ms),
-                        ("peer_timeout_ms", 1.0 if peer_timeout_ms == -1.0 else peer_timeout_ms)):
-            lo, hi = RACK_RANGES[name]
-            if not lo <= v <= hi:
-                raise ValueError(f"{name}={v} must be in {lo:g}..{hi:g}" +
-                                 (" (or -1: automatic)" if name == "peer_timeout_ms" else ""))
+                        ("peer_timeout_ms", peer_timeout_ms)):
+            why = range_error(name, v)
+            if why:
+                raise ValueError(f"{name}={v} {why}")
         if poll not in ("busy", "adaptive"):
             raise ValueError(f"poll={poll!r} must be 'busy' or 'adaptive'")
         self.tr = transport
