@@ -13,6 +13,7 @@ import os
 import socket
 
 from malcolm._units import ascii_digits, ascii_number
+from malcolm.net.limits import MAX_SHM_CAPACITY     # the rack file's bound too
 
 from libc.errno cimport errno
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
@@ -89,10 +90,6 @@ class TransportUnavailable(RuntimeError):
 
 cdef bint addr_eq(const NetAddr* a, const NetAddr* b) noexcept nogil:
     return memcmp(a, b, sizeof(NetAddr)) == 0
-
-
-# the most messages an shm ring holds: a rack file's [rack] shm_capacity bound
-MAX_SHM_CAPACITY = 1 << 20
 
 
 cdef int64_t _timeout_ns(double timeout) except? -1:

@@ -36,6 +36,7 @@ try:
 except ModuleNotFoundError:     # Python 3.10: the same reader as a package (pyproject pins it)
     import tomli as tomllib
 
+from malcolm.net.limits import MAX_SHM_CAPACITY
 from malcolm.policy.defaults import EST_ALPHA, EST_PRIOR_SERVICE_US, MAX_WINDOW_TASKS, WINDOW_TASKS
 
 RACK_KEYS = {
@@ -63,7 +64,7 @@ RACK_RANGES = {
     "task_types": (1, 65535), "capacity": (1, 1 << 22), "task_timeout_ms": (0.0, 3_600_000.0),
     "steal_timeout_us": (1.0, 60_000_000.0), "max_service_ms": (0.001, 3_600_000.0),
     "grace_s": (0.0, 3600.0), "est_alpha": (1e-6, 1.0), "prior_service_us": (0.001, 1e9),
-    "shm_capacity": (2, 1 << 20), "peer_timeout_ms": (1.0, 3_600_000.0),
+    "shm_capacity": (2, MAX_SHM_CAPACITY), "peer_timeout_ms": (1.0, 3_600_000.0),
     "max_wait_ms": (0.0, 3_600_000.0), "hop_delay_us": (0.0, 60_000_000.0),
     "hop_jitter_us": (0.0, 60_000_000.0), "hop_reorder": (0.0, 1.0), "hop_loss": (0.0, 1.0),
 }
