@@ -7,7 +7,8 @@ each server a speed factor drawn log-uniformly from LO-HI, from a stream of its 
 same racks, workloads, loads and delays are drawn as without it; ``--window`` sets every
 server's policy window, default the runtime's 100 µs (which shortens to 5 task times where
 tasks are shorter than 20 µs, as in ``malcolm sim``; another ``--window`` is fixed), and
-``--phase`` the windows' phases, default random) and
+``--phase`` the windows' phases, default random; ``--sched ps`` serves the tasks inside each
+server by processor sharing, round robin with ``--quantum`` or ideal at 0) and
 simulates each with every policy of ``POLICIES``: default Malcolm, the same Malcolm frozen at
 its initial policy (``learn=0``), JSQ, JBT, client power-of-2, and the ideal centralized FCFS
 (a reference, not deployable). It reports, per policy,
@@ -124,7 +125,8 @@ def _run(job):
     r = simulate(rack=sc["rack"], policy=spec, workload=sc["workload"], load=sc["load"],
                  tasks=sc["tasks"], seed=seed, delay_us=sc["delay_us"], warmup=0.3,
                  window_us=sc.get("window_us", g.SIM_WINDOW_US), phase=sc.get("phase", "random"),
-                 window_tasks=sc.get("window_tasks", WINDOW_TASKS))
+                 window_tasks=sc.get("window_tasks", WINDOW_TASKS),
+                 sched=sc.get("sched", "fcfs"), quantum_us=sc.get("quantum_us", 0.0))
     return dict(id=sc["id"], policy=label, p50_us=r.p50_us, p99_us=r.p99_us,
                 mean_us=r.mean_us, migrations=r.migrations, generated=r.generated,
                 wall_s=time.time() - t0)
@@ -175,7 +177,8 @@ def main(argv=None):
     ap = g.parser(__doc__, """
         python3 bench/sweep.py --quick
         python3 bench/sweep.py --tasks-mult 2 --hetero-seeds 3 --outdir docs/figures
-        python3 bench/sweep.py --quick --procs 1 --json -""")
+        python3 bench/sweep.py --quick --procs 1 --json -
+        python3 bench/sweep.py --sched ps --quantum 5us --tasks-mult 0.25""")
     ap.add_argument("--scenarios", type=int, default=60, help="scenarios to draw (default 60)")
     ap.add_argument("--seed", type=int, default=2026, help="draws the scenarios (fixed)")
     ap.add_argument("--sim-seed", type=int, default=1, help="seed of every simulation")
@@ -205,6 +208,12 @@ def main(argv=None):
                     help="give each server a speed factor drawn log-uniformly from LO-HI "
                          "(e.g. 0.25,4; default: every server at speed 1)")
     g.add_window_phase(ap)
+    ap.add_argument("--sched", choices=("fcfs", "ps"), default="fcfs",
+                    help="scheduling inside every server (default fcfs; ps: processor "
+                         "sharing, the ideal cFCFS reference staying FCFS)")
+    ap.add_argument("--quantum", type=g.duration("us"), default=0.0, metavar="DURATION",
+                    help="with --sched ps: the round-robin quantum (bare number: µs; default "
+                         "0, ideal processor sharing)")
     ap.add_argument("--hetero-seeds", type=int, default=1,
                     help="simulation seeds for Malcolm and frozen on heterogeneous racks; the "
                          "learnt-vs-frozen comparison uses the median p99 over them")
@@ -218,6 +227,8 @@ def main(argv=None):
                  "with 0 <= LO <= HI")
     if not a.name or os.sep in a.name or a.name.startswith("."):
         ap.error(f"--name must be a plain file stem, got {a.name!r}")
+    if a.quantum and a.sched != "ps":
+        ap.error("--quantum needs --sched ps")
     if a.speeds is not None and (len(a.speeds) != 2 or not 0.01 <= a.speeds[0] <= a.speeds[1]
                                  <= 100):
         ap.error("--speeds needs LO,HI with 0.01 <= LO <= HI <= 100")
@@ -230,6 +241,7 @@ def main(argv=None):
         # windows follow the task times as in `malcolm sim` (drv_window_ns)
         sc["window_tasks"] = WINDOW_TASKS if a.window == g.SIM_WINDOW_US else 0.0
         sc["phase"] = a.phase
+        sc["sched"], sc["quantum_us"] = a.sched, a.quantum
     extra = a.malcolm.strip().strip(",")
     pols = [(label, (spec + ("," if ":" in spec else ":") + extra)
              if extra and spec.startswith("malcolm") else spec) for label, spec in POLICIES]
@@ -287,6 +299,9 @@ def write_outputs(a, scen, res, wall):
         ranges += f", window {a.window:g} µs"
     if a.phase != "random":
         ranges += f", {a.phase} window phases"
+    if a.sched == "ps":
+        ranges += (f", processor sharing (quantum {a.quantum:g} µs)" if a.quantum else
+                   ", ideal processor sharing")
     if a.speeds is not None:
         ranges += f", server speeds {a.speeds[0]:g}-{a.speeds[1]:g}"
     lines = [f"Sweep: {len(scen)} scenarios from seed {a.seed}{ranges}, simulation seed "
