@@ -98,18 +98,23 @@ def test_learnt_vs_frozen_counts_exact_ties_apart():
     in the share of racks where learning is not higher (the reading of ties as not lost)."""
     scen = [dict(id=i, skew=2.0) for i in range(4)]
     p99 = {0: (90.0, 100.0), 1: (100.0, 100.0), 2: (100.05, 100.0), 3: (110.0, 100.0)}
+    # the mean latency beside it: lower on racks 1 and 3 only, so once among the two ties
+    mean = {0: (50.0, 50.0), 1: (49.0, 50.0), 2: (50.0, 50.0), 3: (49.0, 50.0)}
     res = {}
     for i, (learnt, frozen) in p99.items():
         for label, _ in sweep.POLICIES:
             v = learnt if label == "malcolm" else frozen if label == "frozen" else 200.0
-            res[(i, label)] = {"p99_us": v}
+            m = mean[i][0] if label == "malcolm" else mean[i][1]
+            res[(i, label)] = {"p99_us": v, "mean_us": m}
     lf = sweep.summarize(scen, res)["learn_vs_frozen"]
     assert lf["wins"] == 0.25 and lf["exact"] == 1 and lf["ties"] == 2
     assert lf["not_higher"] == 0.5 and lf["worst_ratio"] == 1.1
+    assert lf["mean_lower"] == 2 and lf["ties_mean_lower"] == 1
 
 
 def test_window_reaches_every_simulation(monkeypatch):
-    """--window and --phase reach every run (the defaults: the runtime's 100 µs, random)."""
+    """--window, --phase, --sched and --quantum reach every run (the defaults: the runtime's
+    100 µs, random, FCFS)."""
     import malcolm.sim
 
     seen = []
@@ -119,14 +124,22 @@ def test_window_reaches_every_simulation(monkeypatch):
         migrations = generated = 1
 
     def fake(**kw):
-        seen.append((kw["window_us"], kw["phase"]))
+        seen.append((kw["window_us"], kw["phase"], kw["sched"], kw["quantum_us"]))
         return R()
 
     monkeypatch.setattr(malcolm.sim, "simulate", fake)
     sc = sweep.draw_scenarios(1, 2026)[0]
     sweep._run((sc, "malcolm", "malcolm", 1))
-    sweep._run((dict(sc, window_us=500.0, phase="aligned"), "malcolm", "malcolm", 1))
-    assert seen == [(100.0, "random"), (500.0, "aligned")] and sweep.g.SIM_WINDOW_US == 100.0
+    sweep._run((dict(sc, window_us=500.0, phase="aligned", sched="ps", quantum_us=5.0),
+                "malcolm", "malcolm", 1))
+    assert seen == [(100.0, "random", "fcfs", 0.0), (500.0, "aligned", "ps", 5.0)]
+    assert sweep.g.SIM_WINDOW_US == 100.0
+
+
+def test_quantum_needs_processor_sharing(capsys):
+    with pytest.raises(SystemExit) as e:
+        sweep.main(["--quantum", "5us"])
+    assert e.value.code == 2 and "--quantum needs --sched ps" in capsys.readouterr().err
 
 
 def test_window_must_be_positive(capsys):
