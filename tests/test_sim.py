@@ -712,3 +712,24 @@ def test_cli_refuses_a_run_larger_than_the_memory_available(monkeypatch):
     res = CliRunner().invoke(main, ["sim", "--tasks", "1000", "--policy", "jsq"])
     assert res.exit_code == 1 and "Traceback" not in res.output
     assert "out of memory simulating jsq exp:50 at load 0.8 with 1000 tasks" in res.stderr
+
+
+def test_summary_is_plain_json_when_the_arguments_are_numpy_scalars():
+    """A seed, ewma, steal timeout or prior given as a numpy scalar reached the summary's
+    config as itself and ``json.dumps(r.summary())`` raised 'Object of type int64 is not
+    JSON serializable'; every value is a plain Python one now."""
+    r = simulate(rack="2x2", load=np.float64(0.5), tasks=np.int64(2000), seed=np.int64(3),
+                 ewma=np.float64(0.05), steal_timeout_us=np.float64(2000.0),
+                 prior_service_us=np.float32(50.0), shares=np.array([1.0, 2.0]),
+                 changes=[dict(t_us=np.float64(10.0), shares=np.array([1.0, 1.0]))])
+
+    def plain(v):
+        if isinstance(v, dict):
+            return all(type(k) is str and plain(x) for k, x in v.items())
+        if isinstance(v, list):
+            return all(plain(x) for x in v)
+        return v is None or type(v) in (bool, int, float, str)
+
+    s = r.summary()
+    assert plain(s), s
+    assert json.loads(json.dumps(s, allow_nan=False))["config"]["seed"] == 3

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import inspect
 import math
-import numbers
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from malcolm._units import ascii_number
 from malcolm.policy import registry
 from malcolm.policy.defaults import (
     EST_ALPHA,
@@ -22,6 +20,7 @@ from malcolm.policy.defaults import (
     WINDOW_SHRINK,
     WINDOW_TASKS,
 )
+from malcolm.sim._args import _json_safe, _number, _shares, _whole
 from malcolm.sim.rack import MAX_SPEED, MIN_SPEED, Rack, parse_rack_spec
 from malcolm.workloads import MAX_TIME_US, MIN_TIME_US, Workload, parse_workload
 
@@ -45,17 +44,6 @@ class RackChange:
     shares: tuple | None = None
     server: int | None = None
     speed: float | None = None
-
-
-def _json_safe(v):
-    """NaN and infinities are not JSON: report them as null."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, list):
-        return [_json_safe(x) for x in v]
-    if isinstance(v, dict):
-        return {k: _json_safe(x) for k, x in v.items()}
-    return v
 
 
 @dataclass
@@ -124,7 +112,7 @@ class SimResult:
                 "throughput_note", "offered_work_ratio", "policy_stats")
         out = {k: _json_safe(getattr(self, k)) for k in keys}
         out["events_per_s"] = _json_safe(self.events_per_s)
-        out["config"] = self.config
+        out["config"] = _json_safe(self.config)
         return out
 
     def quantile_us(self, q: float) -> float:
@@ -144,52 +132,6 @@ def _phases(mode, n, window_ns, seed):
         return [s * window_ns / n for s in range(n)]
     rng = np.random.default_rng([seed, 0x9A5E])             # "random" (_plan checked it)
     return list(rng.uniform(0, window_ns, n))
-
-
-def _shares(shares, n):
-    if shares is None:
-        return [1.0] * n
-    if isinstance(shares, str):
-        try:
-            shares = [ascii_number(x) for x in shares.split(",")]
-        except ValueError:
-            raise ValueError(f"shares {shares!r} must be comma-separated numbers") from None
-    if not isinstance(shares, (Sequence, np.ndarray)):
-        raise TypeError(f"shares must be a sequence of numbers, got {shares!r}")
-    shares = [_number("each share", x) for x in shares]
-    if len(shares) != n:
-        raise ValueError(f"shares: need one per server ({n}), got {len(shares)}")
-    if any(not math.isfinite(x) or x < 0 for x in shares) or sum(shares) <= 0:
-        raise ValueError("shares must be non-negative with a positive sum")
-    return shares
-
-
-def _number(label, v, optional=False):
-    """``v`` as a float, or None where ``optional``. A bool or a string is no number: True
-    ran as a load of 1 and "0.1" failed deep inside the run (the CLI converts its strings
-    itself, reading ASCII digits only)."""
-    if v is None and optional:
-        return None
-    if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        raise TypeError(f"{label} must be a number, got {v!r} ({type(v).__name__})")
-    try:
-        return float(v)
-    except OverflowError:           # an int beyond a float: beyond every range as well
-        return math.inf if v > 0 else -math.inf
-
-
-def _whole(label, v, lo, hi, optional=False, unit=""):
-    """``v`` as an int within ``lo``-``hi`` (``unit`` ends the message), or None where
-    ``optional``: a whole number (2.0 is 2; 1.5 ran one task and "100" a hundred)."""
-    if v is None and optional:
-        return None
-    x = _number(label, v)
-    if not isinstance(v, numbers.Integral) and not x.is_integer():
-        raise ValueError(f"{label} must be a whole number, got {v!r}")
-    n = int(v) if isinstance(v, numbers.Integral) else int(x)
-    if not lo <= n <= hi:
-        raise ValueError(f"{label} must be within {lo}-{hi}{unit}, got {n}")
-    return n
 
 
 def _check_time(label, us):
