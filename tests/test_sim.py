@@ -301,6 +301,14 @@ def test_bad_strings_give_clear_errors():
     (dict(changes="x"), TypeError, "changes must be a list"),       # AttributeError
     (dict(changes=[5]), TypeError, "a change must be a RackChange"),
     (dict(changes=[dict(t_us=1, lod=0.5)]), TypeError, "its fields are"),
+    # the unknown field is named (RackChange(**d) said only 'unexpected keyword argument')
+    (dict(changes=[dict(t_us=1, load=0.5, sever=0)]), TypeError,
+     "unknown field 'sever'; its fields are t_us"),
+    # a server with a rack-wide change was ignored silently: the change hit every server
+    (dict(changes=[dict(t_us=1, load=0.5, server=0)]), ValueError,
+     "server is only for a speed change"),
+    (dict(changes=[RackChange(t_us=1, shares=(1, 1), server=1)]), ValueError,
+     "server is only for a speed change"),
     (dict(changes=[RackChange(t_us="5", load=0.5)]), TypeError, "t_us must be a number"),
     (dict(changes=[RackChange(t_us=5, load=True)]), TypeError, "load must be a number"),
     (dict(changes=[RackChange(t_us=5, server=0, speed="2")]), TypeError,

@@ -571,19 +571,26 @@ def _changes(changes, n, capacity, tasks):
     at that rate within :data:`MAX_SIM_NS`, at most :data:`MAX_LOAD`)."""
     from malcolm.sim._engine import CH_RATE, CH_SHARES, CH_SPEED
 
-    ch = []
+    ch, accepted = [], "t_us (required) and one of load, rate_tps, shares, speed (with server)"
     for c in changes:
         if isinstance(c, Mapping):
+            # named, not RackChange(**c)'s bare TypeError ('unexpected keyword argument')
+            unknown = [k for k in c if k not in RackChange.__dataclass_fields__]
+            if unknown:
+                raise TypeError(f"change {dict(c)!r}: unknown field {unknown[0]!r}; its fields "
+                                f"are {accepted}")
             try:
                 c = RackChange(**c)
             except TypeError:
-                raise TypeError(f"change {dict(c)!r}: its fields are t_us (required) and one "
-                                "of load, rate_tps, shares, speed (with server)") from None
+                raise TypeError(f"change {dict(c)!r}: its fields are {accepted}") from None
         elif not isinstance(c, RackChange):
             raise TypeError(f"a change must be a RackChange or a dict of its fields, got {c!r}")
         set_ = [x for x in ("load", "rate_tps", "shares", "speed") if getattr(c, x) is not None]
         if len(set_) != 1:
             raise ValueError(f"change {c}: give exactly one of load, rate_tps, shares, speed")
+        if c.server is not None and c.speed is None:    # it was ignored: the change was rack-wide
+            raise ValueError(f"change {c}: server is only for a speed change (the server whose "
+                             f"speed changes); a {set_[0]} change is rack-wide")
         t = _number(f"change {c}: t_us", c.t_us) * 1e3
         if not 0 <= t <= MAX_SIM_NS:
             raise ValueError(f"change {c}: t_us must be within 0-{MAX_SIM_NS * 1e-3:g}")
