@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 from dataclasses import dataclass, field
 
@@ -89,6 +90,44 @@ MAX_SIGMA = 3.0
 MAX_WEIGHT = 1e9
 
 
+def _check_number(v, what, where, positive=True, hi=MAX_TIME_US, shown=None):
+    """One number of a workload, the parser's or a hand-built :class:`Component`'s: finite,
+    > 0 (>= 0 with ``positive=False``) and at most ``hi``; a positive time is also at least
+    :data:`MIN_TIME_US`. ``where`` starts the message, ``shown`` is the number as written
+    (default ``v``). Returns ``v`` as a float."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise TypeError(f"{where}: {what} must be a number, got {v!r}")
+    shown = f"{v:g}" if shown is None else shown
+    if not math.isfinite(v) or (v <= 0 if positive else v < 0):
+        raise ValueError(f"{where}: {what} must be {'> 0' if positive else '>= 0'}, got {shown}")
+    if v > hi:
+        unit = " µs (1 s)" if hi == MAX_TIME_US else ""
+        raise ValueError(f"{where}: {what} must be at most {hi:g}{unit}, got {shown}")
+    if positive and hi == MAX_TIME_US and v < MIN_TIME_US:
+        raise ValueError(f"{where}: {what} must be at least {MIN_TIME_US:g} µs "
+                         f"(1 ns, the clock's resolution), got {shown}")
+    return float(v)
+
+
+#: What each distribution's parameters are called in messages.
+_PARAM_NAMES = {"const": ("value",), "exp": ("mean",), "uniform": ("uniform low", "uniform high"),
+                "lognormal": ("mean", "sigma"), "empirical": ("mean",)}
+
+
+def _check_dist(kind, a, b, where, shown=(None, None)):
+    """A distribution's parameters (``shown``: as written), by :func:`_check_number`."""
+    names = _PARAM_NAMES[kind]
+    if kind == "uniform":
+        lo = _check_number(a, names[0], where, positive=False, shown=shown[0])
+        if _check_number(b, names[1], where, shown=shown[1]) < lo:
+            raise ValueError(f"{where}: uniform needs LO <= HI")
+    elif kind == "lognormal":
+        _check_number(a, names[0], where, shown=shown[0])
+        _check_number(b, names[1], where, positive=False, hi=MAX_SIGMA, shown=shown[1])
+    else:
+        _check_number(a, names[0], where, shown=shown[0])
+
+
 @dataclass(frozen=True)
 class Component:
     """One task type: drawn with probability ``weight``, service time from ``kind``.
@@ -106,6 +145,12 @@ class Component:
         Empirical only: ``EMP_QUANTILES`` quantiles (µs) at probabilities k / (EMP_QUANTILES
         - 1), smallest to largest sample; service times are drawn from the inverse CDF,
         linear between them.
+
+    Raises
+    ------
+    ValueError
+        For a parameter outside the workload parser's limits (module docstring), named;
+        TypeError for one that is not a number.
     """
 
     weight: float
@@ -113,6 +158,24 @@ class Component:
     a: float
     b: float = 0.0
     table: tuple | None = field(default=None, repr=False)
+
+    def __post_init__(self):
+        # a hand-built one is held to the parser's limits (a negative or NaN mean, a zero
+        # weight ran, or made every weight NaN); same function, same messages
+        where = f"workload component {self.kind!r}"
+        if self.kind not in KINDS:
+            raise ValueError(f"{where}: unknown distribution (choose from {', '.join(KINDS)})")
+        _check_number(self.weight, "weight", where, hi=MAX_WEIGHT)
+        _check_dist(self.kind, self.a, self.b, where)
+        if self.kind == "empirical":
+            try:
+                q = np.asarray(self.table, dtype=float)
+            except (TypeError, ValueError):
+                q = np.empty(0)
+            if (q.shape != (EMP_QUANTILES,) or not np.all(np.isfinite(q)) or q[0] < 0
+                    or q[-1] > MAX_TIME_US or np.any(np.diff(q) < 0)):
+                raise ValueError(f"{where}: table must be {EMP_QUANTILES} rising quantiles "
+                                 f"within 0-{MAX_TIME_US:g} µs")
 
     @property
     def mean_us(self) -> float:
@@ -149,10 +212,38 @@ class Component:
 
 @dataclass(frozen=True)
 class Workload:
-    """A mixture of task types. Build one with :func:`parse_workload`."""
+    """A mixture of task types. Build one with :func:`parse_workload`.
+
+    Parameters
+    ----------
+    name : str
+        The workload's name in reports.
+    components : tuple of Component
+        1 to :data:`MAX_COMPONENTS` task types (each checked as the parser checks it).
+
+    Raises
+    ------
+    ValueError
+        For no components or too many; TypeError for a name or components of another type.
+    """
 
     name: str
     components: tuple[Component, ...]
+
+    def __post_init__(self):
+        # the parser's limits for a hand-built one too (no components: NaN weights)
+        if not isinstance(self.name, str):
+            raise TypeError(f"workload name must be a string, got {self.name!r}")
+        comps = self.components
+        if isinstance(comps, list):
+            object.__setattr__(self, "components", comps := tuple(comps))
+        if not isinstance(comps, tuple) or not all(isinstance(c, Component) for c in comps):
+            raise TypeError(f"workload {self.name!r}: components must be a tuple of "
+                            f"Component, got {comps!r}")
+        if not comps:
+            raise ValueError(f"workload {self.name!r}: needs at least one component")
+        if len(comps) > MAX_COMPONENTS:
+            raise ValueError(f"workload {self.name!r}: at most {MAX_COMPONENTS} components")
 
     @classmethod
     def empirical(cls, samples_us, name: str = "empirical") -> Workload:
@@ -371,23 +462,17 @@ def _read_samples(path, spec):
     return vals
 
 
-def _num(text, what, spec, positive=True, hi=MAX_TIME_US):
-    """A number from a workload spec: finite, > 0 (>= 0 with ``positive=False``) and at most
-    ``hi``; a positive time is also at least :data:`MIN_TIME_US`."""
+def _parse_number(text, what, spec):
     try:
-        v = ascii_number(text)
+        return ascii_number(text)
     except ValueError:
         raise ValueError(f"workload {spec!r}: {what} {text!r} is not a number") from None
-    if not math.isfinite(v) or (v <= 0 if positive else v < 0):
-        raise ValueError(f"workload {spec!r}: {what} must be {'> 0' if positive else '>= 0'}"
-                         f", got {text}")
-    if v > hi:
-        unit = " µs (1 s)" if hi == MAX_TIME_US else ""
-        raise ValueError(f"workload {spec!r}: {what} must be at most {hi:g}{unit}, got {text}")
-    if positive and hi == MAX_TIME_US and v < MIN_TIME_US:
-        raise ValueError(f"workload {spec!r}: {what} must be at least {MIN_TIME_US:g} µs "
-                         f"(1 ns, the clock's resolution), got {text}")
-    return v
+
+
+def _num(text, what, spec, **limits):
+    """A number from a workload spec, within :func:`_check_number`'s ``limits``."""
+    v = _parse_number(text, what, spec)
+    return _check_number(v, what, f"workload {spec!r}", shown=text, **limits)
 
 
 def _parse_dist(fields, spec):
@@ -398,18 +483,11 @@ def _parse_dist(fields, spec):
     if len(args) != DIST_PARAMS[kind]:
         raise ValueError(f"workload {spec!r}: {kind} takes {DIST_PARAMS[kind]} parameter(s), "
                          f"got {len(args)}")
-    if kind == "uniform":
-        lo = _num(args[0], "uniform low", spec, positive=False)
-        hi = _num(args[1], "uniform high", spec)
-        if hi < lo:
-            raise ValueError(f"workload {spec!r}: uniform needs LO <= HI")
-        if hi == 0:
-            raise ValueError(f"workload {spec!r}: uniform needs HI > 0")
-        return Component(1.0, kind, lo, hi)
-    if kind == "lognormal":
-        return Component(1.0, kind, _num(args[0], "mean", spec),
-                         _num(args[1], "sigma", spec, positive=False, hi=MAX_SIGMA))
-    return Component(1.0, kind, _num(args[0], "mean" if kind == "exp" else "value", spec))
+    vals = [_parse_number(t, what, spec) for t, what in zip(args, _PARAM_NAMES[kind],
+                                                              strict=True)]
+    pad = 2 - len(args)
+    _check_dist(kind, *vals, *[0.0] * pad, f"workload {spec!r}", shown=(*args, *[None] * pad))
+    return Component(1.0, kind, *vals)
 
 
 def parse_workload(spec: str | Workload) -> Workload:

@@ -1,9 +1,11 @@
 """Workload names, the mixture syntax and the native sampler."""
 
+import math
+
 import numpy as np
 import pytest
 
-from malcolm.workloads import NAMED, parse_workload
+from malcolm.workloads import NAMED, Component, Workload, parse_workload
 
 MEANS = {"exp:50": 50.0, "bimodal": 95.0, "hyperexp1": 275.0, "hyperexp2": 387.5,
          "rocksdb1": 37.0, "rocksdb2": 65.0, "fig2.1a": 20.0, "fig2.1b": 39.0,
@@ -109,6 +111,49 @@ def test_same_seed_same_draws():
 def test_bad_workloads(bad, msg):
     with pytest.raises(ValueError, match=msg):
         parse_workload(bad)
+
+
+@pytest.mark.parametrize("spec,args", [
+    ("exp:-5", (1, "exp", -5.0)), ("mix:0:exp:3", (0, "exp", 3.0)),
+    ("exp:nan", (1, "exp", math.nan)), ("exp:inf", (1, "exp", math.inf)),
+    ("const:2e6", (1, "const", 2e6)), ("exp:1e-9", (1, "exp", 1e-9)),
+    ("uniform:5:2", (1, "uniform", 5.0, 2.0)), ("uniform:-1:2", (1, "uniform", -1.0, 2.0)),
+    ("lognormal:30:9", (1, "lognormal", 30.0, 9.0)), ("mix:1e10:exp:3", (1e10, "exp", 3.0)),
+])
+def test_a_hand_built_workload_has_the_parsers_limits(spec, args):
+    """A Workload or Component built by hand skipped the parser's checks: a negative, NaN or
+    infinite mean, a zero weight (every weight NaN) or a sigma of 9 ran. The constructor
+    refuses each with the parser's own words (one check function for both); only where
+    the message starts and how the number is written differ."""
+    with pytest.raises(ValueError) as parsed:
+        parse_workload(spec)
+    with pytest.raises(ValueError) as built:
+        Workload("hand", (Component(*args),))
+    assert str(parsed.value).startswith(f"workload {spec!r}: ")
+    assert str(built.value).startswith(f"workload component {args[1]!r}: ")
+    words = [str(e.value).split(": ", 1)[1].split(", got")[0] for e in (parsed, built)]
+    assert words[0] == words[1]
+
+
+@pytest.mark.parametrize("make,exc,msg", [
+    (lambda: Component(1, "exp", "50"), TypeError, "mean must be a number"),
+    (lambda: Component(True, "exp", 50), TypeError, "weight must be a number"),
+    (lambda: Component(1, "gauss", 50), ValueError, "unknown distribution"),
+    (lambda: Component(1, "empirical", 50), ValueError, "2048 rising quantiles"),
+    (lambda: Workload("w", ()), ValueError, "at least one component"),
+    (lambda: Workload("w", (Component(1, "exp", 5),) * 17), ValueError, "at most 16"),
+    (lambda: Workload("w", ("exp:5",)), TypeError, "tuple of Component"),
+    (lambda: Workload(5, (Component(1, "exp", 5),)), TypeError, "name must be a string"),
+])
+def test_a_hand_built_workload_is_refused_with_one_clear_line(make, exc, msg):
+    with pytest.raises(exc, match=msg):
+        make()
+
+
+def test_a_hand_built_workload_within_the_limits_still_builds():
+    w = Workload("hand", [Component(3, "exp", 50.0), Component(1, "uniform", 0.0, 10.0)])
+    assert isinstance(w.components, tuple) and w.mean_us == pytest.approx(38.75)
+    assert Workload.empirical([1.0, 2.0, 3.0]).mean_us == pytest.approx(2.0)
 
 
 @pytest.mark.parametrize("alone,mixed", [

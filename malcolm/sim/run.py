@@ -415,7 +415,8 @@ def _plan(a: dict) -> _Plan:
             for key in a["policy_params"]:
                 registry.check_free_key(f"{a['policy']} with policy_params", name, key)
     info = registry.POLICIES[name]
-    # a Workload built by hand skips the parser's ranges (a Rack checks its speeds itself)
+    # each component's times are in range (Component checks them), not always the mean's
+    # (uniform:0:0.001 is 0.5 ns)
     if not MIN_TIME_US <= wl.mean_us <= MAX_TIME_US:
         raise ValueError(f"workload {wl.name!r}: mean service time {wl.mean_us:g} µs, must be "
                          f"within {MIN_TIME_US:g}-{MAX_TIME_US:g}")
