@@ -219,6 +219,37 @@ def test_gen_writes_toml_for_any_name_and_refuses_odd_hosts(tmp_path):
     _one_line(_gen("--hosts", "h" * 254), "at most 253")
 
 
+def test_rack_check_warns_of_host_names_that_do_not_resolve_here(tmp_path):
+    """rack gen writes the compute nodes' names as they are (each server resolves its own),
+    but rack check refused such a rack on a login node that does not know them ('cannot
+    resolve'). Now a warning line, exit status 0; a malformed name, a name used twice on one
+    port and port 0 stay errors; serve, which must resolve its name, still refuses it."""
+    out = tmp_path / "g.toml"
+    res = _gen("--hosts", "node-a.invalid,node-b.invalid,node-a.invalid", "-o", str(out))
+    assert res.exit_code == 0 and "do(es) not resolve here" in res.stderr, res.output
+    res = CliRunner().invoke(main, ["rack", "check", "--rack", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "server 2: node-a.invalid:7002" in res.stdout
+    warn = res.stderr.splitlines()
+    assert warn == ["rack check: warning: node-a.invalid, node-b.invalid do not resolve here; "
+                    "each server resolves its own name at start (serve stops if its node "
+                    "cannot)"], res.stderr
+    assert load_rack(str(out), resolve=False).unresolved == ["node-a.invalid", "node-b.invalid"]
+    with pytest.raises(ConfigError, match="cannot resolve 'node-a.invalid'"):
+        load_rack(str(out))                     # serve's, loadgen's, rack up's: resolved
+    for addrs, word in ((["bad host!:7001"], "a host name is at most 253 ASCII letters"),
+                        (["node1:2:7001"], "only allowed in an IPv6 address"),
+                        (["n.invalid:7001", "N.INVALID:7001"], "used twice"),
+                        (["n.invalid:0"], "port 0")):
+        p = tmp_path / "bad.toml"
+        p.write_text("".join(f'[[server]]\naddress = "{a}"\n' for a in addrs))
+        _one_line(CliRunner().invoke(main, ["rack", "check", "--rack", str(p)]), word)
+    # a rack whose names all resolve prints no warning
+    res = CliRunner().invoke(main, ["rack", "check", "--rack", str(_written(tmp_path, "--hosts",
+                                                                           "localhost").path)])
+    assert res.exit_code == 0 and res.stderr == "", res.output
+
+
 @pytest.mark.parametrize("value", ["0", "-1", "abc", "²", "1000"])
 def test_a_broken_slurm_tasks_per_node_is_one_line(value, monkeypatch):
     """SLURM_NTASKS_PER_NODE=0 gave a KeyError traceback (a rack of no servers), and -1 or

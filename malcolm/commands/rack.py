@@ -59,12 +59,16 @@ Examples:
 def check(rack_pos, rack_opt):
     """Validate a rack file with every check malcolm serve makes and print what it describes.
 
-    Only what depends on the moment (an address already in use) is left to serve.
+    Only what depends on the moment (an address already in use) or on the node is left to
+    serve: a host name that does not resolve here is a warning, as each server resolves its
+    own. Exit status 0: valid (warnings or not); 1: invalid, with the reason.
     """
     rack_path = _rack_file(click.get_current_context(), rack_pos, rack_opt)
     from malcolm.runtime.config import ConfigError, check_rack, key_path, load_rack
     try:
-        cfg = load_rack(rack_path)
+        # a login node may not know the compute nodes' names: rack gen writes them as they
+        # are, and refusing them here refused every rack it wrote for such a cluster
+        cfg = load_rack(rack_path, resolve=False)
         checked = check_rack(cfg)
     except ConfigError as e:
         raise click.ClickException(str(e)) from None
@@ -81,6 +85,11 @@ def check(rack_pos, rack_opt):
     for s in cfg.servers:
         click.echo(f"  server {s.index}: {s.address}  {s.workers} worker"
                    f"{'s' * (s.workers != 1)}  {s.handler}")
+    if cfg.unresolved:
+        names = cfg.unresolved
+        click.echo(f"rack check: warning: {', '.join(names[:4])}{' ...' * (len(names) > 4)} "
+                   f"do{'es' * (len(names) == 1)} not resolve here; each server resolves its "
+                   "own name at start (serve stops if its node cannot)", err=True)
 
 
 @rack.command(epilog="""

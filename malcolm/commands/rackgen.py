@@ -32,7 +32,6 @@ except ModuleNotFoundError:     # Python 3.10
     import tomli as tomllib
 
 _BRACKET = re.compile(r"\[([^\[\]]*)\]")
-_HOST_NAME = re.compile(r"[A-Za-z0-9_.-]{1,253}")
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
@@ -253,24 +252,6 @@ def _rack_key(key_file: str | None, output: str) -> str:
     return f"keyed with a new 32-byte key in {shown(path)} (mode 0600)"
 
 
-def _check_host(host: str) -> None:
-    """Refuse a host name no server could resolve: control characters, a ':' outside an
-    IPv6 address (``node1:2`` is a hostfile's slot count, not a host), or anything but
-    ASCII letters, digits, '-', '.' and '_' (``h"1`` or a hostfile's ``node[01-09]`` were
-    written, and every server then failed to resolve its own name)."""
-    if not host or any(ord(c) < 32 or ord(c) == 127 for c in host):
-        raise ValueError(f"host {host!r} is empty or holds control characters")
-    if ":" in host:
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise ValueError(f"host {host!r}: a ':' is only allowed in an IPv6 address "
-                             "(give slots with --per-host or a hostfile)") from None
-    elif not _HOST_NAME.fullmatch(host):
-        raise ValueError(f"host {host!r}: a host name is at most 253 ASCII letters, digits, "
-                         "'-', '.' and '_'")
-
-
 # Handlers that name something on the servers' nodes (a database, a library, a module): gen
 # checks only their form, as a login node may not have it; each server opens its own at start.
 _HANDLER_FORMS = {"so": r"(.+?):([A-Za-z_][A-Za-z0-9_]*)(?:@(.*))?",
@@ -423,7 +404,7 @@ def gen(from_slurm, hostfile, hosts, per_host, transport, port, workers, handler
     mpirun scripts. A host listed more than once gets its further servers on its next
     ports, so no two servers share an address.
     """
-    from malcolm.runtime.config import ConfigError, parse_rack
+    from malcolm.runtime.config import ConfigError, check_host_name, parse_rack
     if handler is not None and not handler.strip():
         raise click.BadParameter("is empty (see malcolm list handlers)", param_hint="--handler")
     given = sum(bool(x) for x in (from_slurm, hostfile, hosts))
@@ -450,7 +431,7 @@ def gen(from_slurm, hostfile, hosts, per_host, transport, port, workers, handler
             default_per = int(env_per)
         counts = [(h + host_suffix, per_host or slots or default_per) for h, slots in entries]
         for h, _ in counts:
-            _check_host(h)
+            check_host_name(h)
         if resolve:
             counts = [(_resolve(h), c) for h, c in counts]
         total = sum(c for _, c in counts)

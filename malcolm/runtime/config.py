@@ -27,8 +27,10 @@ For ``shm`` the address is the endpoint name (default ``<name>-s<index>``).
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
+import re
 from dataclasses import dataclass, field
 
 try:
@@ -154,6 +156,9 @@ class RackConfig:
     policy_params: dict
     seed: int
     servers: list[ServerConfig] = field(default_factory=list)
+    #: The host names that did not resolve where the file was read, each once (only read
+    #: with ``resolve=False``, as ``rack check`` does; otherwise they are refused).
+    unresolved: list[str] = field(default_factory=list)
 
     @property
     def addresses(self):
@@ -214,9 +219,56 @@ def _policy_value(path, key, value):
                       f"{_toml_kind(value)}")
 
 
-def server_address_key(transport: str, addr) -> tuple:
+_HOST_NAME = re.compile(r"[A-Za-z0-9_.-]{1,253}")
+
+
+def check_host_name(host: str) -> None:
+    """Refuse a host name no server could resolve: control characters, a ':' outside an
+    IPv6 address (``node1:2`` is a hostfile's slot count, not a host), or anything but
+    ASCII letters, digits, '-', '.' and '_' (``h"1`` or a hostfile's ``node[01-09]`` were
+    written, and every server then failed to resolve its own name). ``rack gen`` checks
+    its hosts with it, and ``rack check`` the names that do not resolve where it runs.
+
+    Raises
+    ------
+    ValueError
+        One line naming the host.
+    """
+    if not host or any(ord(c) < 32 or ord(c) == 127 for c in host):
+        raise ValueError(f"host {host!r} is empty or holds control characters")
+    if ":" in host:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"host {host!r}: a ':' is only allowed in an IPv6 address "
+                             "(give slots with --per-host or a hostfile)") from None
+    elif not _HOST_NAME.fullmatch(host):
+        raise ValueError(f"host {host!r}: a host name is at most 253 ASCII letters, digits, "
+                         "'-', '.' and '_'")
+
+
+def _unresolved_name(transport: str, addr, err: ValueError):
+    """``(host, port)`` of a udp address whose well-formed host name did not resolve here
+    (``err`` is the resolver's refusal), or None for any other refusal. A malformed name is
+    refused (ValueError): no node could resolve it."""
+    from malcolm.net.transport import split_host_port
+    if transport != "udp" or "cannot resolve" not in str(err):
+        return None
+    host, port = split_host_port(addr, "udp")
+    try:
+        ipaddress.ip_address(host)
+        return None                     # an address literal: refused for its own reason
+    except ValueError:
+        pass
+    check_host_name(host)
+    return host, port
+
+
+def server_address_key(transport: str, addr, resolve: bool = True) -> tuple:
     """The key that tells two server addresses of ``transport`` apart, ``addr`` checked as a
     server's: a rack file's ``[[server]]`` and ``loadgen --server`` refuse the same ones.
+    With ``resolve=False`` a udp host name that does not resolve here is keyed by its name
+    (``("?", name, port)``), as verbs' are: the rack may be another cluster's.
 
     Raises
     ------
@@ -229,8 +281,15 @@ def server_address_key(transport: str, addr) -> tuple:
         host, port = split_host_port(addr, "verbs")
         key = (host.lower(), port)
     else:
-        key = addr_bytes(transport, addr)
-        port = key[1]
+        try:
+            key = addr_bytes(transport, addr)
+            port = key[1]
+        except ValueError as e:
+            name = None if resolve else _unresolved_name(transport, addr, e)
+            if name is None:
+                raise
+            key = ("?", name[0].lower(), name[1])
+            port = name[1]
     if transport != "shm" and port == 0:
         raise ValueError(f"address {addr!r} has port 0; a server needs a fixed port (peers "
                          "and clients send to it), 1..65535")
@@ -255,7 +314,7 @@ def check_server_addresses(transport: str, addrs) -> None:
             raise ValueError(f"address {a!r} used twice{also}")
 
 
-def _server_address(cfg, where, i, s):
+def _server_address(cfg, where, i, s, resolve=True):
     """Server ``i``'s address (its ``[[server]]`` table ``s``) and the key that tells two
     addresses apart, or ConfigError."""
     if cfg.transport == "shm" and "address" not in s:
@@ -276,13 +335,17 @@ def _server_address(cfg, where, i, s):
     if "\0" in addr:
         raise ConfigError(f"{where}: address {addr!r} contains NUL")
     try:
-        return addr, server_address_key(cfg.transport, addr)
+        return addr, server_address_key(cfg.transport, addr, resolve)
     except ValueError as e:
         raise ConfigError(f"{where}: {e}") from None
 
 
-def parse_rack(data: dict, path: str = "<rack>") -> RackConfig:
-    """Validate a rack description already loaded from TOML."""
+def parse_rack(data: dict, path: str = "<rack>", resolve: bool = True) -> RackConfig:
+    """Validate a rack description already loaded from TOML.
+
+    With ``resolve=False`` a well-formed udp host name that does not resolve here is listed
+    in the result's ``unresolved`` instead of refused (each server resolves its own name).
+    """
     from malcolm.policy import registry
     rack = data.get("rack", {})
     if not isinstance(rack, dict):
@@ -379,10 +442,12 @@ def parse_rack(data: dict, path: str = "<rack>") -> RackConfig:
         if tr != cfg.transport:
             raise ConfigError(f"{where}: transport {tr!r} differs from the rack's "
                               f"{cfg.transport!r}; all servers of a rack share one transport")
-        addr, key = _server_address(cfg, where, i, s)
+        addr, key = _server_address(cfg, where, i, s, resolve)
         if key in seen:
             raise ConfigError(f"{where}: address {addr!r} used twice")
         seen.add(key)
+        if key[0] == "?" and key[1] not in cfg.unresolved:
+            cfg.unresolved.append(key[1])
         workers = _typed(where, "workers", s.get("workers", vals["workers"]), int)
         if not 0 <= workers <= 1024:
             raise ConfigError(f"{where}: workers must be in 0..1024 (0: the gateway runs "
@@ -400,8 +465,8 @@ def parse_rack(data: dict, path: str = "<rack>") -> RackConfig:
 RACK_FILE_MAX = 64 << 20
 
 
-def load_rack(path: str) -> RackConfig:
-    """Read and validate a rack file.
+def load_rack(path: str, resolve: bool = True) -> RackConfig:
+    """Read and validate a rack file (``resolve``: as :func:`parse_rack`).
 
     Raises
     ------
@@ -428,7 +493,7 @@ def load_rack(path: str) -> RackConfig:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
     except ValueError as e:             # an integer of over 4300 digits (int's str limit)
         raise ConfigError(f"{path}: not valid TOML: {str(e).split(';')[0]}") from None
-    return parse_rack(data, path)
+    return parse_rack(data, path, resolve)
 
 
 KEY_BYTES = 32
