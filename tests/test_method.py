@@ -211,6 +211,32 @@ def test_demo_policy_roles():
     Experiment([1, 1, 1, 1], policies=["po2:d=4"], dilate=50)
 
 
+def test_policy_names_are_case_insensitive_in_every_command_and_keys_are_not(tmp_path):
+    """``demo --policy JSQ`` was refused ('unknown policy') while ``sim --policy JSQ`` ran: the
+    demo compared the name as typed. Every reader takes the name through the registry now,
+    in any case; a parameter key keeps its case (``count_own``, not ``COUNT_OWN``)."""
+    from click.testing import CliRunner
+
+    from malcolm.cli import main
+    from malcolm.policy import registry
+
+    assert registry.spec_name(" Malcolm:learn=0") == "malcolm"
+    assert split_policy("JSQ") == ("jsq", {})
+    assert split_policy("Malcolm:learn=0") == ("malcolm", {"learn": 0})
+    assert method.policy_roles("PO2:d=2") == ("po2", {"name": "jbt", "threshold": 1e9},
+                                              "po2:d=2")
+    Experiment([1, 1], policies=["JSQ", "Malcolm:learn=0", "PO2:d=2", "jBt"], dilate=50)
+    assert registry.parse_policy("JBT:threshold=3")[0] == "jbt"
+    assert registry.make_client_policy("PO2", 4) is not None
+    res = CliRunner().invoke(main, ["rack", "gen", "--hosts", "127.0.0.1", "--policy", "JSQ"])
+    assert res.exit_code == 0 and 'name = "jsq"' in res.stdout, res.output
+    for spec in ("jsq:COUNT_OWN=1", "JSQ:Count_Own=1"):
+        with pytest.raises(ExperimentError, match="has no parameter"):
+            split_policy(spec)
+        with pytest.raises(ValueError, match="has no parameter"):
+            registry.parse_policy(spec)
+
+
 def test_rack_toml_quotes_keys_that_are_not_bare(tmp_path):
     """Defence in depth: a key that is no bare TOML key is quoted, so it stays one key of
     [policy] (it was a statement of its own, or a second [rack] table)."""

@@ -418,8 +418,8 @@ def split_policy(spec):
     ValueError
         Not a demo policy, or ``--policy SPEC: why`` for its parameters.
     """
-    from malcolm.policy.registry import parse_policy
-    base = spec.partition(":")[0]
+    from malcolm.policy.registry import parse_policy, spec_name
+    base = spec_name(spec)              # case-insensitive, as sim's (JSQ was refused)
     if base not in BASE_POLICIES:
         raise ValueError(f"unknown policy {spec!r}; choose from "
                          f"{', '.join(BASE_POLICIES)} (with :key=value parameters)")

@@ -9,7 +9,8 @@ Three kinds of policy:
 ``central``  an idealised centralized scheduler that only the simulator implements
              (``cfcfs``, ``racksched``); they are references, not deployable policies.
 
-A policy spec is ``NAME`` or ``NAME:key=value,key=value``, e.g. ``jbt:threshold=4``.
+A policy spec is ``NAME`` or ``NAME:key=value,key=value``, e.g. ``jbt:threshold=4``. The
+name is case-insensitive (``JBT`` is ``jbt``); the parameter keys are not.
 """
 
 from __future__ import annotations
@@ -100,6 +101,14 @@ POLICIES: dict[str, PolicyInfo] = {
 SERVER_POLICIES = tuple(k for k, v in POLICIES.items() if v.kind == "server")
 CLIENT_POLICIES = tuple(k for k, v in POLICIES.items() if v.kind == "client")
 CENTRAL_POLICIES = tuple(k for k, v in POLICIES.items() if v.kind == "central")
+
+
+def spec_name(spec: str) -> str:
+    """The policy name of a spec ``NAME[:key=value,...]`` as every command reads it: stripped
+    and in lower case (``JSQ`` is ``jsq``; parameter keys keep their case). A command that
+    looks at the name before :func:`parse_policy` reads the spec takes it from here: the
+    demo compared it as typed and refused ``--policy JSQ``, which ``sim`` ran."""
+    return spec.partition(":")[0].strip().lower()
 
 
 def _info(name: str) -> PolicyInfo:
