@@ -146,10 +146,49 @@ def test_registry_builds_every_policy():
     assert registry.make_policy("jbt", 4, 0, threshold="3").threshold == 3.0
 
 
+@pytest.mark.parametrize("args,line", [
+    (["sim", "--policy", "malcolm:bogus=1", "--tasks", "10"],
+     "Error: unknown parameter 'bogus' for malcolm (`malcolm list policies malcolm` lists "
+     "them)"),
+    (["sim", "--policy", "malcolm:gama=0.5", "--tasks", "10"],
+     "Error: unknown parameter 'gama' for malcolm; did you mean 'gamma'? (`malcolm list "
+     "policies malcolm` lists them)"),
+    (["rack", "gen", "--hosts", "127.0.0.1", "--policy", "malcolm:Learn=0"],
+     "Error: --policy: unknown parameter 'Learn' for malcolm; did you mean 'learn'? "
+     "(`malcolm list policies malcolm` lists them)"),
+    (["sim", "--policy", "jbt:threshhold=3", "--tasks", "10"],
+     "Error: unknown parameter 'threshhold' for jbt; did you mean 'threshold'? (accepted: "
+     "threshold, count_own)"),
+])
+def test_an_unknown_policy_parameter_is_one_short_line(args, line):
+    """``--policy malcolm:bogus=1`` printed every one of malcolm's ~50 parameter names in one
+    line ('MalcolmPolicy: unknown parameter(s) ['bogus']; known: [...]'): now the key, the
+    closest name and where the list is; a short list is still given inline."""
+    from click.testing import CliRunner
+
+    from malcolm.cli import main
+
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code != 0
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    assert res.stderr.strip().splitlines()[-1] == line, res.output
+    assert len(line) < 160
+
+
+def test_an_unknown_parameter_is_a_type_error_and_a_value_error():
+    """MalcolmPolicy(bogus=1) is a TypeError, as any unknown keyword argument; every other
+    reader of a spec refuses with ValueError: the one error is both."""
+    with pytest.raises(TypeError, match="unknown parameter 'bogus' for malcolm"):
+        registry.make_policy("malcolm", 4, 0, bogus=1)
+    e = registry.unknown_params_error("p", ["a", "b"], ["x"])
+    assert isinstance(e, ValueError) and str(e) == "unknown parameters 'a', 'b' for p " \
+        "(accepted: x)"
+
+
 def test_registry_errors():
     with pytest.raises(ValueError, match="unknown policy"):
         registry.make_policy("nope", 4, 0)
-    with pytest.raises(ValueError, match="no parameter"):
+    with pytest.raises(ValueError, match="unknown parameter 'bogus' for jsq"):
         registry.make_policy("jsq", 4, 0, bogus=1)
     with pytest.raises(ValueError, match="not a valid float"):
         registry.make_policy("jbt", 4, 0, threshold="abc")

@@ -269,8 +269,8 @@ def test_sim_rack_is_a_rack_file_too(tmp_path):
     (["--policy", "po2:d=1_0"], "is not a valid int"),
     (["--delay", "８"], "is not a duration"),
     # a parameter's name is the user's: quoted, a newline in it cannot forge a line
-    (["--policy", "jsq:x\nFAKE=1"], "no parameter(s) 'x\\nFAKE'"),
-    (["--policy", "jsq:\x1b[31mx=1"], "no parameter(s) '\\x1b[31mx'"),
+    (["--policy", "jsq:x\nFAKE=1"], "unknown parameter 'x\\nFAKE'"),
+    (["--policy", "jsq:\x1b[31mx=1"], "unknown parameter '\\x1b[31mx'"),
     # a parameter given twice: the last one won, silently
     (["--policy", "malcolm:learn=0,learn=1"], "parameter 'learn' given twice"),
     (["--policy", "jbt:threshold=2,threshold=3"], "parameter 'threshold' given twice"),

@@ -210,16 +210,17 @@ def test_demo_killed_leaves_no_servers(sig, tmp_path):
      "--window 1e+06 µs at dilation K=10000 is 1e+10 µs in real time, outside a rack's"),
     (["--window", "0.001"], "give a longer --window or a larger --dilate"),
     (["--dilate", "10000", "--hop-delay", "10000"], "--hop-delay 10000 µs at dilation K=10000"),
-    (["--policy", "malcolm:bogus=1"], "--policy malcolm:bogus=1: MalcolmPolicy: unknown"),
+    (["--policy", "malcolm:bogus=1"], "--policy malcolm:bogus=1: unknown parameter 'bogus' "
+                                      "for malcolm"),
     # a policy's parameters, checked before they become lines of a rack file: these failed
     # in words of that file ("Invalid statement (at line 17, column 2)"), ran the random
     # policy as jsq, named the gateways' jbt for po2's d, or let the last one win
     (["--policy", "malcolm:=1"], "--policy malcolm:=1: parameter '=1' must be key=value"),
     (["--policy", "malcolm:x y=1"], "--policy malcolm:x y=1: 'x y' is not a parameter name"),
     (["--policy", "malcolm:[rack]=1"], "'[rack]' is not a parameter name"),
-    (["--policy", "jsq:name=random"], "--policy jsq:name=random: policy jsq has no "
-                                      "parameter(s) 'name'"),
-    (["--policy", "po2:e=2"], "--policy po2:e=2: policy po2 has no parameter(s) 'e' "
+    (["--policy", "jsq:name=random"], "--policy jsq:name=random: unknown parameter 'name' "
+                                      "for jsq"),
+    (["--policy", "po2:e=2"], "--policy po2:e=2: unknown parameter 'e' for po2 "
                               "(accepted: d)"),
     (["--policy", "po2:d=5", "--workers", "1,1"], "--policy po2:d=5: po2: d must be in 1..2"),
     (["--policy", "malcolm:learn=0,learn=1"], "--policy malcolm:learn=0,learn=1: parameter "

@@ -340,7 +340,7 @@ def test_rack_files_are_validated(tmp_path):
     bad("[policy]\nname='nope'\n[[server]]\naddress='127.0.0.1:1'\n", "not a server policy")
     bad("[policy]\nname='po2'\n[[server]]\naddress='127.0.0.1:1'\n", "not a server policy")
     bad("[policy]\nname='jbt'\nthreshhold=3\n[[server]]\naddress='127.0.0.1:1'\n",
-        "no parameter")
+        "unknown parameter 'threshhold' for jbt; did you mean 'threshold'?")
     bad("[[server]]\naddress='127.0.0.1:1'\n[[server]]\naddress='127.0.0.1:1'\n", "twice")
     bad("[[server]]\naddress='127.0.0.1'\n", "host:port")
     bad("[rack]\n", "at least one")

@@ -279,7 +279,7 @@ def test_bad_strings_give_clear_errors():
         simulate(policy="nope", tasks=10)
     with pytest.raises(ValueError, match="unknown workload"):
         simulate(workload="gauss:3", tasks=10)
-    with pytest.raises(ValueError, match="no parameter"):
+    with pytest.raises(ValueError, match="unknown parameter 'bogus' for jsq"):
         simulate(policy="jsq:bogus=1", tasks=10)
     with pytest.raises(ValueError, match="bad group"):
         simulate(rack="8y8", tasks=10)

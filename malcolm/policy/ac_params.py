@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 
+from malcolm.policy.registry import unknown_params_error
+
 __all__ = ["DEFAULTS", "THESIS", "check_params"]
 
 DEFAULTS = dict(
@@ -107,9 +109,8 @@ def _as_bool(name, v):
 def check_params(params):
     """Validate ``params`` against ``DEFAULTS``; return the full, typed configuration."""
     unknown = sorted(set(params) - set(DEFAULTS))
-    if unknown:
-        raise TypeError(f"MalcolmPolicy: unknown parameter(s) {unknown}; "
-                        f"known: {sorted(DEFAULTS)}")
+    if unknown:     # a TypeError, as for any unknown keyword argument
+        raise unknown_params_error("malcolm", unknown, sorted(DEFAULTS))
     cfg = dict(DEFAULTS)
     cfg.update(params)
 

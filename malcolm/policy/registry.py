@@ -15,6 +15,7 @@ name is case-insensitive (``JBT`` is ``jbt``); the parameter keys are not.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import math
 import re
@@ -117,6 +118,38 @@ def _info(name: str) -> PolicyInfo:
     return POLICIES[name.strip().lower()]
 
 
+class UnknownParameterError(TypeError, ValueError):
+    """A policy parameter that the policy does not take: a TypeError, as for an unknown
+    keyword argument of the class, and a ValueError, as for every other bad spec."""
+
+
+#: Up to this many accepted parameters are listed in the message; more point to the list.
+_LIST_INLINE = 8
+
+
+def unknown_params_error(policy: str, unknown, known) -> UnknownParameterError:
+    """The one-line error for the parameters ``unknown`` that ``policy`` does not take.
+
+    Each is named with repr (a newline or an escape code in a user's key printed bare forged
+    lines of the message), then the closest of ``known`` (:func:`difflib.get_close_matches`,
+    ignoring case: keys are case-sensitive), then the accepted names when there are a few, or
+    where to list them: malcolm's ~50 were printed in one line.
+    """
+    unknown, known = list(unknown), list(known)
+    by_low = {k.lower(): k for k in known}
+    close = dict.fromkeys(by_low[m] for u in unknown
+                          for m in difflib.get_close_matches(str(u).lower(), by_low, n=1))
+    s = "s" if len(unknown) > 1 else ""
+    msg = f"unknown parameter{s} {', '.join(map(repr, unknown))} for {policy}"
+    if close:
+        msg += f"; did you mean {', '.join(map(repr, close))}?"
+    if len(known) <= _LIST_INLINE:
+        msg += f" (accepted: {', '.join(known) or 'none'})"
+    else:
+        msg += f" (`malcolm list policies {policy}` lists them)"
+    return UnknownParameterError(msg)
+
+
 def _convert(info: PolicyInfo, key: str, value):
     typ = info.params[key][0]
     if typ is bool:
@@ -163,11 +196,7 @@ def check_params(name: str, params: dict) -> dict:
         raise ValueError(f"policy {info.name}: parameter names must be strings, got {bad[0]!r}")
     unknown = sorted(set(params) - set(info.params))
     if unknown:
-        accepted = ", ".join(info.params) or "none"
-        # repr: the names are the user's, and a newline or an escape code in one printed
-        # bare forged lines of the message
-        raise ValueError(f"policy {info.name} has no parameter(s) "
-                         f"{', '.join(map(repr, unknown))} (accepted: {accepted})")
+        raise unknown_params_error(info.name, unknown, info.params)
     out = {k: spec[1] for k, spec in info.params.items()}
     for k, v in params.items():
         out[k] = _convert(info, k, v)
@@ -271,6 +300,8 @@ def _load_class(info: PolicyInfo):
 def _construct(info, cls, args, params):
     try:
         return cls(*args, **params)
+    except UnknownParameterError:
+        raise                           # it names the policy already
     except TypeError as e:
         # the class's message names the parameter; ``params`` also holds what the driver
         # adds (window_ns), which the user did not write
