@@ -208,6 +208,10 @@ def test_sim_rack_is_a_rack_file_too(tmp_path):
     assert r.exit_code == 2 and "--window-tasks" in r.output and "Traceback" not in r.output
     r = CliRunner().invoke(main, ["sim", "--rack", str(path), "--servers", "2x2"])
     assert r.exit_code == 2 and "not both" in r.output
+    # the rack of other nodes: host names that resolve only there are simulated here
+    path.write_text(path.read_text().replace("127.0.0.1:7001", "node-a.invalid:7001"))
+    r = CliRunner().invoke(main, ["sim", "--rack", str(path), "--tasks", "2000", "--json"])
+    assert r.exit_code == 0 and json.loads(r.output)["runs"][0]["config"]["rack"] == "2x3,1x1"
 
 
 @pytest.mark.parametrize("args, msg", [

@@ -165,10 +165,11 @@ def plot_p99(results, path, title=None):
 def from_rack_file(path):
     """What a rack file says about the rack to simulate: ``(servers spec, policy spec,
     window_us, window_tasks)``. A server with 0 workers (its gateway runs the tasks) is one
-    worker here."""
+    worker here. The servers' addresses are not used, so their host names need not resolve
+    on this machine (a rack file of other nodes is simulated where it is studied)."""
     from malcolm.runtime.config import ConfigError, load_rack
     try:
-        cfg = load_rack(path)
+        cfg = load_rack(path, resolve=False)
     except ConfigError as e:
         raise click.BadParameter(str(e), param_hint="--rack") from None
     groups = []
