@@ -21,35 +21,77 @@ def _server(**kw):
     return srv, tr.address
 
 
+def _machine_disturbed(rep):
+    """What the machine (not the server's admission) did to a light-load run, from what the
+    run measured: the server's own timing of its 1 ms sleeps, and the generator's lag behind
+    its schedule. Neither depends on the admission state, so a server stuck rejecting or
+    queueing cannot hide behind them. [] when the run got what it asked for."""
+    why = []
+    svc = rep["service_us"]
+    ratio = svc["measured_mean"] / svc["requested_mean"]
+    # 1.02-1.07 on a quiet machine; under steal 1.5-2.6 (the effective load 0.6-1.1, not the
+    # 0.4 offered: the server really is short of capacity, and admission rightly refuses)
+    if not ratio <= 1.15:
+        why.append(f"the handler's sleeps took {ratio:.2f}x the time asked (effective load "
+                   f"{rep.get('effective_load', float('nan')):.2f})")
+    # on a quiet machine the p99 lag is < 0.5 ms; with the cores busy it reached 17 ms: the
+    # generator then sends in bursts, and its latency (measured from the intended send)
+    # carries the lag itself
+    lag = rep["schedule"]["lag_p99_us"]
+    if not lag <= 2000.0:
+        why.append(f"the generator was {lag:.0f} us behind its schedule (p99)")
+    return why
+
+
 def test_overload_is_rejected_with_a_reason_and_recovers_at_once():
     # One worker serving 1 ms tasks: about 1000 tasks/s. Offer twice that for 1.5 s.
     srv, addr = _server(handler="sleep", workers=1, window_us=1000, max_wait_ms=50.0,
                         prior_service_us=1000.0)
-    target = Target("udp", [addr], "--server", key=None)
+    target = Target("udp", [addr], "--server", key=None, workers=1)
+    afters = []
     try:
         over = run_load(LoadSpec(target=target, workload="exp:1000", duration_s=1.5,
                                  warmup_s=0.2, timeout_s=1.0), 2000)
-        after = run_load(LoadSpec(target=target, workload="exp:1000", duration_s=1.0,
-                                  warmup_s=1.0, timeout_s=1.0), 400)
+        # The queue held at most ~50 ms of work, so one second after the overload ends the
+        # server is back to what a lightly loaded one gives: it is not stuck rejecting, and no
+        # task waits behind a backlog. Not "zero rejections" and not the p99: one scheduler
+        # stall of some tens of ms on a shared 2-core runner is measured as service time (the
+        # EWMA shrinks the admitted work) while the tasks behind it pile up, and admission
+        # then rightly turns a few away with a reason (CI saw 10 of 385). A server stuck in
+        # overload rejects most of them; M/M/1 at 0.4 puts p90 near 4 ms.
+        # That holds only if the run was light. With both cores busy (10 runs: 4 failed) the
+        # server measured its 1 ms sleeps at 1.5-2.6 ms (an effective load up to 1.1: 20-49
+        # rejections of ~400 were right) and the generator ran up to 21 ms late (p90 21.7
+        # ms, the lag included). So a run that misses the bounds is repeated only when it
+        # measured such a disturbance; a miss in an undisturbed run fails at once, and the
+        # first run must not reject most tasks whatever the machine did.
+        for _ in range(6):
+            after = run_load(LoadSpec(target=target, workload="exp:1000", duration_s=1.0,
+                                      warmup_s=1.0, timeout_s=1.0), 400)
+            ok = (after["accounted"] and after["timed_out"] == 0
+                  and after["rejected_total"] <= 0.03 * after["sent"]
+                  and after["latency_us"]["p90"] < 20_000)
+            afters.append((after, _machine_disturbed(after)))
+            if ok or not afters[-1][1]:
+                break
     finally:
         rep = srv.stop()
-    assert over["accounted"] and after["accounted"]
+    assert over["accounted"], over
     not_served = over["sent"] - over["completed"]
     assert not_served > 0.25 * over["sent"], over        # it really was overloaded
     rejected = over["rejected"].get("overloaded", 0) + over["rejected"].get("dropped", 0)
     assert over["timed_out"] <= 0.01 * not_served, over
     assert rejected >= 0.99 * not_served, over
     assert rep["overloaded"] >= over["rejected"].get("overloaded", 0) > 0
-    # The queue held at most ~50 ms of work, so one second after the overload ends the
-    # server is back to what a lightly loaded one gives: it is not stuck rejecting, and no
-    # task waits behind a backlog. Not "zero rejections" and not the p99: one scheduler
-    # stall of some tens of ms on a shared 2-core runner is measured as service time (the
-    # EWMA shrinks the admitted work) while the tasks behind it pile up, and admission
-    # then rightly turns a few away with a reason (CI saw 10 of 385). A server stuck in
-    # overload rejects most of them; M/M/1 at 0.4 puts p90 near 4 ms.
-    assert after["timed_out"] == 0, after
-    assert after["rejected_total"] <= 0.03 * after["sent"], after
-    assert after["latency_us"]["p90"] < 20_000, after["latency_us"]
+    first = afters[0][0]
+    assert first["timed_out"] == 0 and first["rejected_total"] < 0.5 * first["sent"], first
+    after = afters[-1][0]
+    tried = [(a["sent"], a["rejected_total"], round(a["latency_us"]["p90"]), why)
+             for a, why in afters]
+    assert after["accounted"], tried
+    assert after["timed_out"] == 0, tried
+    assert after["rejected_total"] <= 0.03 * after["sent"], tried
+    assert after["latency_us"]["p90"] < 20_000, tried
 
 
 def test_the_clients_deadline_turns_overload_into_rejections():
@@ -154,11 +196,15 @@ def test_kill_stop_and_restart_under_load_lose_nothing_unreported(tmp_path):
         # migrates to it like to any other (a forged or restarted heartbeat sequence used
         # to freeze its peers' view of it: 2 tasks in 4 s)
         rep2 = fr.load(1500, 1.5)
+        done_ns = time.monotonic_ns()
         assert check(rep2) == [] and rep2["per_server"]["answered"][2] > 100, rep2
-        time.sleep(1.2)                         # the servers rewrite their statistics
-        st = [fr.stats(k) for k in (0, 1)]
-        restarted = fr.stats(2)
+        # The statistics from after that load, not the latest file 1.2 s later: with both
+        # cores busy it was up to 2.5 s older than the load's end (forwarded_in 31 of the
+        # ~320 the final report gave; failed 1 of 10 runs)
+        *st, restarted = fr.stats_after((0, 1, 2), done_ns)
         codes = fr.down()
+        assert all(x.get("mono_ns", 0) >= done_ns for x in (*st, restarted)), \
+            "no statistics from after the load within 10 s"
         logs = [open(fr.lr.out_path(k)).read() for k in (0, 1)]
     assert restarted["forwarded_in"] > 50 and restarted["peer_joins"] == 2, restarted
     for x in st:
@@ -266,8 +312,7 @@ def test_delay_stage_delay_reorder_and_loss_lose_nothing_unreported(tmp_path, ho
     from malcolm.loadgen.faults import FaultRack
     with FaultRack(str(tmp_path), policy='name = "jsq"', hop=hop) as fr:
         rep = fr.load(800, 1.5, timeout_s=0.5)
-        time.sleep(1.2)                         # the servers rewrite their statistics
-        st = [fr.stats(k) for k in range(3)]
+        st = fr.stats_after(range(3), time.monotonic_ns())     # not a stale snapshot
         codes = fr.down()
     assert rep["accounted"] and rep["duplicates"] == 0 and rep["forged"] == 0, rep
     assert rep["sent"] > 1000

@@ -116,6 +116,20 @@ grace_s = 1.0
         """The server's latest statistics (its --stats-json, rewritten every second)."""
         return self.lr.stats(k)
 
+    def stats_after(self, ids, t_ns, timeout_s=10.0):
+        """Servers ``ids``' statistics, each a snapshot taken at or after ``t_ns``
+        (``time.monotonic_ns()``, the clock of the snapshots' ``mono_ns``), waiting up to
+        ``timeout_s`` for them; a server with none by then gives its latest (check its
+        ``mono_ns``). A fixed sleep of one interval is not enough: with the cores busy a
+        server's snapshot read 1.2 s after a load ended was taken up to 2.5 s before it
+        ended, and showed a third of the tasks the server had handled."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            st = [self.stats(k) for k in ids]
+            if all(s.get("mono_ns", 0) >= t_ns for s in st) or time.monotonic() > deadline:
+                return st
+            time.sleep(0.1)
+
     def __enter__(self):
         return self.up()
 
