@@ -398,3 +398,40 @@ def test_the_load_note_of_an_app_run_gives_no_nominal_load():
     rep["service_us"]["requested_mean"], rep["nominal_load"] = 20.0, 0.4
     assert "nominal 0.400 (offered rate x requested mean 20.0 µs / 4 workers)" in \
         [ln for ln in notes(rep) if "load:" in ln][0]
+
+
+def test_a_client_thread_that_fails_fails_the_run():
+    """A client thread that raises (here: pinned to a CPU this process may not use) stops the
+    run and its error reaches the caller. It used to die with a traceback on stderr while
+    run_load returned a report as if all were well, that thread's tasks simply missing."""
+    import os
+    import time
+    allowed = os.sched_getaffinity(0)
+    bad = next(c for c in range(1023, 0, -1) if c not in allowed)
+    with StubServer("udp", delay_us=10) as s:
+        t = time.monotonic()
+        with pytest.raises(LoadgenError, match=r"client thread loadgen-1 failed: OSError") \
+                as ei:
+            run_load(spec_for([s], threads=2, duration_s=10.0, cpus=[min(allowed), bad]),
+                     500)
+        took = time.monotonic() - t
+    assert isinstance(ei.value.__cause__, OSError)
+    assert took < 5.0, took         # the other thread was stopped, not run out (10 s)
+
+
+def test_a_failed_client_thread_is_one_line_in_the_cli(monkeypatch):
+    from malcolm.loadgen import threads
+
+    def boom(client, t0, cpus, i, nice=None):
+        if i == 0:
+            raise RuntimeError("boom")
+        client.run(t0)
+
+    monkeypatch.setattr(threads, "pinned_run", boom)
+    with StubServer("udp", delay_us=10) as s:
+        r = CliRunner().invoke(main, ["loadgen", "--rate", "500", "--duration", "0.3s",
+                                      "--warmup", "0", "--server", s.address])
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output
+    err = [ln for ln in r.output.splitlines() if "Error" in ln]
+    assert err == ["Error: client thread loadgen-0 failed: RuntimeError: boom"], r.output

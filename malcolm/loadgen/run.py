@@ -428,6 +428,7 @@ class LoadSpec:
 def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = None):
     """Run one open-loop load at ``rate`` tasks/s; return the report (a dict)."""
     from malcolm.loadgen._client import LoadClient
+    from malcolm.loadgen.threads import run_threads
     from malcolm.workloads import parse_workload
 
     spec.validate()
@@ -480,40 +481,8 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
             draw = draws.choose(clients, seeds, streams, work, spec.draw_tol) if work else None
         from malcolm._core import now_ns
         t0 = now_ns() + 20_000_000         # every thread starts on the same schedule
-        threads = [threading.Thread(target=_pinned_run, args=(c, t0, spec.cpus, i, spec.nice),
-                                    daemon=True, name=f"loadgen-{i}")
-                   for i, c in enumerate(clients)]
-        for t in threads:
-            t.start()
-        limit = spec.warmup_s + spec.duration_s + spec.timeout_s + 10.0
-        t_end = time.monotonic() + limit
-        interrupted = late = False
-        try:
-            for t in threads:
-                while t.is_alive():
-                    t.join(0.1)
-                    if stop_event is not None and stop_event.is_set():
-                        raise KeyboardInterrupt
-                    if time.monotonic() > t_end:
-                        late = True
-                        raise KeyboardInterrupt
-        except KeyboardInterrupt:
-            interrupted = True
-            for c in clients:
-                c.stop()
-            for t in threads:
-                t.join(spec.timeout_s + 5.0)
-        if late:
-            # stopped, not abandoned: a thread still running would use a closed transport
-            alive = [t.name for t in threads if t.is_alive()]
-            if alive:
-                trs = []        # leak them rather than pull the socket from under a thread
-            # a LoadgenError: the CLI says it in one line (a rate far beyond what the threads
-            # can send left them behind their schedule, a traceback before)
-            raise LoadgenError(f"client thread(s) did not finish within {limit:.0f} s, 10 s "
-                               "past the run (far behind their schedule: lower --rate or add "
-                               "--threads)"
-                               + (f"; still running: {', '.join(alive)}" if alive else ""))
+        # a thread that raises stops the run, and the caller gets its exception
+        interrupted = run_threads(clients, t0, spec, stop_event, abandon=trs.clear)
         results = [c.results() for c in clients]
     finally:
         # the emulated network's counters (malcolm.net.delay wraps the transport), and the
@@ -538,17 +507,6 @@ def run_load(spec: LoadSpec, rate: float, stop_event: threading.Event | None = N
         rep["app"] = spec.app.report([a.results() for a in kv])
     rep["interrupted"] = interrupted
     return rep
-
-
-def _pinned_run(client, t0, cpus, i, nice=None):
-    if cpus:
-        os.sched_setaffinity(0, {cpus[i % len(cpus)]})      # 0: this thread on Linux
-    if nice is not None:
-        try:        # on Linux a thread id names one thread: only this client thread
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
-        except OSError:
-            pass    # not permitted: the experiment runner says whether it could
-    client.run(t0)
 
 
 def report(spec: LoadSpec, rate, results, wl=None):
