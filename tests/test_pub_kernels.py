@@ -56,6 +56,43 @@ int main(void) {
         mix(w, sizeof(double) * n);
         mc_pub_learned_logits(A, z, g, n, me);
         mix(g, sizeof(double) * 2 * n);
+        if (it == 10000) mc_speed_tab_init();      /* the ratios by exp2, then the table */
+        {   /* the grant bar's share and the least code: GatewayRules' loops they replaced
+               (codes in and beyond the table's range, some not known, near-ties) */
+            int lg = rint_(5) ? 4096 + rint_(2048) : 0, far = rint_(3) == 0, lo = 0xFFFF;
+            double t = 1e4 * rnd(), xs[64], s[2], rs = 0.0, us = 0.0;
+            for (int j = 0; j < n; j++) {
+                int d;
+                code[j] = rint_(6) ? (uint16_t)(4096 + rint_(far ? 6000 : 2048)) : 0;
+                d = lg != 0 && code[j] != 0 ? (int)code[j] - lg : 0;
+                xs[j] = rint_(4) || !(rate[j] > 0.0) ? x[j]
+                        : rate[j] * t * mc_speed_ratio_d(d) / rate[j] - 0.5 / rate[j];
+                if (j != me) {
+                    rs += rate[j];
+                    us += xs[j] * rate[j] + 0.5 >= rate[j] * t * mc_speed_ratio_d(d)
+                          ? rate[j] : 0.0;
+                }
+                lo = code[j] && code[j] < lo ? code[j] : lo;
+            }
+            mc_pub_grant_share(xs, rate, code, n, me, t, lg, s);
+            bad += memcmp(&rs, &s[0], sizeof rs) != 0 || memcmp(&us, &s[1], sizeof us) != 0;
+            bad += mc_pub_code_min(code, n) != lo;
+        }
+        {   /* the steal bars: the loop the kernel replaced, whichever path it takes */
+            double xm = rnd() * 2e6, r = rint_(5) ? rnd() * 1e-5 : (rint_(2) ? 0.0 : NAN);
+            double off = rint_(3) ? 0.0 : 1e8 + rint_(100), never = 2147483647.0;
+            double hd = rint_(3) ? rnd() * 1e4 : (rint_(5) ? -rnd() * 1e6 : NAN);
+            uint64_t out[64];
+            mc_pub_steal_bars(x, n, xm, r, off, hd, never, out);
+            for (int j = 0; j < n; j++) {
+                double e = x[j] - xm, c = ceil(1.0 - r * e), b;
+                c = c > -1e9 ? c : -1e9;
+                b = (r > 0.0) & (e > 0.0) ? c : 1.0;
+                e = e > 0.0 ? e : 0.0;
+                b = (hd >= 0.0) | (hd + e >= 0.0) ? b - off : never;
+                bad += out[j] != (uint64_t)(uint32_t)(int32_t)b;
+            }
+        }
         /* the clip: exactly the nested select, for every value */
         mc_pub_clip_dev(u, ub, w, n, 4.0);
         for (int j = 0; j < n; j++) {

@@ -1,7 +1,7 @@
 # cython: language_level=3
 """The publish kernels of ``_pub_kernels.h``, declared once for the modules that call them
 (``agent_state``, ``gateway_rules``, ``actor_critic``): branch-free C loops that vectorize."""
-from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport uint8_t, uint16_t, uint64_t
 
 
 cdef extern from "policy/_pub_kernels.h" nogil:
@@ -13,7 +13,10 @@ cdef extern from "policy/_pub_kernels.h" nogil:
     double mc_speed_ratio_d(int d) noexcept nogil
     void mc_speed_tab_init() noexcept nogil
     void mc_pub_steal_bars(const double* x, int n, double xm, double r, double off, double hd,
-                           double never, uint32_t* out) noexcept nogil
+                           double never, uint64_t* out) noexcept nogil
+    int mc_pub_code_min(const uint16_t* code, int n) noexcept nogil
+    void mc_pub_grant_share(const double* x, const double* rate, const uint16_t* code, int n,
+                            int me, double t, int lg, double* sums) noexcept nogil
     double mc_busy_share(const double* x, const double* rate, const uint16_t* code, int n,
                          int me, double t, int lg) noexcept nogil
     void mc_pub_steal_weights(const double* x, const uint8_t* known, double* w, int n, int me,

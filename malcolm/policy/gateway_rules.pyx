@@ -15,9 +15,9 @@ from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t, uint64_t
 
 from malcolm._core cimport cat_sample, cat_sample_except, mc_load_relaxed, mc_store_relaxed
 from malcolm.policy.agent_state cimport AgentState
-from malcolm.policy.base cimport MAX_SERVERS
 from malcolm.policy._pub_kernels cimport (
-    mc_pub_count_known, mc_pub_steal_bars, mc_speed_ratio, mc_speed_ratio_d, mc_speed_tab_init,
+    mc_pub_code_min, mc_pub_count_known, mc_pub_grant_share, mc_pub_steal_bars, mc_speed_ratio,
+    mc_speed_tab_init,
 )
 
 mc_speed_tab_init()     # this module's copy of mc_speed_ratio's table, before any policy
@@ -261,18 +261,14 @@ cdef class GatewayRules(AgentState):
         below 1 / b: no exp2.
         """
         cdef int j, n = self.n, me = self.me, lg = self.svc_lg, bl = self.speed_band_lg
-        cdef uint16_t c, lo = 0xFFFF
         cdef const uint16_t* pc = self.pcode
         cdef double b = self.speed_band, pw = 0.0, rw = 0.0, ww = 0.0, uw = 0.0, p, rho, rj, wj
         cdef double t = self.svc_mean_ns
         cdef const double* rate = self.adv + 2 * n
         if bl < 0 or lg == 0:
             return 0.0
-        for j in range(n):
-            c = pc[j]
-            c = c if c else 0xFFFF      # not known (and pc[me], 0): never the least
-            lo = c if c < lo else lo
-        if lg - <int>lo <= bl:
+        # the least known code (0, not known, as pc[me] is, never is the least)
+        if lg - mc_pub_code_min(pc, n) <= bl:
             return 0.0
         for j in range(n):
             p = self.pm_pub[j]
@@ -334,7 +330,6 @@ cdef class GatewayRules(AgentState):
         """
         cdef int j, n = self.n, k = mc_pub_count_known(self.known, n)
         cdef double xm = 0.0
-        cdef uint32_t bars[MAX_SERVERS]
         # x_j is 0 while j is unknown (nothing writes it before known_j), so this is the mean
         # of the known loads summed as mc_pub_migrate_weights sums the mask's, and an unknown
         # peer is never above it
@@ -343,9 +338,7 @@ cdef class GatewayRules(AgentState):
         xm /= <double>(k if k > 0 else 1)
         # closed for speed (off > 0): the same own queue, unless even an idle worker here
         # finishes the stolen task later than j would (hop + speed + e_j < 0): never
-        mc_pub_steal_bars(self.x, n, xm, r, <double>off, hd, STEAL_NEVER, bars)
-        for j in range(n):
-            mc_store_relaxed(&self.steal_pub[j], <uint64_t>bars[j])
+        mc_pub_steal_bars(self.x, n, xm, r, <double>off, hd, STEAL_NEVER, self.steal_pub)
 
     cdef bint grant_steal(self, int64_t now, double waiting, double rate) noexcept nogil:
         """The victim's side of a steal: give the oldest waiting task only if the waiting
@@ -380,25 +373,18 @@ cdef class GatewayRules(AgentState):
         grants, and on a homogeneous rack of regular tasks most steals then cost the thief
         more than they save (32x2, constant 30 µs tasks at 0.9: p99 151 µs against JBT's
         118, 124 with the bar)."""
-        cdef double b = 0.0, t = self.svc_mean_ns, rs = 0.0, us = 0.0, cw, c0
-        cdef const double* rate = self.adv + 2 * self.n
-        cdef const uint16_t* pc = self.pcode
-        cdef int j, d, lg = self.svc_lg
+        cdef double b = 0.0, t = self.svc_mean_ns
+        cdef double s[2]
         if h > 0.0:
             b = self.steal_grant * h
             if t > 0.0 and self.grant_tasks > 0.0:
-                # sum_j r_j [tasks_j + 1/2 >= workers_j] / sum_j r_j, in own task times
-                for j in range(self.n):
-                    if j != self.me:
-                        rs += rate[j]
-                        cw = self.x[j] * rate[j] + 0.5          # its tasks + 1/2
-                        # its workers at its speed (ours where a code is not known: the
-                        # ratio at d = 0 is 1, exactly), a table read (mc_speed_ratio_d)
-                        d = <int>pc[j] - lg if lg != 0 and pc[j] != 0 else 0
-                        c0 = rate[j] * t * mc_speed_ratio_d(d)
-                        us += rate[j] if cw >= c0 else 0.0
-                if rs > 0.0:
-                    b += self.grant_tasks * t * us / rs
+                # sum_j r_j [tasks_j + 1/2 >= workers_j] / sum_j r_j, in own task times: its
+                # workers at its speed (ours where a code is not known: the ratio at d = 0
+                # is 1, exactly), a table read (mc_speed_ratio_d); s = the two sums
+                mc_pub_grant_share(self.x, self.adv + 2 * self.n, self.pcode, self.n, self.me,
+                                   t, self.svc_lg, s)
+                if s[0] > 0.0:
+                    b += self.grant_tasks * t * s[1] / s[0]
         mc_store_relaxed(&self.grant_pub, <uint64_t>(b if b < 1e15 else 1e15))
 
     cdef int _unshared_config(self, dict cfg) except -1:
