@@ -140,11 +140,29 @@ cdef inline void cat_update(Categorical* c, int j, double xj) noexcept nogil:
 cdef inline int cdf_search(const double* cdf, int npad, double u) noexcept nogil:
     """Branch-free scan: the number of CDF entries <= u, for u in [0, 1). The last real
     entry is 1.0 and the padding is 2.0, so neither is ever counted. The 64-bit counter
-    matches the width of the double compares, which lets the loop vectorize cleanly."""
-    cdef int i
+    matches the width of the double compares, which lets the loop vectorize cleanly.
+
+    Beyond 32 entries a branch-free binary search gives the same count (the entries do not
+    decrease, so ``cdf[i] <= u`` holds for a prefix): six halvings and a compare at 64
+    servers, where the scan took 5 instructions an entry (320 a draw; the search saves 2.5%
+    of a simulated 64-server rack's event loop, and a 64-way sample took 11 ns against 32).
+    At 32 entries and below, where every rack of the micro-benchmarks and of the thesis's
+    figures lies, the scan is kept: its independent compares beat the search's chain of
+    dependent loads there."""
+    cdef int i, half, n
     cdef int64_t idx = 0
     if npad == 4:
         return (u >= cdf[0]) + (u >= cdf[1]) + (u >= cdf[2])
+    if npad > 32:
+        # idx: entries known <= u; n: those still to decide, from cdf[idx] on. Index
+        # arithmetic on the compare (SETcc), not a select of pointers, which GCC turns into
+        # a branch that mispredicts every other step (_sort_kernels.h, mc_count_below64).
+        n = npad
+        while n > 1:
+            half = n >> 1
+            idx += half if cdf[idx + half - 1] <= u else 0
+            n -= half
+        return <int>(idx + (cdf[idx] <= u))
     for i in range(npad):
         idx += u >= cdf[i]
     return <int>idx

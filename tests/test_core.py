@@ -65,6 +65,31 @@ def test_sampling_never_draws_zero_probability_outcomes():
     assert set(np.unique(s)) == {0, 2}
 
 
+@pytest.mark.parametrize("n", [5, 8, 17, 32, 33, 36, 48, 63, 64])
+def test_each_draw_is_the_count_of_cdf_entries_at_or_below_its_uniform(n):
+    """Draw by draw, not only in distribution: each sample is the number of CDF entries <= u
+    for the generator's next u. Below 33 outcomes that count is a scan, above it a binary
+    search (_core.pxd, cdf_search); an off-by-one there, or a zero-probability outcome
+    drawn, changes a draw. Dyadic weights make every CDF entry exact, so the reference's
+    entries are the table's; runs of zeros at both ends and inside."""
+    rng = np.random.default_rng(1000 + n)
+    k = rng.integers(0, 5, n)
+    k[:2] = 0
+    k[-2:] = 0
+    k[n // 2:n // 2 + 3] = 0
+    k[2] += 1
+    k[2] += (1 << int(np.ceil(np.log2(k.sum())))) - k.sum()    # a power of two in all
+    cdf = np.cumsum(k) / k.sum()
+    d = _core.Distribution(n, seed=n, stream=7)
+    d.publish_probs(k / k.sum())
+    draws = 200_000
+    u = _core.Generator(n, 7).uniform(draws)
+    expected = np.searchsorted(cdf, u, side="right")
+    got = d.sample(draws)
+    assert np.array_equal(got, expected)
+    assert set(np.unique(got)) == set(np.flatnonzero(k))
+
+
 def test_sample_is_consistent_with_published_not_pending_logits():
     d = _core.Distribution(4, seed=1)
     d.publish_probs([1.0, 0.0, 0.0, 0.0])
