@@ -174,7 +174,7 @@ def loadgen(rack_path, servers, transport, rates, arrivals, payload_size, payloa
     Exit status: 0 when every task is accounted for, some completed and at most
     --max-timeouts of them timed out; 2 when tasks are unaccounted for; 3 when the run failed
     a check (nothing completed, too many timed out, --app saw a wrong value or --check-echo
-    a wrong echo); 130 when interrupted.
+    a wrong echo); 130 when interrupted (SIGINT, SIGTERM or SIGHUP).
 
     With --json, --csv or --hdr naming a file, the table is still printed.
 
@@ -273,7 +273,11 @@ def loadgen(rack_path, servers, transport, rates, arrivals, payload_size, payloa
             raise click.UsageError(str(e)) from None
     quiet = "-" in (json_out, csv_out)
     stop = threading.Event()
-    old = signal.signal(signal.SIGINT, lambda *a: stop.set())
+    # SIGTERM and SIGHUP (a closed terminal) stop the run as Ctrl-C does: with Python's
+    # default action the process died at once, without its report or --json, and an shm
+    # client left its 17 MB ring in /dev/shm (the stop lets run_load close its transports)
+    stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    old = {sig: signal.signal(sig, lambda *a: stop.set()) for sig in stop_signals}
     if not quiet:
         what = spec.app.describe() if spec.app else workload
         click.echo(f"loadgen: {n} server(s) over {target.transport} ({target.source}), "
@@ -294,7 +298,8 @@ def loadgen(rack_path, servers, transport, rates, arrivals, payload_size, payloa
     except LoadgenError as e:
         raise click.UsageError(str(e)) from None
     finally:
-        signal.signal(signal.SIGINT, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
     if raw_out and reps and reps[-1].get("_raw") is not None:
         import numpy as np
         try:
