@@ -201,6 +201,39 @@ def test_shm_name_of_a_live_endpoint_is_not_taken_over():
     b.close()
 
 
+@pytest.mark.skipif("shm" not in KINDS, reason="shm transport not available")
+@pytest.mark.parametrize("then", ["idle", "next_client"])
+def test_shm_lets_go_of_the_ring_of_a_client_that_left(then):
+    """A server endpoint that answered a client unmaps that client's ring once the client
+    has closed it: when it waits idle, or when the next new client appears (a busy-polling
+    gateway never waits). It used to keep every past client's ring mapped (unlinked, but
+    its memory still held in /dev/shm) until 256 of them were: +16 MB of /dev/shm per
+    `malcolm loadgen` run against an shm rack (found probing leaks, 2026-12-07)."""
+    srv = open_transport("shm", _addr("shm"))
+    try:
+        for _ in range(3):
+            cl = open_transport("shm", _addr("shm"))
+            cl.send(srv.address, b"task")
+            (_, src), = _drain(srv, 1)
+            srv.send(src, b"answer")              # maps the client's ring
+            assert _drain(cl, 1)
+            ring = re.compile(rf"/dev/shm/malcolm-{cl.address}( \(deleted\))?$", re.M)
+            with open("/proc/self/maps") as f:
+                assert ring.search(f.read())
+            cl.close()                              # the client's own mappings go here
+            if then == "idle":
+                srv.recv(0.01)
+            else:
+                nxt = open_transport("shm", _addr("shm"))
+                srv.send(nxt.address, b"hello")
+                assert _drain(nxt, 1)
+                nxt.close()
+            with open("/proc/self/maps") as f:
+                assert not ring.search(f.read())
+    finally:
+        srv.close()
+
+
 def test_udp_over_ipv6_loopback():
     if not socket.has_ipv6:
         pytest.skip("no IPv6 here")
