@@ -309,6 +309,21 @@ def test_busy_server_warns_when_spinners_outnumber_cpus(caplog):
                for r in caplog.records)
 
 
+def test_a_stopped_server_refuses_to_start_again_and_stays_stopped():
+    """start() after stop() failed inside (its transport is closed) after logging as a
+    start, and left the server marked running; now it is refused at once, and nothing
+    changes."""
+    tr = open_transport("udp", "127.0.0.1:0")
+    srv = Server(tr, [tr.address], 0, make_policy("random", 1, 0, 1), handler="echo")
+    assert not srv.stopped
+    srv.start()
+    srv.stop()
+    with pytest.raises(RuntimeError, match="cannot be started again"):
+        srv.start()
+    assert srv.stopped and not srv.running
+    assert srv.stop()["stuck_threads"] == []        # a second stop is harmless
+
+
 def test_client_networks_outside_the_allowlist_are_dropped():
     tr = open_transport("udp", "127.0.0.1:0")
     srv = Server(tr, [tr.address], 0, make_policy("random", 1, 0), handler="echo",

@@ -91,6 +91,7 @@ cdef class Server:
     cdef readonly object policy_obj
     cdef readonly bint busy
     cdef readonly bint running
+    cdef readonly bint stopped      # stop() ran: the threads exited, start() is refused
     cdef Transport tr
     cdef readonly WorkerPool pool
     cdef readonly PolicyThread policy_thread
@@ -163,6 +164,7 @@ cdef class Server:
                                n_types, window_us, task_timeout_ms, max_service_ms,
                                peer_timeout_ms, max_wait_ms, steal_timeout_us, clients)
         self.running = False
+        self.stopped = False
         self.cpus = _cpus.check_cpus(cpus)
         self.gateway.set_key(key)
 
@@ -181,6 +183,12 @@ cdef class Server:
         """Start the gateway, worker and policy threads."""
         if self.running:
             raise RuntimeError("server already started")
+        if self.stopped:
+            # Its threads have exited and its transport is closed: restarting it failed
+            # inside (transport is closed) after logging as a start, and left it marked
+            # running. A restarted server is a new Server (a new epoch: its peers see it so).
+            raise RuntimeError("server was stopped: a stopped server cannot be started "
+                               "again; create a new Server")
         self.started_ns = mc_now_ns()
         if not self.gateway.authenticated:
             log.warning("server %d: no rack key: messages are not authenticated (any host "
@@ -223,6 +231,7 @@ cdef class Server:
             if t.is_alive():
                 stuck.append(t.name)
         self.running = False
+        self.stopped = True
         report = self.stats()
         report["unanswered"] = int(unanswered)
         report["unfinished"] = int(unanswered)
