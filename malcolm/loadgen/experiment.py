@@ -593,6 +593,8 @@ class Experiment:
                     first.measure_delta()           # the pings are not part of a run
                 finally:
                     first.pause()
+                if self.stop.is_set():
+                    return          # interrupted while pinging: no delay measured (nan)
                 self.echo(f"one-way delay (half the median round trip of empty tasks through "
                           f"{first.policy}'s server 0): {self.delay_us:.1f} µs real = "
                           f"{self.delay_us / self.dilate:.2f} µs at rack scale")
