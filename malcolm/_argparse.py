@@ -33,6 +33,8 @@ PRESETS = {"homo": "8x8", "hetero": "2x14,9x4"}
 # which is the runtime's too
 SIM_PHASES = ("random", "staggered", "aligned")
 SIM_WINDOW_US = 100.0
+# The most loads and seeds one option takes: a sweep of more runs for days
+MAX_LOADS, MAX_SEEDS = 10_000, 100_000
 # [0-9], not \d, which reads other scripts' digits ('８x８'), as malcolm.sim.rack's
 _SPEC = re.compile(r"[0-9]+x[0-9]+(@[0-9.]+)?(,[0-9]+x[0-9]+(@[0-9.]+)?)*")
 
@@ -108,7 +110,11 @@ def numbers(cast=float, what="numbers"):
     """An argparse ``type`` factory: a comma-separated list of ``cast`` values (``2,10``)."""
     def parse(text):
         try:
-            return [ascii_number(v, cast) for v in str(text).split(",")]
+            out = [ascii_number(v, cast) for v in str(text).split(",")]
+            # float() reads nan and inf: a --delays or --load-range of NaN ran as garbage
+            if not all(math.isfinite(v) for v in out):
+                raise ValueError
+            return out
         except ValueError:
             raise argparse.ArgumentTypeError(
                 f"must be {what} separated by commas, got {text!r}") from None
@@ -125,12 +131,16 @@ def seeds(text) -> list[int]:
             lo, _, hi = part.strip().partition("-")
             first = ascii_number(lo, int)
             last = ascii_number(hi, int) if hi else first
-            if first < 0 or last < first:
+            # a range of 10**12 seeds built the list for minutes (10**50: OverflowError), and
+            # the simulator takes seeds below 2**64 only
+            if (first < 0 or last < first or last >= 2**64
+                    or len(out) + last - first >= MAX_SEEDS):
                 raise ValueError
             out += range(first, last + 1)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"must be seeds >= 0 as 1,2,5 or 1-20, got {text!r}") from None
+            f"must be at most {MAX_SEEDS} seeds in 0..2^64-1 as 1,2,5 or 1-20, got {text!r}"
+        ) from None
     if len(set(out)) < len(out):
         raise argparse.ArgumentTypeError(f"must be distinct seeds, got {text!r}")
     return out
@@ -147,15 +157,18 @@ def loads(text) -> list[float]:
         try:
             if part.count(":") == 2:
                 a, b, s = (ascii_number(x) for x in part.split(":"))
-                if s <= 0 or b < a:
+                steps = (b - a) / s if s > 0 else math.nan
+                # 1:1e308:1 built the list forever (-inf:-1:1 was an OverflowError)
+                if b < a or not math.isfinite(steps) or len(out) + steps >= MAX_LOADS:
                     raise ValueError
-                k = int(math.floor((b - a) / s + 1e-9))
+                k = int(math.floor(steps + 1e-9))
                 out += [round(a + i * s, 10) for i in range(k + 1)]
             else:
                 out.append(ascii_number(part))
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"{part!r} is not a load (examples: 0.5,0.7 or 0.5:0.95:0.05)") from None
+                f"{part!r} is not a load (examples: 0.5,0.7 or 0.5:0.95:0.05; at most "
+                f"{MAX_LOADS} loads)") from None
     if not out or not all(math.isfinite(x) and x > 0 for x in out):
         raise argparse.ArgumentTypeError(f"{text!r}: loads must be > 0")
     return out
@@ -171,6 +184,19 @@ def servers(text) -> str:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a servers spec (COUNTxWORKERS[@SPEED],...: 8x8, 2x14,9x4) "
             f"nor a preset ({', '.join(f'{k}={v}' for k, v in PRESETS.items())})")
+    # the grammar alone passed 0x8, 8x0 and 8x8@1..2, which the simulator then refused with
+    # a traceback; its own limits (workers, speeds, servers) are malcolm.sim.rack's
+    for group in t.split(","):
+        n, _, rest = group.partition("x")
+        w, _, speed = rest.partition("@")
+        try:
+            v = float(speed) if speed else 1.0
+            if int(n) < 1 or int(w) < 1 or not (math.isfinite(v) and v > 0):
+                raise ValueError
+        except ValueError:          # also a count of over 4300 digits
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: group {group!r} needs a count and workers >= 1 and a speed > 0"
+            ) from None
     return t
 
 

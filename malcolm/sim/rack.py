@@ -96,11 +96,12 @@ def parse_rack_spec(spec) -> Rack:
         if not m:
             raise ValueError(f"rack spec {spec!r}: bad group {g!r}; expected COUNTxWORKERS "
                              "with optional @SPEED, e.g. 8x8 or 2x14@2.0,9x4")
-        count, w = int(m.group(1)), int(m.group(2))
         try:
+            # int() refuses over 4300 digits with a message about sys.set_int_max_str_digits
+            count, w = int(m.group(1)), int(m.group(2))
             speed = float(m.group(3)) if m.group(3) else 1.0
         except ValueError:
-            raise ValueError(f"rack spec {spec!r}: bad speed in {g!r}") from None
+            raise ValueError(f"rack spec {spec!r}: bad number in {g!r}") from None
         if count < 1 or w < 1:
             raise ValueError(f"rack spec {spec!r}: group {g!r} needs at least 1 server "
                              "and 1 worker")
