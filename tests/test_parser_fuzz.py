@@ -10,6 +10,7 @@ import pytest
 
 from malcolm import _argparse as G
 from malcolm import _units as U
+from malcolm.runtime import config as C
 
 
 def _timed(fn, *args, limit=0.5):
@@ -97,3 +98,21 @@ def test_rack_spec_long_count_is_named():
     from malcolm.sim.rack import parse_rack_spec
     with pytest.raises(ValueError, match="bad number"):
         parse_rack_spec("9" * 5000 + "x1")
+
+
+# ---------------------------------------------------------------- regressions: rack files
+
+@pytest.mark.parametrize("text", ["a = " + "[" * 5000, "a = " + "{b = " * 5000,
+                                  "a" + ".a" * 100_000 + " = 1",
+                                  '[[server]]\naddress = "1:7001"\n' * 40_000])
+def test_rack_file_nesting_depth_and_size(tmp_path, text):
+    # deep arrays were a RecursionError traceback; a 200 kB dotted key took minutes and all
+    # the memory (tomllib is quadratic in its depth); 1.2 MB of servers seconds
+    p = tmp_path / "rack.toml"
+    p.write_text(text)
+    t = time.perf_counter()
+    with pytest.raises(C.ConfigError) as e:
+        C.load_rack(str(p), resolve=False)
+    assert time.perf_counter() - t < 1.5
+    assert "\n" not in str(e.value)
+
