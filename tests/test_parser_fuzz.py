@@ -4,12 +4,17 @@ for a value. Regression tests hold the minimized inputs a fuzzing session found;
 fuzz test per parser keeps the property checked (a few hundred cases each)."""
 
 import argparse
+import copy
+import math
+import random
 import time
 
 import pytest
 
 from malcolm import _argparse as G
 from malcolm import _units as U
+from malcolm import workloads as W
+from malcolm.policy import registry as R
 from malcolm.runtime import config as C
 
 
@@ -116,3 +121,172 @@ def test_rack_file_nesting_depth_and_size(tmp_path, text):
     assert time.perf_counter() - t < 1.5
     assert "\n" not in str(e.value)
 
+
+# ---------------------------------------------------------------- seeded fuzz, per parser
+
+NUMS = ["0", "1", "5", "50", "0.5", ".5", "5.", "1e3", "1e-3", "1e6", "1e308", "1e309",
+        "1e-400", "-1", "+1", "nan", "inf", "-inf", "1_000", "\uff18", "0x10", "9" * 60,
+        "9" * 5000, " 2 ", "1e", "..", "1.2.3", "4", "1e9"]
+GOOD = ["1", "2", "4", "8", "16", "50", "0.5", "0.9", "1.5", "100", "1e2"]
+JUNK = ["", "\u00e9", "\x00", "abc", "\U0001f4a5", "\n", ":", ",", "::", ",,", " ", "@", "x",
+        "-", "k", "ms", "us", "/s", "min"]
+
+
+def _num(rng):
+    return rng.choice(GOOD if rng.random() < .6 else NUMS)
+
+
+def _soup(rng, toks, k=8):
+    return "".join(rng.choice(toks) for _ in range(rng.randint(1, k)))
+
+
+def _fuzz(gen, parse, allowed, check, n=400, seed=0, limit=3.0):
+    """``parse`` every ``gen(rng)``: it returns a value ``check`` finds sane (None) or raises
+    one of ``allowed`` with a one-line message; the whole batch within ``limit`` seconds."""
+    rng = random.Random(seed)
+    t = time.perf_counter()
+    for _ in range(n):
+        text = gen(rng)
+        try:
+            out = parse(text)
+        except allowed as e:
+            assert str(e).strip() and "\n" not in str(e), (text, e)
+            continue
+        assert check(out) is None, (text, out, check(out))
+    assert time.perf_counter() - t < limit
+
+
+def test_fuzz_units():
+    toks = NUMS + JUNK + ["s", "h", "M", "G"]
+
+    def gen(r):
+        return _num(r) + r.choice(JUNK + ["s", "h", "M", "G", "k"]) if r.random() < .5 else (
+            _soup(r, toks))
+    _fuzz(gen, lambda t: U.parse_duration(t, "us"), ValueError,
+          lambda v: None if math.isfinite(v) and v >= 0 else v, seed=1)
+    _fuzz(gen, U.parse_rate, ValueError,
+          lambda v: None if math.isfinite(v) and v > 0 else v, seed=2)
+
+
+def test_fuzz_argparse_types():
+    toks = NUMS + JUNK
+
+    def gen(r):
+        return ":".join(_num(r) for _ in range(3)) if r.random() < .5 else _soup(r, toks)
+
+    def sane(vals):
+        return None if 0 < len(vals) <= G.MAX_LOADS and all(
+            math.isfinite(x) and x > 0 for x in vals) else len(vals)
+
+    err = (argparse.ArgumentTypeError, ValueError)
+    _fuzz(gen, G.loads, err, sane, seed=3)
+    _fuzz(lambda r: _soup(r, toks, 5), G.seeds, err,
+          lambda v: None if 0 < len(v) <= G.MAX_SEEDS and min(v) >= 0 else v, seed=4)
+    _fuzz(lambda r: _soup(r, toks, 5), G.numbers(float), err,
+          lambda v: None if all(math.isfinite(x) for x in v) else v, seed=5)
+
+    def servers(r):
+        return ",".join(_num(r) + "x" + _num(r) + r.choice(["", "@" + _num(r)])
+                        for _ in range(r.randint(1, 3))) if r.random() < .7 else _soup(r, toks)
+
+    def sane_spec(spec):
+        from malcolm.sim.rack import parse_rack_spec
+        try:
+            parse_rack_spec(spec)
+        except ValueError as e:     # only the simulator's own ranges are left to it
+            return None if "at most" in str(e) or "within" in str(e) else str(e)
+    _fuzz(servers, G.servers, err, sane_spec, seed=6)
+
+
+def test_fuzz_workloads():
+    dists = list(W.DIST_PARAMS) + ["bogus", "mix", "empirical"]
+
+    def dist(r):
+        k = r.choice(dists)
+        return ":".join([k] + [_num(r) for _ in range(W.DIST_PARAMS.get(k, 1)
+                                                            + r.choice([0, 0, -1, 1]))])
+
+    def gen(r):
+        x = r.random()
+        if x < .35:
+            return dist(r)
+        if x < .7:
+            return "mix:" + ",".join(_num(r) + ":" + dist(r)
+                                     for _ in range(r.choice([1, 2, 3, 17])))
+        return _soup(r, NUMS + JUNK + dists + list(W.NAMED))
+
+    def sane(w):
+        m, scv = w.mean_us, w.scv
+        ok = (math.isfinite(m) and W.MIN_TIME_US * 0.999 <= m <= W.MAX_TIME_US
+              and math.isfinite(scv) and scv >= -1e-9)
+        return None if ok else (m, scv)
+    _fuzz(gen, W.parse_workload, (ValueError, TypeError), sane, seed=7)
+
+
+def test_fuzz_policy_specs():
+    names = list(R.POLICIES) + ["JSQ", " jbt ", "nope", ""]
+    vals = NUMS + ["true", "off", "-5", "ps", "fcfs", "", "=", "2147483648"]
+
+    def gen(r):
+        name = r.choice(names)
+        info = R.POLICIES.get(name.strip().lower())
+        keys = [*(info.params or {"learn": 0, "gamma": 0})] if info else []
+        keys += ["seed", "name", "bogus", ""]
+        items = [r.choice(keys) + r.choice(["=", "=", ""]) + r.choice(vals)
+                 for _ in range(r.choice([0, 1, 2]))]
+        return name + (":" + ",".join(items) if items else "")
+
+    def parse(spec):
+        name, params = R.parse_policy(spec)
+        if R.POLICIES[name].kind == "server":
+            R.make_policy(name, 4, 3, 1, **params)
+        elif R.POLICIES[name].kind == "client":
+            R.make_client_policy(name, 4, 1, 0, **params)
+        return params
+
+    def sane(params):
+        bad = [k for k, v in params.items() if isinstance(v, float) and not math.isfinite(v)]
+        return bad or None
+    _fuzz(gen, parse, (ValueError, TypeError), sane, seed=8)
+
+
+_RACK = {"rack": {"name": "rack", "transport": "udp"},
+         "policy": {"name": "jbt", "seed": 1, "threshold": 4.0},
+         "server": [{"address": "127.0.0.1:7001"}, {"address": "127.0.0.1:7002"}]}
+_WEIRD = [None, True, 0, -1, 3, 1 << 70, 1e308, -0.0, float("nan"), float("inf"), "", "x",
+          "\x00", "a" * 300, "127.0.0.1:7001", "127.0.0.1:0", "[::1]:7001", "shm", "verbs",
+          "busy", [], [1], ["127.0.0.0/8"], {}, {"a": 1}, "malcolm", "jsq"]
+
+
+def test_fuzz_rack_files():
+    rkeys = [*C.RACK_KEYS, "bogus"]
+    skeys = [*C.SERVER_KEYS, "bogus"]
+
+    def gen(r):
+        d = copy.deepcopy(_RACK)
+        for _ in range(r.randint(0, 3)):
+            x, v = r.random(), copy.deepcopy(r.choice(_WEIRD))
+            if x < .35:
+                d["rack"][r.choice(rkeys)] = v
+            elif x < .55:
+                d["policy"][r.choice(["name", "seed", "threshold", "count_own", "bogus"])] = v
+            elif x < .8:
+                r.choice(d["server"])[r.choice(skeys)] = v
+            elif x < .9:
+                d["server"].append(copy.deepcopy(r.choice(d["server"])))
+            else:
+                d[r.choice(["rack", "policy", "server", "extra"])] = v
+                break
+        return {k: {a: b for a, b in v.items() if b is not None} if isinstance(v, dict)
+                else v for k, v in d.items() if v is not None}
+
+    def sane(cfg):
+        for k, (lo, hi) in C.RACK_RANGES.items():
+            v = getattr(cfg, k, lo)
+            if not (lo <= v <= hi or (k == "peer_timeout_ms" and v == -1)):
+                return k
+        if not all(s.address and 0 <= s.workers <= 1024 for s in cfg.servers):
+            return "server"
+        return None
+    _fuzz(gen, lambda d: C.parse_rack(d, "<fuzz>", resolve=False), C.ConfigError, sane,
+          seed=9)
