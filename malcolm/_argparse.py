@@ -21,7 +21,7 @@ import os
 import re
 import sys
 
-from malcolm._units import ascii_number, parse_duration, parse_rate, split_items
+from malcolm._units import ascii_number, parse_duration, parse_rate, rack_groups, split_items
 
 __all__ = ["PRESETS", "SIM_PHASES", "SIM_WINDOW_US", "add_json", "add_window_phase",
            "duration", "hidden_alias", "json_stdout", "loads", "parser", "rate", "seeds",
@@ -185,18 +185,12 @@ def servers(text) -> str:
             f"{text!r} is not a servers spec (COUNTxWORKERS[@SPEED],...: 8x8, 2x14,9x4) "
             f"nor a preset ({', '.join(f'{k}={v}' for k, v in PRESETS.items())})")
     # the grammar alone passed 0x8, 8x0 and 8x8@1..2, which the simulator then refused with
-    # a traceback; its own limits (workers, speeds, servers) are malcolm.sim.rack's
-    for group in t.split(","):
-        n, _, rest = group.partition("x")
-        w, _, speed = rest.partition("@")
-        try:
-            v = float(speed) if speed else 1.0
-            if int(n) < 1 or int(w) < 1 or not (math.isfinite(v) and v > 0):
-                raise ValueError
-        except ValueError:          # also a count of over 4300 digits
-            raise argparse.ArgumentTypeError(
-                f"{text!r}: group {group!r} needs a count and workers >= 1 and a speed > 0"
-            ) from None
+    # a traceback: its groups are read as the simulator reads them (its own limits on
+    # workers, speeds and servers stay malcolm.sim.rack's)
+    try:
+        rack_groups(t)
+    except ValueError as e:         # also a count of over 4300 digits
+        raise argparse.ArgumentTypeError(str(e)) from None
     return t
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["ascii_digits", "ascii_number", "parse_duration", "parse_rate", "split_items"]
+__all__ = ["ascii_digits", "ascii_number", "parse_duration", "parse_rate", "rack_groups",
+           "split_items"]
 
 # nanoseconds per unit (whole numbers, so that 0.5ms -> 500.0 µs exactly)
 _DURATION_UNITS = {"ns": 1.0, "us": 1e3, "µs": 1e3, "ms": 1e6, "s": 1e9, "m": 60e9,
@@ -98,3 +99,43 @@ def split_items(text, seps: str = ",") -> list[str]:
     if "" in items:
         raise ValueError(f"{text!r} has an empty item" if len(items) > 1 else "is empty")
     return items
+
+
+# [0-9], not \d: \d (and int()) read other scripts' digits, so "８x８" was 8 servers while
+# every other number of the CLI refused them (ascii_number)
+_GROUP = re.compile(r"^([0-9]+)\s*[xX*]\s*([0-9]+)(?:\s*@\s*([0-9.eE+-]+))?$")
+
+
+def rack_groups(spec: str) -> list[tuple[str, int, int, float]]:
+    """The groups of a rack spec ``COUNTxWORKERS[@SPEED],...`` (``2x14@2.0,9x4``) as
+    ``(group, count, workers, speed)``, speed 1.0 where none is given: each a count and
+    workers >= 1 and a finite speed > 0. The simulator's rack parser
+    (:func:`malcolm.sim.rack.parse_rack_spec`, which adds its bounds on workers, servers and
+    speeds) and the bench scripts' ``--servers`` (:func:`malcolm._argparse.servers`) both
+    read specs with it.
+
+    Raises
+    ------
+    ValueError
+        One line naming the spec and the bad group.
+    """
+    out = []
+    for group in spec.split(","):
+        g = group.strip()
+        m = _GROUP.match(g)
+        if not m:
+            raise ValueError(f"rack spec {spec!r}: bad group {g!r}; expected COUNTxWORKERS "
+                             "with optional @SPEED, e.g. 8x8 or 2x14@2.0,9x4")
+        try:
+            # int() refuses over 4300 digits with a message about sys.set_int_max_str_digits
+            count, w = int(m.group(1)), int(m.group(2))
+            speed = float(m.group(3)) if m.group(3) else 1.0
+        except ValueError:
+            raise ValueError(f"rack spec {spec!r}: bad number in {g!r}") from None
+        if count < 1 or w < 1:
+            raise ValueError(f"rack spec {spec!r}: group {g!r} needs at least 1 server "
+                             "and 1 worker")
+        if not (math.isfinite(speed) and speed > 0):
+            raise ValueError(f"rack spec {spec!r}: speed in {g!r} must be > 0")
+        out.append((g, count, w, speed))
+    return out

@@ -10,19 +10,15 @@ from __future__ import annotations
 
 import math
 import numbers
-import re
 from dataclasses import dataclass
+
+from malcolm._units import rack_groups
 
 MAX_WORKERS = 4096
 #: A server's speed factor: beyond 1000x either way a task's time leaves the range the
 #: workloads allow (1 ns - 1 s, :data:`malcolm.workloads.MAX_TIME_US`) by as much, and a
 #: speed of 1e-9 made ``malcolm sim`` run for hours.
 MIN_SPEED, MAX_SPEED = 1e-3, 1e3
-
-# [0-9], not \d: \d (and int()) read other scripts' digits, so "８x８" was 8 servers while
-# every other number of the CLI refused them (malcolm._units.ascii_number)
-_GROUP = re.compile(r"^([0-9]+)\s*[xX*]\s*([0-9]+)(?:\s*@\s*([0-9.eE+-]+))?$")
-
 
 @dataclass(frozen=True)
 class Rack:
@@ -90,23 +86,7 @@ def parse_rack_spec(spec) -> Rack:
     from malcolm.policy.base import MAX_SERVERS as max_servers
 
     workers, speeds = [], []
-    for group in spec.split(","):
-        g = group.strip()
-        m = _GROUP.match(g)
-        if not m:
-            raise ValueError(f"rack spec {spec!r}: bad group {g!r}; expected COUNTxWORKERS "
-                             "with optional @SPEED, e.g. 8x8 or 2x14@2.0,9x4")
-        try:
-            # int() refuses over 4300 digits with a message about sys.set_int_max_str_digits
-            count, w = int(m.group(1)), int(m.group(2))
-            speed = float(m.group(3)) if m.group(3) else 1.0
-        except ValueError:
-            raise ValueError(f"rack spec {spec!r}: bad number in {g!r}") from None
-        if count < 1 or w < 1:
-            raise ValueError(f"rack spec {spec!r}: group {g!r} needs at least 1 server "
-                             "and 1 worker")
-        if not (math.isfinite(speed) and speed > 0):
-            raise ValueError(f"rack spec {spec!r}: speed in {g!r} must be > 0")
+    for _, count, w, speed in rack_groups(spec):
         if w > MAX_WORKERS:
             raise ValueError(f"rack spec {spec!r}: at most {MAX_WORKERS} workers per server")
         if len(workers) + count > max_servers:     # before building a list of COUNT items
