@@ -731,6 +731,17 @@ def test_defaults_are_the_guarded_difference_policy():
     assert cfg["load_scale"] == 0.0 and cfg["hop_ns"] == -1.0      # derived, measured
 
 
+def test_a_stolen_task_goes_first_only_when_asked():
+    from malcolm.policy.registry import make_policy
+    assert MalcolmPolicy(4, 0).stolen_first is False                 # FIFO by default
+    assert MalcolmPolicy(4, 0, **THESIS).stolen_first is False      # the thesis's FIFO
+    assert MalcolmPolicy(4, 0, stolen_first="1").stolen_first is True
+    assert make_policy("malcolm", 4, 0, 1, stolen_first=True).stolen_first is True
+    assert make_policy("steal", 4, 0, 1).stolen_first is False       # baselines: FIFO
+    with pytest.raises(TypeError, match="stolen_first"):
+        MalcolmPolicy(4, 0, stolen_first=2)
+
+
 def test_agent_state_is_not_constructed_alone():
     # AgentState holds MalcolmPolicy's memory but allocates nothing itself: constructing it
     # alone must fail cleanly, not leave an object whose decide_* would read NULL tables.

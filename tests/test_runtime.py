@@ -508,6 +508,28 @@ def test_the_victims_steal_bar_runs_in_the_gateway(tmp_path, grant):
         assert st[0]["stolen_out"] > 0 and s["stolen"] > 0, s
 
 
+@pytest.mark.parametrize("first", [False, True])
+def test_a_stolen_task_is_queued_ahead_where_the_policy_says_so(tmp_path, first):
+    """``stolen_first`` in the runtime's gateway as in the simulator: each stolen task goes on
+    the queue the workers empty first (``stolen_ahead``), and every task is answered."""
+    if _policy_with_theta() != "malcolm":
+        pytest.skip("the malcolm policy is not built")
+    path = _rack_file(tmp_path, "udp", 'name = "malcolm"\nsteal_grant = 0\n'
+                      f'stolen_first = {str(first).lower()}', workers=1)
+    with LocalRack(path) as lr:
+        with Client("udp", lr.cfg.addresses) as c:
+            acc = c.run(480, service_ns=200_000, rate=8000, servers=[0, 0, 0, 0, 0, 0, 1, 2],
+                        timeout=15)
+        codes = lr.down()
+    assert set(codes.values()) == {0}
+    s = acc.summary()
+    assert s["answered"] == 480 and s["lost"] == 0 and s["duplicates"] == 0, s
+    st = _final_stats(lr)
+    stolen = sum(x["stolen_in"] for x in st)
+    assert stolen > 0 and stolen == sum(x["stolen_out"] for x in st)
+    assert sum(x["stolen_ahead"] for x in st) == (stolen if first else 0)
+
+
 @pytest.mark.parametrize("kind", LOCAL)
 def test_rack_runs_malcolm_and_its_critics_travel(tmp_path, kind):
     if _policy_with_theta() != "malcolm":

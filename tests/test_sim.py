@@ -209,6 +209,20 @@ def test_steals_move_work_to_idle_server():
     assert busy.p99_us < 0.2 * lazy.p99_us      # server 0 alone is overloaded (1.14)
 
 
+def test_a_stolen_task_runs_before_the_thiefs_own_waiting_tasks():
+    """``malcolm:stolen_first=1``: a stolen task is the victim's oldest, and the thief runs
+    it before the tasks that arrived there; at the queue's tail (the default) it waits a
+    second time behind arrivals younger than itself, which sets the tail of one-worker
+    racks at high load."""
+    kw = dict(rack="16x1", workload="exp:50", load=0.9, tasks=40_000, seed=1)
+    first = simulate(policy="malcolm:stolen_first=1", **kw)
+    fifo = simulate(policy="malcolm", **kw)
+    for r in (first, fifo):
+        assert r.steals > 0.2 * r.generated and r.completed == r.generated
+        assert sum(r.per_server["queue_end"]) == 0
+    assert first.p99_us < 0.95 * fifo.p99_us
+
+
 def test_heartbeat_loss_counted():
     r = simulate("4x2", "jsq", "exp:50", 0.5, 20_000, seed=1, loss=0.5)
     assert 0.4 < r.heartbeats_lost / (r.per_server["windows"][0] * 4 * 3) < 0.6

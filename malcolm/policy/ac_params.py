@@ -75,6 +75,8 @@ DEFAULTS = dict(
     grant_tasks=1.0,            # ... plus this many own mean task times x the peers' share
     #                             with no worker idle (a thief's next arrivals queue behind
     #                             it); 0: off, the twenty-ninth session's default
+    stolen_first=False,         # True: a stolen task runs before the tasks waiting here (it
+    #                             has waited longest); measured, not the default (docs/policy.md)
     steal_state="decision",     # a steal's advantage at the own queue where it went ahead;
     #                             "window": at the window's end (the fourteenth session's)
     trust=8.0,                  # 0 disables the trust region around the initial actors
@@ -198,6 +200,7 @@ def check_params(params):
     cfg["gate_live"] = _as_bool("gate_live", cfg["gate_live"])
     cfg["steal_idle"] = _as_bool("steal_idle", cfg["steal_idle"])
     cfg["gate_residual"] = _as_bool("gate_residual", cfg["gate_residual"])
+    cfg["stolen_first"] = _as_bool("stolen_first", cfg["stolen_first"])
     return cfg
 
 

@@ -81,8 +81,7 @@ cdef class MalcolmPolicy(GatewayRules):
     seed : int
         Seeds the gateway's generator and, with ``init="random"``, the initial parameters.
     window_ns : int
-        Distribution-update interval (a window), default 100 µs. The driver calls
-        ``end_window`` every ``window_ns``; the policy only records it.
+        The window (default 100 µs): the driver calls ``end_window`` this often; only recorded.
     batch_windows : int
         Policy-optimization interval in windows: AdamW applies the cached gradients once a
         batch. Default 0: ``4 * learn_every`` (0.4 ms below 32 servers, 1.6 ms on 64).
@@ -160,9 +159,10 @@ cdef class MalcolmPolicy(GatewayRules):
     steal_idle, steal_state : bool, str
         Live gate: steal into an open gate or from a peer above the mean (default on); a
         steal's own load where it went ahead (``"decision"``) or at the window end.
-    steal_grant, grant_tasks : float
+    steal_grant, grant_tasks, stolen_first : float, float, bool
         Hop gate: as a victim, answer a steal only while waiting work >= ``steal_grant`` hops
         (2) + ``grant_tasks`` (1; 0: off) own task times x the peers' share with none idle.
+        A stolen task waits ahead of the own arrivals where ``stolen_first`` (False: behind).
     speed_band : float
         Live gate: slower than its idle migration targets beyond this factor (heartbeats'
         speeds), keep no arrival outright (1.5; 0: off; ``GatewayRules._speed_shift``).

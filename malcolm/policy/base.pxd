@@ -70,6 +70,9 @@ cdef class Policy:
     # from its estimator at every own observation (driver.pxd), so both clocks pass it the
     # same way; 1 until then. Python reads and sets it as ``workers``.
     cdef int n_workers
+    # A stolen task waits ahead of the tasks that arrived here (the gateway's queue, in
+    # both clocks): it is the victim's oldest. Python reads it as ``stolen_first``.
+    cdef public bint stolen_first
 
     cdef int decide_arrival(self, int64_t now, int task_type) noexcept nogil
     cdef int decide_steal(self, int64_t now) noexcept nogil

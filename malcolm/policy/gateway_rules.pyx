@@ -399,6 +399,7 @@ cdef class GatewayRules(AgentState):
         self.grant_tasks = cfg["grant_tasks"]
         self.speed_band = cfg["speed_band"]
         self.gate_residual = cfg["gate_residual"]
+        self.stolen_first = cfg["stolen_first"]
         self.speed_band_lg = -1         # off: _speed_shift returns 0 at once
         if self.speed_band >= 1.0:
             self.speed_band_lg = <int>floor(256.0 * log2(self.speed_band))

@@ -30,6 +30,7 @@ ctypedef struct GatewayCounters:
     uint64_t forwarded_in
     uint64_t stolen_in
     uint64_t stolen_out
+    uint64_t stolen_ahead        # stolen tasks queued ahead of the waiting ones (stolen_first)
     uint64_t steal_req_recv
     uint64_t steal_empty_sent
     uint64_t steal_empty_recv

@@ -38,7 +38,9 @@ from malcolm.policy.driver cimport (
 from malcolm.runtime.clients cimport clients_allow, clients_set
 from malcolm.runtime.policy_thread cimport HB_RING
 from malcolm._native cimport mc_bell_ring, mc_bell_ring_n
-from malcolm.workers.pool cimport IDLE_WAIT_NS, budget_left_us, slot_from_task, slot_to_task
+from malcolm.workers.pool cimport (
+    IDLE_WAIT_NS, budget_left_us, pool_pop, pool_waiting, slot_from_task, slot_to_task,
+)
 
 from malcolm.policy.defaults import STEALS_IN_FLIGHT
 from malcolm.workers.pool import name_thread
@@ -257,7 +259,7 @@ cdef class Gateway:
         if self.timeout_ns > 0 and (deadline == 0 or now + self.timeout_ns < deadline):
             deadline = now + self.timeout_ns
         if allowed > 0 and not (flags & F_STOLEN):
-            waiting = <double>mpmc_size(self.pool.runq)
+            waiting = <double>pool_waiting(self.pool)
             if waiting > 0 and waiting > self.adm_rate * <double>allowed:
                 self.respond_now(t, reply, ST_OVERLOADED, flags)
                 return False
@@ -271,7 +273,12 @@ cdef class Gateway:
         slot_from_task(&self.pool.slots[idx], t, reply, flags, origin, now, deadline)
         self.pool.held += 1
         est_note_arrival(&self.pool.est, t.task_type)
-        mpmc_push(self.pool.runq, idx)
+        # never full: runq and stealq each hold at most `capacity`
+        if (flags & F_STOLEN) and self.policy.stolen_first:
+            mpmc_push(self.pool.stealq, idx)
+            self.count.stolen_ahead += 1
+        else:
+            mpmc_push(self.pool.runq, idx)
         return True
 
     cdef void free_slot(self, uint64_t idx) noexcept nogil:
@@ -439,9 +446,11 @@ cdef class Gateway:
             self.bad(m, rc)
             return
         self.count.steal_req_recv += 1
-        # the batch's rate (adm_rate, read once per batch before its messages are handled)
-        cdef double waiting = <double>mpmc_size(self.pool.runq)
-        if (not self.draining and waiting > 0
+        # The waiting work counts the tasks this server stole itself, but those are not
+        # given away again (runq only); the rate is the batch's (adm_rate, read once per
+        # batch before its messages are handled).
+        cdef double waiting = <double>pool_waiting(self.pool)
+        if (not self.draining and mpmc_size(self.pool.runq) > 0
                 and self.policy.grant_steal(now, waiting, self.adm_rate)
                 and mpmc_pop(self.pool.runq, &idx)):
             slot_to_task(&self.pool.slots[idx], &t, self.pool.slots[idx].flags | F_STOLEN, seq)
@@ -594,7 +603,7 @@ cdef class Gateway:
         cdef TaskSlot* s
         cdef WireTask t
         cdef int k = 0
-        while k < BATCH and mpmc_pop(self.pool.runq, &idx):
+        while k < BATCH and pool_pop(self.pool, &idx):
             s = &self.pool.slots[idx]
             slot_to_task(s, &t, s.flags, 0)
             self.respond_now(&t, &s.reply, ST_STOPPED, s.flags)
@@ -641,7 +650,7 @@ cdef class Gateway:
                 # the end of the one before, until INLINE_BUDGET_NS have passed, so that the
                 # network is polled between long tasks; responses go out in this pass.
                 t = now
-                while t - now < INLINE_BUDGET_NS and mpmc_pop(self.pool.runq, &idx):
+                while t - now < INLINE_BUDGET_NS and pool_pop(self.pool, &idx):
                     t = self.pool.run_task(0, idx, t)
             if self.pt.hb_tail != hb_tail:
                 # eq. 6.1 applies each load as it arrives, so the policy thread is woken for

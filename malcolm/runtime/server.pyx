@@ -26,13 +26,13 @@ import logging
 
 from libc.stdint cimport int64_t
 
-from malcolm._core cimport est_load, est_rate, mc_now_ns, mpmc_size
+from malcolm._core cimport est_load, est_rate, mc_now_ns
 from malcolm.net.transport cimport Transport
 from malcolm.policy.base cimport MAX_SERVERS, Policy
 from malcolm.runtime.gateway cimport Gateway
 from malcolm.runtime.policy_thread cimport PolicyThread
 from malcolm.workers.handlers cimport Handler
-from malcolm.workers.pool cimport WorkerPool
+from malcolm.workers.pool cimport WorkerPool, pool_waiting
 
 from malcolm.policy.defaults import EST_ALPHA, EST_PRIOR_SERVICE_US, WINDOW_TASKS
 from malcolm.runtime import cpus as _cpus
@@ -253,7 +253,7 @@ cdef class Server:
         d["authenticated"] = bool(self.gateway.authenticated)
         d["epoch"] = int(self.gateway.epoch)
         d["queue_len"] = int(pool.held)
-        d["waiting"] = int(mpmc_size(pool.runq))
+        d["waiting"] = int(pool_waiting(pool))
         d["rate_per_us"] = est_rate(&pool.est) * 1000.0
         d["load_us"] = est_load(&pool.est, <double>pool.held) / 1000.0
         d["send_failed"] = self.tr.n_send_failed

@@ -12,7 +12,7 @@ from malcolm._core cimport Estimator, Rng, est_free
 from malcolm._workload cimport WorkloadC
 from malcolm.policy.base cimport Heartbeat, MAX_SERVERS
 from malcolm.policy.driver cimport StealGate, WindowState
-from malcolm.sim._queues cimport Event, EventQueue, Ring, ring_init
+from malcolm.sim._queues cimport Event, EventQueue, Ring, ring_init, ring_pop
 
 
 cdef enum:
@@ -73,6 +73,7 @@ ctypedef struct Server:
     int32_t first           # global index of worker 0
     double speed
     Ring queue              # waiting tasks, oldest first
+    Ring stolen             # stolen tasks waiting, served before ``queue`` (stolen_first)
     int32_t* idle           # stack of idle local worker indices
     int32_t nidle
     uint32_t epoch          # ideal PS: completion events of older epochs are stale
@@ -181,7 +182,7 @@ cdef class Engine:
     cdef void schedule_next_arrival(self) noexcept nogil
     cdef void do_arrival(self) noexcept nogil
     cdef void on_task(self, int s, int32_t slot) noexcept nogil
-    cdef void accept(self, int s, int32_t slot) noexcept nogil
+    cdef void accept(self, int s, int32_t slot, bint stolen=*) noexcept nogil
     cdef inline void start(self, int s, int lw, int32_t slot) noexcept nogil
     cdef void on_done(self, int s, int gw) noexcept nogil
     cdef void drop(self, int s, int32_t slot) noexcept nogil
@@ -258,7 +259,8 @@ cdef inline int server_init(Server* v, int n_workers, int first, double speed) n
     v.idle = <int32_t*>malloc(sizeof(int32_t) * n_workers)
     v.ps_cap = 64
     v.ps = <int32_t*>malloc(sizeof(int32_t) * v.ps_cap)
-    if ring_init(&v.queue, 64) != 0 or v.idle == NULL or v.ps == NULL:
+    if (ring_init(&v.queue, 64) != 0 or ring_init(&v.stolen, 4) != 0 or v.idle == NULL
+            or v.ps == NULL):
         return -1
     for w in range(n_workers):
         v.idle[w] = n_workers - 1 - w   # a stack with worker 0 on top: lowest index first
@@ -266,8 +268,17 @@ cdef inline int server_init(Server* v, int n_workers, int first, double speed) n
     return 0
 
 
+cdef inline int32_t server_next(Server* v) noexcept nogil:
+    """The task a free worker takes: a stolen one first (``Server.stolen``), else the oldest
+    waiting; -1 if none waits."""
+    if v.stolen.count > 0:
+        return ring_pop(&v.stolen)
+    return ring_pop(&v.queue)
+
+
 cdef inline void server_free(Server* v) noexcept nogil:
     free(v.queue.buf)
+    free(v.stolen.buf)
     free(v.idle)
     free(v.ps)
     est_free(&v.est)

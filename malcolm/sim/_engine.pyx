@@ -47,7 +47,7 @@ from malcolm.sim._network cimport (
     via_gateway,
 )
 from malcolm.sim._queues cimport (
-    Event, evq_init, evq_pop, evq_push, event_kind, ring_pop, ring_push,
+    Event, evq_init, evq_pop, evq_push, event_kind, ring_push,
 )
 
 
@@ -389,7 +389,11 @@ cdef class Engine:
         self.accept(s, slot)
 
     # ------------------------------------------------------------------ inside a server
-    cdef void accept(self, int s, int32_t slot) noexcept nogil:
+    cdef void accept(self, int s, int32_t slot, bint stolen=False) noexcept nogil:
+        """Server s keeps task ``slot``: a worker takes it, or it waits (a ``stolen`` one
+        ahead of the others where its thief's policy puts it first, as the runtime's gateway
+        does: it is the victim's oldest, and behind this server's own arrivals it would
+        wait a second time)."""
         cdef Server* v = &self.servers[s]
         cdef int lw
         if self.cap > 0 and v.ntasks >= self.cap:
@@ -405,7 +409,8 @@ cdef class Engine:
             v.nidle -= 1
             lw = v.idle[v.nidle]
             self.start(s, lw, slot)
-        elif ring_push(&v.queue, slot) != 0:
+        elif ring_push(&v.stolen if stolen and (<Policy>self.pol[s]).stolen_first
+                       else &v.queue, slot) != 0:
             self.err = ERR_NOMEM
 
     cdef inline void start(self, int s, int lw, int32_t slot) noexcept nogil:
@@ -434,7 +439,7 @@ cdef class Engine:
             if ring_push(&v.queue, slot) != 0:
                 self.err = ERR_NOMEM
                 return
-            self.start(s, lw, ring_pop(&v.queue))
+            self.start(s, lw, server_next(v))
             return
         est_observe(&v.est, lw, t.type, t.total / v.speed)
         v.ntasks -= 1
@@ -446,7 +451,7 @@ cdef class Engine:
             else:
                 self.push(self.now + self.cdelay, EV_CNOTIFY, gw, 0, 0.0)
             return
-        nxt = ring_pop(&v.queue)
+        nxt = server_next(v)
         if nxt >= 0:
             self.start(s, lw, nxt)
         else:

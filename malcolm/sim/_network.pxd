@@ -129,8 +129,9 @@ cdef inline void steal_request(Engine e, int victim, int thief, double seq) noex
     cdef Server* v = &e.servers[victim]
     cdef int32_t slot = -1
     # under ideal PS no task is waiting; the victim's policy may keep its waiting tasks
+    # (a task it stole itself is not given away again; it counts as waiting work)
     if e.sched != SCHED_PS and v.queue.count > 0 and (<Policy>e.pol[victim]).grant_steal(
-            e.now, <double>v.queue.count, est_rate(&v.est)):
+            e.now, <double>(v.queue.count + v.stolen.count), est_rate(&v.est)):
         slot = ring_pop(&v.queue)
     if slot >= 0:
         v.ntasks -= 1
@@ -153,4 +154,4 @@ cdef inline void steal_reply(Engine e, int thief, int32_t slot, double seq) noex
         return
     v.steals += 1
     drv_stole(<Policy>e.pol[thief])
-    e.accept(thief, slot)
+    e.accept(thief, slot, True)

@@ -38,7 +38,7 @@ def collect(Engine e):
         rows.append((v.accepted, v.completed, v.migrations, v.steals, v.steal_requests,
                      v.steal_empty, v.bad_decisions, v.busy_ns, v.load_sum, v.q_sum, v.windows,
                      v.dropped, v.gw_msgs, v.steal.suppressed, v.steal.timeouts,
-                     v.steal.max_seen, v.ntasks, v.queue.count))
+                     v.steal.max_seen, v.ntasks, v.queue.count + v.stolen.count))
     out["server"] = {f: np.array(col) for f, col in zip(fields, zip(*rows))}
     if e.record:
         # Row r holds every server's r-th configured window: only the rows that every server

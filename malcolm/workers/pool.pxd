@@ -2,15 +2,17 @@
 """The worker pool of a server: task slots, the central FCFS queue and the worker threads.
 
 The gateway (``malcolm/runtime/gateway.pyx``) fills slots and pushes their indices on
-``runq``; workers pop them, run the handler without the GIL and push them on ``doneq``; the
-gateway turns those into responses. The two inline helpers below are the only copies between a
-slot and the wire's ``WireTask``: every path (accept, forward, steal, answer) goes through them.
+``runq`` (a task it stole, where its policy says ``stolen_first``, on ``stealq``, which the
+workers empty first: ``pool_pop``); workers pop them, run the handler without the GIL and
+push them on ``doneq``; the gateway turns those into responses. The two inline helpers below
+are the only copies between a slot and the wire's ``WireTask``: every path (accept, forward,
+steal, answer) goes through them.
 """
 cimport cython
 from libc.stdint cimport UINT32_MAX, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
-from malcolm._core cimport Estimator, Mpmc
+from malcolm._core cimport Estimator, Mpmc, mpmc_pop, mpmc_size
 from malcolm._hist cimport Hist
 from malcolm._native cimport (
     mc_add64_relaxed, mc_bell_cancel, mc_bell_prepare, mc_bell_ring, mc_bell_ring_n, mc_bell_wait,
@@ -108,6 +110,7 @@ cdef class WorkerPool:
     cdef Transport tr               # woken after each task: the gateway sends the response
     cdef TaskSlot* slots
     cdef Mpmc* runq                 # waiting tasks (slot indices), FIFO
+    cdef Mpmc* stealq               # waiting stolen tasks, FIFO, taken before runq's
     cdef Mpmc* doneq                # run, waiting for the gateway to answer them
     cdef int64_t held               # tasks held: waiting + running (only the gateway writes)
     cdef Estimator est              # service rates, from the workers' measurements
@@ -121,3 +124,14 @@ cdef class WorkerPool:
 
     cdef int64_t run_task(self, int w, uint64_t idx, int64_t t0) noexcept nogil
     cdef void loop(self, int w) noexcept nogil
+
+
+cdef inline bint pool_pop(WorkerPool p, uint64_t* idx) noexcept nogil:
+    """The next waiting task for a worker: a stolen one first (the victim's oldest, which
+    behind this server's own arrivals would wait a second time), else the oldest."""
+    return mpmc_pop(p.stealq, idx) or mpmc_pop(p.runq, idx)
+
+
+cdef inline uint64_t pool_waiting(WorkerPool p) noexcept nogil:
+    """Tasks waiting for a worker (both queues)."""
+    return mpmc_size(p.runq) + mpmc_size(p.stealq)

@@ -15,7 +15,7 @@ from libc.string cimport memset
 
 from malcolm._core cimport (
     est_free, est_init, est_observe, mc_aligned_alloc, mc_cpu_relax, mc_load_acq, mc_now_ns,
-    mc_store_rel, mpmc_bytes, mpmc_init, mpmc_pop, mpmc_push, mpmc_size,
+    mc_store_rel, mpmc_bytes, mpmc_init, mpmc_push,
 )
 from malcolm._hist cimport N_BUCKETS, Hist, hist_add, hist_lower, hist_upper
 from malcolm._system cimport PR_SET_NAME, PR_SET_TIMERSLACK, prctl
@@ -64,12 +64,14 @@ cdef class WorkerPool:
             cap2 <<= 1
         self.slots = <TaskSlot*>mc_aligned_alloc(64, sizeof(TaskSlot) * capacity)
         self.runq = <Mpmc*>mc_aligned_alloc(64, mpmc_bytes(cap2))
+        self.stealq = <Mpmc*>mc_aligned_alloc(64, mpmc_bytes(cap2))
         self.doneq = <Mpmc*>mc_aligned_alloc(64, mpmc_bytes(cap2))
         self.svc_hist = <Hist*>mc_aligned_alloc(64, sizeof(Hist) * max(workers, 1))
-        if (self.slots == NULL or self.runq == NULL or self.doneq == NULL
-                or self.svc_hist == NULL):
+        if (self.slots == NULL or self.runq == NULL or self.stealq == NULL
+                or self.doneq == NULL or self.svc_hist == NULL):
             raise MemoryError("cannot allocate the server's queues")
-        if mpmc_init(self.runq, cap2) != 0 or mpmc_init(self.doneq, cap2) != 0:
+        if (mpmc_init(self.runq, cap2) != 0 or mpmc_init(self.stealq, cap2) != 0
+                or mpmc_init(self.doneq, cap2) != 0):
             raise MemoryError("cannot initialise the server's queues")
         if est_init(&self.est, max(workers, 1), n_types, est_alpha, prior_service_us * 1000) != 0:
             raise ValueError("bad estimator parameters")
@@ -82,6 +84,7 @@ cdef class WorkerPool:
     def __dealloc__(self):
         free(self.slots)
         free(self.runq)
+        free(self.stealq)
         free(self.doneq)
         free(self.svc_hist)
         if self.est_ok:
@@ -163,7 +166,7 @@ cdef class WorkerPool:
         cdef int64_t t0, idle_since = 0
         cdef uint32_t ticket
         while not mc_load_acq(&self.stop_flag):
-            if mpmc_pop(self.runq, &idx):
+            if pool_pop(self, &idx):
                 idle_since = 0
                 self.run_task(w, idx, mc_now_ns())
                 self.tr.wake()
@@ -178,7 +181,7 @@ cdef class WorkerPool:
                 mc_cpu_relax()
                 continue
             ticket = mc_bell_prepare(&self.bell)
-            if mpmc_size(self.runq) or mc_load_acq(&self.stop_flag):
+            if pool_waiting(self) or mc_load_acq(&self.stop_flag):
                 mc_bell_cancel(&self.bell)
                 continue
             mc_bell_wait(&self.bell, ticket, IDLE_WAIT_NS)
