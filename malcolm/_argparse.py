@@ -184,9 +184,8 @@ def servers(text) -> str:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a servers spec (COUNTxWORKERS[@SPEED],...: 8x8, 2x14,9x4) "
             f"nor a preset ({', '.join(f'{k}={v}' for k, v in PRESETS.items())})")
-    # the grammar alone passed 0x8, 8x0 and 8x8@1..2, which the simulator then refused with
-    # a traceback: its groups are read as the simulator reads them (its own limits on
-    # workers, speeds and servers stay malcolm.sim.rack's)
+    # the grammar alone passed 0x8, 8x0, 8x8@1..2 and 100x1, which the simulator then
+    # refused with a traceback: its groups are read as the simulator reads them, limits and all
     try:
         rack_groups(t)
     except ValueError as e:         # also a count of over 4300 digits

@@ -7,8 +7,19 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["ascii_digits", "ascii_number", "parse_duration", "parse_rate", "rack_groups",
+__all__ = ["RACK_MAX_SERVERS", "RACK_MAX_SPEED", "RACK_MAX_WORKERS", "RACK_MIN_SPEED",
+           "ascii_digits", "ascii_number", "parse_duration", "parse_rate", "rack_groups",
            "split_items"]
+
+#: A rack's limits, wherever a rack spec is read (the simulator's racks, the bench scripts'
+#: ``--servers``). Servers: the native layout's ``malcolm.policy.base.MAX_SERVERS``, written
+#: here so that the parsers work without a build (tests/test_parser_fuzz.py checks they
+#: agree). A server's speed factor: beyond 1000x either way a task's time leaves the range
+#: the workloads allow (1 ns - 1 s, :data:`malcolm.workloads.MAX_TIME_US`) by as much, and a
+#: speed of 1e-9 made ``malcolm sim`` run for hours.
+RACK_MAX_SERVERS = 64
+RACK_MAX_WORKERS = 4096
+RACK_MIN_SPEED, RACK_MAX_SPEED = 1e-3, 1e3
 
 # nanoseconds per unit (whole numbers, so that 0.5ms -> 500.0 µs exactly)
 _DURATION_UNITS = {"ns": 1.0, "us": 1e3, "µs": 1e3, "ms": 1e6, "s": 1e9, "m": 60e9,
@@ -109,10 +120,11 @@ _GROUP = re.compile(r"^([0-9]+)\s*[xX*]\s*([0-9]+)(?:\s*@\s*([0-9.eE+-]+))?$")
 def rack_groups(spec: str) -> list[tuple[str, int, int, float]]:
     """The groups of a rack spec ``COUNTxWORKERS[@SPEED],...`` (``2x14@2.0,9x4``) as
     ``(group, count, workers, speed)``, speed 1.0 where none is given: each a count and
-    workers >= 1 and a finite speed > 0. The simulator's rack parser
-    (:func:`malcolm.sim.rack.parse_rack_spec`, which adds its bounds on workers, servers and
-    speeds) and the bench scripts' ``--servers`` (:func:`malcolm._argparse.servers`) both
-    read specs with it.
+    workers >= 1 and a speed > 0, within the rack's limits (``RACK_MAX_WORKERS``,
+    ``RACK_MIN_SPEED``-``RACK_MAX_SPEED``, ``RACK_MAX_SERVERS`` in all). The simulator's
+    rack parser (:func:`malcolm.sim.rack.parse_rack_spec`) and the bench scripts'
+    ``--servers`` (:func:`malcolm._argparse.servers`) both read specs with it, so that both
+    refuse the same specs with the same line.
 
     Raises
     ------
@@ -120,6 +132,7 @@ def rack_groups(spec: str) -> list[tuple[str, int, int, float]]:
         One line naming the spec and the bad group.
     """
     out = []
+    total = 0
     for group in spec.split(","):
         g = group.strip()
         m = _GROUP.match(g)
@@ -137,5 +150,15 @@ def rack_groups(spec: str) -> list[tuple[str, int, int, float]]:
                              "and 1 worker")
         if not (math.isfinite(speed) and speed > 0):
             raise ValueError(f"rack spec {spec!r}: speed in {g!r} must be > 0")
+        if w > RACK_MAX_WORKERS:
+            raise ValueError(f"rack spec {spec!r}: at most {RACK_MAX_WORKERS} workers per "
+                             "server")
+        total += count          # checked before anything builds a list of COUNT items
+        if total > RACK_MAX_SERVERS:
+            raise ValueError(f"rack spec {spec!r}: {total} servers, at most "
+                             f"{RACK_MAX_SERVERS}")
+        if not RACK_MIN_SPEED <= speed <= RACK_MAX_SPEED:
+            raise ValueError(f"rack spec {spec!r}: speed {speed:g} must be within "
+                             f"{RACK_MIN_SPEED:g}-{RACK_MAX_SPEED:g}")
         out.append((g, count, w, speed))
     return out

@@ -99,6 +99,27 @@ def test_servers_refuses_what_no_rack_can_be(text):
         G.servers(text)
 
 
+@pytest.mark.parametrize("text, msg", [("100x1", "100 servers, at most 64"),
+                                       ("32x1,33x2", "65 servers, at most 64"),
+                                       ("1x5000", "at most 4096 workers per server"),
+                                       ("2x4@0.0001", "must be within 0.001-1000"),
+                                       ("2x4@2000", "must be within 0.001-1000")])
+def test_servers_refuses_what_the_simulator_refuses_with_its_line(text, msg):
+    # within the grammar but beyond the simulator's limits: fig7_1_2.py --servers 100x1
+    # was a traceback from inside simulate()
+    from malcolm.sim.rack import parse_rack_spec
+    with pytest.raises(argparse.ArgumentTypeError, match=msg):
+        G.servers(text)
+    with pytest.raises(ValueError, match=msg):
+        parse_rack_spec(text)
+
+
+def test_the_rack_limit_is_the_native_layouts():
+    from malcolm.policy.base import MAX_SERVERS
+    assert U.RACK_MAX_SERVERS == MAX_SERVERS
+    assert G.servers("60x1,4x2") == "60x1,4x2"
+
+
 def test_rack_spec_long_count_is_named():
     from malcolm.sim.rack import parse_rack_spec
     with pytest.raises(ValueError, match="bad number"):

@@ -12,13 +12,11 @@ import math
 import numbers
 from dataclasses import dataclass
 
-from malcolm._units import rack_groups
+from malcolm._units import RACK_MAX_SPEED, RACK_MAX_WORKERS, RACK_MIN_SPEED, rack_groups
 
-MAX_WORKERS = 4096
-#: A server's speed factor: beyond 1000x either way a task's time leaves the range the
-#: workloads allow (1 ns - 1 s, :data:`malcolm.workloads.MAX_TIME_US`) by as much, and a
-#: speed of 1e-9 made ``malcolm sim`` run for hours.
-MIN_SPEED, MAX_SPEED = 1e-3, 1e3
+# the limits of malcolm._units, where rack_groups applies them to every spec
+MAX_WORKERS = RACK_MAX_WORKERS
+MIN_SPEED, MAX_SPEED = RACK_MIN_SPEED, RACK_MAX_SPEED
 
 @dataclass(frozen=True)
 class Rack:
@@ -82,16 +80,8 @@ def parse_rack_spec(spec) -> Rack:
         return spec
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"rack spec must be a non-empty string like 8x8, got {spec!r}")
-    # the native layout's limit, imported here so that the parser works without a build
-    from malcolm.policy.base import MAX_SERVERS as max_servers
-
     workers, speeds = [], []
-    for _, count, w, speed in rack_groups(spec):
-        if w > MAX_WORKERS:
-            raise ValueError(f"rack spec {spec!r}: at most {MAX_WORKERS} workers per server")
-        if len(workers) + count > max_servers:     # before building a list of COUNT items
-            raise ValueError(f"rack spec {spec!r}: {len(workers) + count} servers, at most "
-                             f"{max_servers}")
+    for _, count, w, speed in rack_groups(spec):       # within the limits, or one line
         workers += [w] * count
         speeds += [speed] * count
     return Rack(tuple(workers), tuple(speeds), spec.strip())
