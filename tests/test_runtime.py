@@ -324,6 +324,17 @@ def test_a_stopped_server_refuses_to_start_again_and_stays_stopped():
     assert srv.stop()["stuck_threads"] == []        # a second stop is harmless
 
 
+def test_a_server_stopped_before_it_started_closes_its_transport():
+    # the server owns its transport from construction on: stop() without start() left the
+    # socket open for as long as the caller held the transport
+    tr = open_transport("udp", "127.0.0.1:0")
+    srv = Server(tr, [tr.address], 0, make_policy("random", 1, 0, 1), handler="echo")
+    assert srv.stop()["stuck_threads"] == []
+    assert tr.closed and srv.stopped and not srv.running
+    with pytest.raises(RuntimeError, match="cannot be started again"):
+        srv.start()
+
+
 def test_client_networks_outside_the_allowlist_are_dropped():
     tr = open_transport("udp", "127.0.0.1:0")
     srv = Server(tr, [tr.address], 0, make_policy("random", 1, 0), handler="echo",

@@ -217,6 +217,11 @@ cdef class Server:
             report = self.stats()
             report.update(unanswered=int(self.pool.held), unfinished=int(self.pool.held),
                           stuck_threads=[])
+            if not self.stopped:
+                # never started: no thread to stop, but the server owns its transport (its
+                # socket, shm rings or queue pair) and is done with it, as after a run
+                self.stopped = True
+                self.tr.close()
             return report
         grace = self.grace_s if grace_s is None else grace_s
         self.gateway.signal_stop(grace)
