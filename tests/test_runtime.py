@@ -496,13 +496,13 @@ def test_rack_steals_from_the_busy_server(tmp_path, kind):
     assert st[0]["stolen_out"] > 0 and st[0]["steal_req_recv"] > 0
 
 
-@pytest.mark.parametrize("grant", [0.0, 1000.0])
-def test_the_victims_steal_bar_runs_in_the_gateway(tmp_path, grant):
-    """``steal_grant`` decides in the runtime's gateway as in the simulator: with a bar no
-    queue reaches (1000 hops of waiting work) every steal request is answered empty."""
+def _steals_on_a_malcolm_rack(tmp_path, params):
+    """480 tasks of 200 µs on three udp servers of one worker running Malcolm with
+    ``params`` (rack-file lines), six in eight sent to server 0: (the client's summary, each
+    server's final statistics), after checking that every task was answered once."""
     if _policy_with_theta() != "malcolm":
         pytest.skip("the malcolm policy is not built")
-    path = _rack_file(tmp_path, "udp", f'name = "malcolm"\nsteal_grant = {grant}', workers=1)
+    path = _rack_file(tmp_path, "udp", 'name = "malcolm"\n' + params, workers=1)
     with LocalRack(path) as lr:
         with Client("udp", lr.cfg.addresses) as c:
             acc = c.run(480, service_ns=200_000, rate=8000, servers=[0, 0, 0, 0, 0, 0, 1, 2],
@@ -510,8 +510,15 @@ def test_the_victims_steal_bar_runs_in_the_gateway(tmp_path, grant):
         codes = lr.down()
     assert set(codes.values()) == {0}
     s = acc.summary()
-    assert s["answered"] == 480 and s["lost"] == 0, s
-    st = _final_stats(lr)
+    assert s["answered"] == 480 and s["lost"] == 0 and s["duplicates"] == 0, s
+    return s, _final_stats(lr)
+
+
+@pytest.mark.parametrize("grant", [0.0, 1000.0])
+def test_the_victims_steal_bar_runs_in_the_gateway(tmp_path, grant):
+    """``steal_grant`` decides in the runtime's gateway as in the simulator: with a bar no
+    queue reaches (1000 hops of waiting work) every steal request is answered empty."""
+    s, st = _steals_on_a_malcolm_rack(tmp_path, f"steal_grant = {grant}")
     assert st[0]["steal_req_recv"] > 0
     if grant:
         assert sum(x["stolen_out"] for x in st) == 0 and s["stolen"] == 0, s
@@ -523,19 +530,8 @@ def test_the_victims_steal_bar_runs_in_the_gateway(tmp_path, grant):
 def test_a_stolen_task_is_queued_ahead_where_the_policy_says_so(tmp_path, first):
     """``stolen_first`` in the runtime's gateway as in the simulator: each stolen task goes on
     the queue the workers empty first (``stolen_ahead``), and every task is answered."""
-    if _policy_with_theta() != "malcolm":
-        pytest.skip("the malcolm policy is not built")
-    path = _rack_file(tmp_path, "udp", 'name = "malcolm"\nsteal_grant = 0\n'
-                      f'stolen_first = {str(first).lower()}', workers=1)
-    with LocalRack(path) as lr:
-        with Client("udp", lr.cfg.addresses) as c:
-            acc = c.run(480, service_ns=200_000, rate=8000, servers=[0, 0, 0, 0, 0, 0, 1, 2],
-                        timeout=15)
-        codes = lr.down()
-    assert set(codes.values()) == {0}
-    s = acc.summary()
-    assert s["answered"] == 480 and s["lost"] == 0 and s["duplicates"] == 0, s
-    st = _final_stats(lr)
+    _, st = _steals_on_a_malcolm_rack(tmp_path, "steal_grant = 0\n"
+                                      f"stolen_first = {str(first).lower()}")
     stolen = sum(x["stolen_in"] for x in st)
     assert stolen > 0 and stolen == sum(x["stolen_out"] for x in st)
     assert sum(x["stolen_ahead"] for x in st) == (stolen if first else 0)
