@@ -13,6 +13,7 @@ import os
 import socket
 
 from malcolm._units import ascii_digits, ascii_number
+from malcolm.net import shm_reap
 from malcolm.net.limits import MAX_SHM_CAPACITY     # the rack file's bound too
 
 from libc.errno cimport errno
@@ -519,17 +520,23 @@ cdef class ShmTransport(Transport):
         self.kind = "shm"
         addr_parse("shm", address, &a)
         cdef size_t old_size
-        cdef mc_ring_hdr* old = mc_shm_attach(a.addr, &old_size)
-        if old != NULL:
-            # Like a bound udp port: a live owner keeps its name; a dead one's ring is reused.
-            owner, alive = old.owner_pid, mc_shm_owner_alive(old)
-            mc_shm_detach(old, old_size)
-            if alive and owner != os.getpid():
-                raise OSError(98, f"shm: endpoint name {address!r} is in use by process {owner}")
-        self.ring = mc_shm_create(a.addr, capacity, SLOT + 64, &self.size)
+        cdef mc_ring_hdr* old
+        cdef int err = 0
+        with shm_reap.lock():       # no other process unlinks or makes a ring meanwhile
+            shm_reap.reap()         # the rings of endpoints killed before they could
+            old = mc_shm_attach(a.addr, &old_size)
+            if old != NULL:
+                # Like a bound udp port: a live owner keeps its name; a dead one's is reused.
+                owner, alive = old.owner_pid, mc_shm_owner_alive(old)
+                mc_shm_detach(old, old_size)
+                if alive and owner != os.getpid():
+                    raise OSError(98, f"shm: endpoint name {address!r} is in use by process "
+                                      f"{owner}")
+            self.ring = mc_shm_create(a.addr, capacity, SLOT + 64, &self.size)
+            err = errno             # before the lock's release can set it
         if self.ring == NULL:
-            raise OSError(errno, f"shm: cannot create endpoint {address!r}: "
-                                 f"{strerror(errno).decode()}")
+            raise OSError(err, f"shm: cannot create endpoint {address!r}: "
+                               f"{strerror(err).decode()}")
         self.me = a
         self.peers = <ShmPeer*>mc_aligned_alloc(64, sizeof(ShmPeer) * MAX_SHM_PEERS)
         memset(self.peers, 0, sizeof(ShmPeer) * MAX_SHM_PEERS)
