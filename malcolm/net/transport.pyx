@@ -87,6 +87,14 @@ class TransportUnavailable(RuntimeError):
     """The requested transport cannot run here; the message says why and how to fix it."""
 
 
+class HostNotResolved(ValueError):
+    """A udp address's host name (``host``) that does not resolve on this machine."""
+
+    def __init__(self, message, host):
+        super().__init__(message)
+        self.host = host
+
+
 # ---------------------------------------------------------------- addresses
 
 cdef bint addr_eq(const NetAddr* a, const NetAddr* b) noexcept nogil:
@@ -148,7 +156,8 @@ cdef int addr_parse(str kind, object obj, NetAddr* out) except -1:
             ip = ipaddress.ip_address(socket.getaddrinfo(
                 host, None, type=socket.SOCK_DGRAM)[0][4][0])
         except (socket.gaierror, IndexError, ValueError):
-            raise ValueError(f"udp address {obj!r}: cannot resolve {host!r}") from None
+            raise HostNotResolved(f"udp address {obj!r}: cannot resolve {host!r}",
+                                  host) from None
     raw = ip.packed
     out.family = socket.AF_INET if ip.version == 4 else socket.AF_INET6
     out.port = port

@@ -249,19 +249,13 @@ def check_host_name(host: str) -> None:
 
 def _unresolved_name(transport: str, addr, err: ValueError):
     """``(host, port)`` of a udp address whose well-formed host name did not resolve here
-    (``err`` is the resolver's refusal), or None for any other refusal. A malformed name is
-    refused (ValueError): no node could resolve it."""
-    from malcolm.net.transport import split_host_port
-    if transport != "udp" or "cannot resolve" not in str(err):
+    (``err`` is the address parser's refusal: its ``HostNotResolved``), or None for any other
+    refusal. A malformed name is refused (ValueError): no node could resolve it."""
+    from malcolm.net.transport import HostNotResolved, split_host_port
+    if transport != "udp" or not isinstance(err, HostNotResolved):
         return None
-    host, port = split_host_port(addr, "udp")
-    try:
-        ipaddress.ip_address(host)
-        return None                     # an address literal: refused for its own reason
-    except ValueError:
-        pass
-    check_host_name(host)
-    return host, port
+    check_host_name(err.host)
+    return err.host, split_host_port(addr, "udp")[1]
 
 
 def server_address_key(transport: str, addr, resolve: bool = True) -> tuple:
