@@ -3,6 +3,7 @@ module provides ``VerbsTransport``)."""
 
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -201,10 +202,10 @@ def test_shm_name_of_a_live_endpoint_is_not_taken_over():
     b.close()
 
 
-def _fake_ring(path, alive, pid, magic=0x4d4352494e4731):
+def _fake_ring(path, alive, pid, magic=0x4d4352494e4731, ns=0):
     import struct
     with open(path, "wb") as f:
-        f.write(struct.pack("=QIIIi", magic, 1024, 2112, alive, pid) + bytes(40))
+        f.write(struct.pack("=QIIIiQ", magic, 1024, 2112, alive, pid, ns) + bytes(32))
 
 
 def test_reap_unlinks_only_the_rings_whose_owner_is_gone(tmp_path):
@@ -220,12 +221,56 @@ def test_reap_unlinks_only_the_rings_whose_owner_is_gone(tmp_path):
     _fake_ring(tmp_path / "malcolm-other", 1, dead.pid, magic=7)  # not a ring
     _fake_ring(tmp_path / "unrelated", 1, dead.pid)
     (tmp_path / "malcolm-short").write_bytes(b"x")
+    # rings that record their pid namespace: a pid of another one names nothing here
+    ns = shm_reap.pid_namespace()
+    assert ns > 0
+    _fake_ring(tmp_path / "malcolm-killed-ns", 1, dead.pid, ns=ns)
+    _fake_ring(tmp_path / "malcolm-container", 1, dead.pid, ns=ns + 1)
+    _fake_ring(tmp_path / "malcolm-container-me", 1, os.getpid(), ns=ns + 1)
+    _fake_ring(tmp_path / "malcolm-container-stopped", 0, dead.pid, ns=ns + 1)
     with shm_reap.lock(str(tmp_path)):
         gone = shm_reap.reap(str(tmp_path))
-    assert sorted(gone) == ["malcolm-killed", "malcolm-stopped"]
+    assert sorted(gone) == ["malcolm-container-stopped", "malcolm-killed", "malcolm-killed-ns",
+                            "malcolm-stopped"]
     assert sorted(os.listdir(tmp_path)) == sorted(
         ["malcolm-running", "malcolm-mine", "malcolm-group", "malcolm-other", "unrelated",
-         "malcolm-short", shm_reap.LOCK_NAME])
+         "malcolm-short", "malcolm-container", "malcolm-container-me", shm_reap.LOCK_NAME])
+
+
+def _in_new_pid_namespace(code, *args):
+    """Run ``code`` in a new pid namespace that shares this /dev/shm, as a container started
+    with the host's IPC would (root only)."""
+    return subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c",
+                           code, *args], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=os.getcwd()))
+
+
+@pytest.mark.skipif("shm" not in KINDS, reason="shm transport not available")
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                    reason="a new pid namespace needs root and unshare(1)")
+def test_an_endpoint_in_another_pid_namespace_leaves_a_live_ring_alone():
+    """Our pid does not exist in a container's pid namespace, so an endpoint made there took
+    our live ring for a killed one's: it unlinked it (no new peer could reach us) and took
+    its name. The ring records its namespace, and a pid of another one is never judged."""
+    code = ("import sys\nfrom malcolm.net.transport import open_transport\n"
+            "t = open_transport('shm', None)\nt.close()\n"
+            "try:\n    open_transport('shm', sys.argv[1])\n"
+            "except OSError as e:\n    print(e)\n    sys.exit(7)\n")
+    name = _addr("shm")
+    t = open_transport("shm", name)
+    try:
+        r = _in_new_pid_namespace(code, name)
+        assert r.returncode == 7, r.stderr
+        assert "in use by process" in r.stdout and "another pid namespace" in r.stdout
+        assert os.path.exists(f"/dev/shm/malcolm-{name}")
+        u = open_transport("shm", _addr("shm"))   # and it still gets messages
+        try:
+            u.send(t.address, b"still here")
+            assert [m for m, _ in _drain(t, 1)] == [b"still here"]
+        finally:
+            u.close()
+    finally:
+        t.close()
 
 
 @pytest.mark.skipif("shm" not in KINDS, reason="shm transport not available")

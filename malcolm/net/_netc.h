@@ -49,7 +49,10 @@ typedef struct mc_ring_hdr {
   uint32_t cell_bytes;        /* bytes per cell, header included */
   uint32_t alive;             /* 1 while the owner runs; 0 after a clean stop */
   int32_t owner_pid;
-  uint64_t _pad0[5];
+  /* the pid namespace owner_pid is a pid of (the inode of /proc/self/ns/pid; 0: not known,
+     and in rings made before it was kept): a pid means nothing in another namespace */
+  uint64_t owner_ns;
+  uint64_t _pad0[4];
   uint64_t enq;               /* producers' cursor */
   uint64_t _pad1[7];
   uint64_t deq;               /* the consumer's cursor */
@@ -73,9 +76,10 @@ static inline mc_cell_hdr *mc_ring_cell(mc_ring_hdr *r, uint64_t pos) {
   return (mc_cell_hdr *)((uint8_t *)r + sizeof(mc_ring_hdr) +
                          (size_t)(pos & (r->capacity - 1)) * r->cell_bytes);
 }
-static inline void mc_ring_init(mc_ring_hdr *r, uint32_t capacity, uint32_t cell_bytes, int32_t pid) {
+static inline void mc_ring_init(mc_ring_hdr *r, uint32_t capacity, uint32_t cell_bytes, int32_t pid,
+                                uint64_t pid_ns) {
   memset(r, 0, sizeof(*r));
-  r->capacity = capacity; r->cell_bytes = cell_bytes; r->owner_pid = pid;
+  r->capacity = capacity; r->cell_bytes = cell_bytes; r->owner_pid = pid; r->owner_ns = pid_ns;
   for (uint64_t i = 0; i < capacity; i++) mc_ring_cell(r, i)->seq = i;
   r->alive = 1;
   __atomic_store_n(&r->magic, MC_RING_MAGIC, __ATOMIC_RELEASE);

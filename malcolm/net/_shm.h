@@ -9,6 +9,22 @@
 #include <stdio.h>
 #include <signal.h>
 
+/* The pid namespace this process's pids belong to: the inode of /proc/self/ns/pid, 0 where
+   /proc does not say. Kept per process (a fork may be in another namespace); looked up once
+   per endpoint and once per 1024 spins on a full ring, never per message. */
+static inline uint64_t mc_pid_ns(void) {
+  static int32_t pid_seen = 0;
+  static uint64_t ns_seen = 0;
+  int32_t pid = (int32_t)getpid();
+  if (__atomic_load_n(&pid_seen, __ATOMIC_ACQUIRE) != pid) {
+    struct stat st;
+    __atomic_store_n(&ns_seen, stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0,
+                     __ATOMIC_RELAXED);
+    __atomic_store_n(&pid_seen, pid, __ATOMIC_RELEASE);
+  }
+  return __atomic_load_n(&ns_seen, __ATOMIC_RELAXED);
+}
+
 static inline void mc_shm_path(const uint8_t name[16], char out[40]) {
   char n[17]; memcpy(n, name, 16); n[16] = 0;
   snprintf(out, 40, "/malcolm-%s", n);
@@ -26,7 +42,7 @@ static inline mc_ring_hdr *mc_shm_create(const uint8_t name[16], uint32_t capaci
   void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int e = errno; close(fd);
   if (p == MAP_FAILED) { shm_unlink(path); errno = e; return NULL; }
-  mc_ring_init((mc_ring_hdr *)p, capacity, cell_bytes, (int32_t)getpid());
+  mc_ring_init((mc_ring_hdr *)p, capacity, cell_bytes, (int32_t)getpid(), mc_pid_ns());
   *size_out = size;
   return (mc_ring_hdr *)p;
 }
@@ -60,9 +76,19 @@ static inline void mc_shm_destroy(mc_ring_hdr *r, size_t size, const uint8_t nam
   shm_unlink(path);
 }
 
-/* Is the owner of a ring still there? (A killed owner leaves alive == 1 behind.) */
+/* Was the ring made in another pid namespace than this process's? (Both known.) */
+static inline int mc_shm_other_ns(const mc_ring_hdr *r) {
+  uint64_t mine = mc_pid_ns();
+  return r->owner_ns != 0 && mine != 0 && r->owner_ns != mine;
+}
+
+/* Is the owner of a ring still there? (A killed owner leaves alive == 1 behind.) An owner in
+   another pid namespace (a container sharing /dev/shm) counts as there while alive is 1: its
+   pid names nothing, or another process, here, and taking it for dead would let a second
+   endpoint take a live one's name. */
 static inline int mc_shm_owner_alive(mc_ring_hdr *r) {
   if (!__atomic_load_n(&r->alive, __ATOMIC_ACQUIRE)) return 0;
+  if (mc_shm_other_ns(r)) return 1;
   return kill(r->owner_pid, 0) == 0 || errno == EPERM;
 }
 #endif

@@ -29,8 +29,9 @@ SHM_DIR = "/dev/shm"
 # already keeps each user's rings from the others' unlinking.
 LOCK_NAME = f"malcolm-.lock-of-the-shm-rings-{os.getuid()}"
 PREFIX = "malcolm-"
-# mc_ring_hdr (net/_netc.h): u64 magic, u32 capacity, u32 cell_bytes, u32 alive, i32 owner_pid
-_HEADER = struct.Struct("=QIIIi")
+# mc_ring_hdr (net/_netc.h): u64 magic, u32 capacity, u32 cell_bytes, u32 alive, i32 owner_pid,
+# u64 owner_ns
+_HEADER = struct.Struct("=QIIIiQ")
 _MAGIC = 0x4d4352494e4731       # "MCRING1", MC_RING_MAGIC
 
 
@@ -43,6 +44,15 @@ def lock(directory: str = SHM_DIR):
         yield
     finally:
         os.close(fd)            # releases the lock
+
+
+def pid_namespace() -> int:
+    """This process's pid namespace, as a ring's ``owner_ns`` records it (``mc_pid_ns``):
+    the inode of ``/proc/self/ns/pid``, 0 where ``/proc`` does not say."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
 
 
 def _owner_gone(pid: int) -> bool:
@@ -58,10 +68,12 @@ def _owner_gone(pid: int) -> bool:
 def reap(directory: str = SHM_DIR) -> list[str]:
     """Unlink the rings in ``directory`` whose owner stopped without unlinking them: a
     ring's header says its owner stopped (``alive`` 0) or names a process that no longer
-    exists. Only this user's regular files that hold a ring's header are read; the caller
-    holds :func:`lock`. Returns the names unlinked."""
+    exists. A ring made in another pid namespace (a container that shares ``/dev/shm``) is
+    unlinked only once stopped: its pid names nothing, or another process, here. Only this
+    user's regular files that hold a ring's header are read; the caller holds :func:`lock`.
+    Returns the names unlinked."""
     gone = []
-    me = os.getpid()
+    me, my_ns = os.getpid(), pid_namespace()
     try:
         names = os.listdir(directory)
     except OSError:
@@ -85,10 +97,11 @@ def reap(directory: str = SHM_DIR) -> list[str]:
             os.close(fd)
         if len(head) < _HEADER.size:
             continue
-        magic, _, _, alive, pid = _HEADER.unpack(head)
-        if magic != _MAGIC or pid == me or pid <= 0:
+        magic, _, _, alive, pid, ns = _HEADER.unpack(head)
+        other_ns = ns != 0 and my_ns != 0 and ns != my_ns
+        if magic != _MAGIC or (pid == me and not other_ns) or pid <= 0:
             continue
-        if alive and not _owner_gone(pid):
+        if alive and (other_ns or not _owner_gone(pid)):
             continue
         try:
             os.unlink(path)

@@ -34,6 +34,7 @@ cdef extern from "net/_netc.h" nogil:
         uint32_t cell_bytes
         uint32_t alive
         int owner_pid
+        uint64_t owner_ns
         mc_doorbell bell
     ctypedef struct mc_cell_hdr:
         uint64_t seq
@@ -53,6 +54,7 @@ cdef extern from "net/_shm.h" nogil:
     void mc_shm_detach(mc_ring_hdr* r, size_t size)
     void mc_shm_destroy(mc_ring_hdr* r, size_t size, const uint8_t* name)
     bint mc_shm_owner_alive(mc_ring_hdr* r)
+    bint mc_shm_other_ns(const mc_ring_hdr* r)
 
 
 cdef extern from "net/_udp.h" nogil:
@@ -537,10 +539,11 @@ cdef class ShmTransport(Transport):
             if old != NULL:
                 # Like a bound udp port: a live owner keeps its name; a dead one's is reused.
                 owner, alive = old.owner_pid, mc_shm_owner_alive(old)
+                other = mc_shm_other_ns(old)
                 mc_shm_detach(old, old_size)
-                if alive and owner != os.getpid():
+                if alive and (other or owner != os.getpid()):
                     raise OSError(98, f"shm: endpoint name {address!r} is in use by process "
-                                      f"{owner}")
+                                      f"{owner}" + (" of another pid namespace" if other else ""))
             self.ring = mc_shm_create(a.addr, capacity, SLOT + 64, &self.size)
             err = errno             # before the lock's release can set it
         if self.ring == NULL:
