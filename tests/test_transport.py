@@ -1,6 +1,7 @@
 """One test suite for every transport that can run here (udp, shm; verbs joins when its
 module provides ``VerbsTransport``)."""
 
+import fcntl
 import os
 import re
 import shutil
@@ -202,10 +203,10 @@ def test_shm_name_of_a_live_endpoint_is_not_taken_over():
     b.close()
 
 
-def _fake_ring(path, alive, pid, magic=0x4d4352494e4731, ns=0):
+def _fake_ring(path, alive, pid, magic=0x4d4352494e4731, ns=0, flags=0):
     import struct
     with open(path, "wb") as f:
-        f.write(struct.pack("=QIIIiQ", magic, 1024, 2112, alive, pid, ns) + bytes(32))
+        f.write(struct.pack("=QIIIiQI", magic, 1024, 2112, alive, pid, ns, flags) + bytes(28))
 
 
 def test_reap_unlinks_only_the_rings_whose_owner_is_gone(tmp_path):
@@ -228,13 +229,23 @@ def test_reap_unlinks_only_the_rings_whose_owner_is_gone(tmp_path):
     _fake_ring(tmp_path / "malcolm-container", 1, dead.pid, ns=ns + 1)
     _fake_ring(tmp_path / "malcolm-container-me", 1, os.getpid(), ns=ns + 1)
     _fake_ring(tmp_path / "malcolm-container-stopped", 0, dead.pid, ns=ns + 1)
-    with shm_reap.lock(str(tmp_path)):
-        gone = shm_reap.reap(str(tmp_path))
+    # rings whose owner holds the file's lock while it runs: the lock decides, not the pid
+    _fake_ring(tmp_path / "malcolm-locked", 1, dead.pid, ns=ns + 1, flags=1)
+    _fake_ring(tmp_path / "malcolm-pid-reused", 1, live, ns=ns, flags=1)   # owner killed
+    _fake_ring(tmp_path / "malcolm-restarted", 1, 1, ns=ns + 1, flags=1)   # its container too
+    held = os.open(tmp_path / "malcolm-locked", os.O_RDONLY)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with shm_reap.lock(str(tmp_path)):
+            gone = shm_reap.reap(str(tmp_path))
+    finally:
+        os.close(held)
     assert sorted(gone) == ["malcolm-container-stopped", "malcolm-killed", "malcolm-killed-ns",
-                            "malcolm-stopped"]
+                            "malcolm-pid-reused", "malcolm-restarted", "malcolm-stopped"]
     assert sorted(os.listdir(tmp_path)) == sorted(
         ["malcolm-running", "malcolm-mine", "malcolm-group", "malcolm-other", "unrelated",
-         "malcolm-short", "malcolm-container", "malcolm-container-me", shm_reap.LOCK_NAME])
+         "malcolm-short", "malcolm-container", "malcolm-container-me", "malcolm-locked",
+         shm_reap.LOCK_NAME])
 
 
 def _in_new_pid_namespace(code, *args):
@@ -271,6 +282,55 @@ def test_an_endpoint_in_another_pid_namespace_leaves_a_live_ring_alone():
             u.close()
     finally:
         t.close()
+
+
+@pytest.mark.skipif("shm" not in KINDS, reason="shm transport not available")
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                    reason="a new pid namespace needs root and unshare(1)")
+def test_a_name_whose_owner_was_killed_in_another_pid_namespace_is_free_again():
+    """A container restarted after a crash: its server's ring names pid 1 of a namespace
+    that is gone. By pid it was taken for live (pid 1 runs here too) and the name stayed
+    taken for good; the file's lock, dropped when the owner died, says it is free."""
+    # gone without a clean stop (a namespace's pid 1 ignores even its own SIGKILL)
+    code = ("import os, sys\nfrom malcolm.net.transport import open_transport\n"
+            "t = open_transport('shm', sys.argv[1])\nprint(os.getpid(), flush=True)\n"
+            "os._exit(0)\n")
+    name = _addr("shm")
+    r = _in_new_pid_namespace(code, name)
+    assert r.stdout.split() == ["1"], (r.stdout, r.stderr)       # pid 1 of its namespace
+    assert os.path.exists(f"/dev/shm/malcolm-{name}")           # left behind, alive = 1
+    t = open_transport("shm", name)
+    try:
+        u = open_transport("shm", _addr("shm"))
+        try:
+            u.send(name, b"back")
+            assert [m for m, _ in _drain(t, 1)] == [b"back"]
+        finally:
+            u.close()
+    finally:
+        t.close()
+
+
+@pytest.mark.skipif("shm" not in KINDS, reason="shm transport not available")
+def test_closing_an_endpoint_leaves_the_name_to_the_one_that_took_it_over():
+    """One process may make an endpoint under its own live endpoint's name (a restart
+    within it); closing the first one unlinked the name, and the second was then out of
+    every new peer's reach."""
+    name = _addr("shm")
+    first = open_transport("shm", name)
+    second = open_transport("shm", name)
+    try:
+        first.close()
+        assert os.path.exists(f"/dev/shm/malcolm-{name}")
+        u = open_transport("shm", _addr("shm"))
+        try:
+            u.send(name, b"to the second")
+            assert [m for m, _ in _drain(second, 1)] == [b"to the second"]
+        finally:
+            u.close()
+    finally:
+        second.close()
+    assert not os.path.exists(f"/dev/shm/malcolm-{name}")
 
 
 @pytest.mark.skipif("shm" not in KINDS, reason="shm transport not available")

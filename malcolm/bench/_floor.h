@@ -107,7 +107,7 @@ static int fl_udp_pingpong(int n, int size, int64_t *rtt, double max_s, int bloc
 
 static mc_ring_hdr *fl_ring_new(uint32_t cap, uint32_t cell) {
   mc_ring_hdr *r = (mc_ring_hdr *)aligned_alloc(64, (mc_ring_bytes(cap, cell) + 63) & ~(size_t)63);
-  if (r) mc_ring_init(r, cap, cell, (int32_t)getpid(), 0);
+  if (r) mc_ring_init(r, cap, cell, (int32_t)getpid(), 0, 0);
   return r;
 }
 

@@ -43,6 +43,10 @@ static inline int mc_isfinite(double d) { return __builtin_isfinite(d); }
    be mapped at different addresses in different processes. The consumer reads messages in
    place and releases them after use, so a receive copies nothing. */
 #define MC_RING_MAGIC 0x4d4352494e4731ull   /* "MCRING1" */
+/* owner_flags: the owner holds an exclusive flock on the ring's file while it runs, which the
+   kernel drops when it dies however it dies: whether it runs is then known from the file,
+   whatever its pid has come to name (reused, or in another pid namespace). */
+#define MC_RING_LOCKED 1u
 typedef struct mc_ring_hdr {
   uint64_t magic;
   uint32_t capacity;          /* power of two */
@@ -52,7 +56,9 @@ typedef struct mc_ring_hdr {
   /* the pid namespace owner_pid is a pid of (the inode of /proc/self/ns/pid; 0: not known,
      and in rings made before it was kept): a pid means nothing in another namespace */
   uint64_t owner_ns;
-  uint64_t _pad0[4];
+  uint32_t owner_flags;       /* MC_RING_LOCKED */
+  uint32_t _padf;
+  uint64_t _pad0[3];
   uint64_t enq;               /* producers' cursor */
   uint64_t _pad1[7];
   uint64_t deq;               /* the consumer's cursor */
@@ -77,9 +83,10 @@ static inline mc_cell_hdr *mc_ring_cell(mc_ring_hdr *r, uint64_t pos) {
                          (size_t)(pos & (r->capacity - 1)) * r->cell_bytes);
 }
 static inline void mc_ring_init(mc_ring_hdr *r, uint32_t capacity, uint32_t cell_bytes, int32_t pid,
-                                uint64_t pid_ns) {
+                                uint64_t pid_ns, uint32_t flags) {
   memset(r, 0, sizeof(*r));
   r->capacity = capacity; r->cell_bytes = cell_bytes; r->owner_pid = pid; r->owner_ns = pid_ns;
+  r->owner_flags = flags;
   for (uint64_t i = 0; i < capacity; i++) mc_ring_cell(r, i)->seq = i;
   r->alive = 1;
   __atomic_store_n(&r->magic, MC_RING_MAGIC, __ATOMIC_RELEASE);

@@ -30,9 +30,10 @@ SHM_DIR = "/dev/shm"
 LOCK_NAME = f"malcolm-.lock-of-the-shm-rings-{os.getuid()}"
 PREFIX = "malcolm-"
 # mc_ring_hdr (net/_netc.h): u64 magic, u32 capacity, u32 cell_bytes, u32 alive, i32 owner_pid,
-# u64 owner_ns
-_HEADER = struct.Struct("=QIIIiQ")
+# u64 owner_ns, u32 owner_flags
+_HEADER = struct.Struct("=QIIIiQI")
 _MAGIC = 0x4d4352494e4731       # "MCRING1", MC_RING_MAGIC
+_LOCKED = 1                     # MC_RING_LOCKED: the owner holds the file's flock while it runs
 
 
 @contextlib.contextmanager
@@ -65,13 +66,29 @@ def _owner_gone(pid: int) -> bool:
     return False
 
 
+def _lock_held(fd: int) -> bool:
+    """Does a running owner hold the ring file's exclusive lock? (A shared lock taken
+    without waiting fails only then; closing ``fd`` drops it.)"""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 def reap(directory: str = SHM_DIR) -> list[str]:
-    """Unlink the rings in ``directory`` whose owner stopped without unlinking them: a
-    ring's header says its owner stopped (``alive`` 0) or names a process that no longer
-    exists. A ring made in another pid namespace (a container that shares ``/dev/shm``) is
-    unlinked only once stopped: its pid names nothing, or another process, here. Only this
-    user's regular files that hold a ring's header are read; the caller holds :func:`lock`.
-    Returns the names unlinked."""
+    """Unlink the rings in ``directory`` whose owner stopped without unlinking them.
+
+    A ring's owner runs while it holds the ring file's lock (rings whose header says they
+    have one, ``MC_RING_LOCKED``): the kernel drops it however the owner ends, so this holds
+    whatever its pid has come to name since (reused, or a pid of another pid namespace,
+    where containers share ``/dev/shm``). Of a ring without one the header must say its
+    owner stopped (``alive`` 0) or name a process that no longer exists, and one made in
+    another pid namespace is unlinked only once stopped. Only this user's regular files
+    that hold a ring's header are read; the caller holds :func:`lock`. Returns the names
+    unlinked."""
     gone = []
     me, my_ns = os.getpid(), pid_namespace()
     try:
@@ -91,18 +108,19 @@ def reap(directory: str = SHM_DIR) -> list[str]:
             if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
                 continue
             head = os.pread(fd, _HEADER.size, 0)
+            if len(head) < _HEADER.size:
+                continue
+            magic, _, _, alive, pid, ns, flags = _HEADER.unpack(head)
+            other_ns = ns != 0 and my_ns != 0 and ns != my_ns
+            if magic != _MAGIC or (pid == me and not other_ns) or pid <= 0:
+                continue
+            if alive and (_lock_held(fd) if flags & _LOCKED
+                          else other_ns or not _owner_gone(pid)):
+                continue
         except OSError:
             continue
         finally:
             os.close(fd)
-        if len(head) < _HEADER.size:
-            continue
-        magic, _, _, alive, pid, ns = _HEADER.unpack(head)
-        other_ns = ns != 0 and my_ns != 0 and ns != my_ns
-        if magic != _MAGIC or (pid == me and not other_ns) or pid <= 0:
-            continue
-        if alive and (other_ns or not _owner_gone(pid)):
-            continue
         try:
             os.unlink(path)
             gone.append(name)

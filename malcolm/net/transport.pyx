@@ -49,11 +49,12 @@ cdef extern from "net/_netc.h" nogil:
 
 cdef extern from "net/_shm.h" nogil:
     mc_ring_hdr* mc_shm_create(const uint8_t* name, uint32_t capacity, uint32_t cell_bytes,
-                               size_t* size_out)
+                               size_t* size_out, int* fd_out)
     mc_ring_hdr* mc_shm_attach(const uint8_t* name, size_t* size_out)
     void mc_shm_detach(mc_ring_hdr* r, size_t size)
-    void mc_shm_destroy(mc_ring_hdr* r, size_t size, const uint8_t* name)
+    void mc_shm_destroy(mc_ring_hdr* r, size_t size, const uint8_t* name, int fd)
     bint mc_shm_owner_alive(mc_ring_hdr* r)
+    bint mc_shm_owner_running(mc_ring_hdr* r, const uint8_t* name)
     bint mc_shm_other_ns(const mc_ring_hdr* r)
 
 
@@ -511,6 +512,7 @@ cdef class ShmTransport(Transport):
     """
     cdef mc_ring_hdr* ring
     cdef size_t size
+    cdef int fd                 # the ring's file, locked while this endpoint lives
     cdef ShmPeer* peers
     cdef int n_peers
     cdef uint32_t _ticket
@@ -529,6 +531,7 @@ cdef class ShmTransport(Transport):
         if address is None:
             address = f"c{os.getpid():x}-{next(_names)}"[:16]
         self.kind = "shm"
+        self.fd = -1
         addr_parse("shm", address, &a)
         cdef size_t old_size
         cdef mc_ring_hdr* old
@@ -538,13 +541,13 @@ cdef class ShmTransport(Transport):
             old = mc_shm_attach(a.addr, &old_size)
             if old != NULL:
                 # Like a bound udp port: a live owner keeps its name; a dead one's is reused.
-                owner, alive = old.owner_pid, mc_shm_owner_alive(old)
+                owner, alive = old.owner_pid, mc_shm_owner_running(old, a.addr)
                 other = mc_shm_other_ns(old)
                 mc_shm_detach(old, old_size)
                 if alive and (other or owner != os.getpid()):
                     raise OSError(98, f"shm: endpoint name {address!r} is in use by process "
                                       f"{owner}" + (" of another pid namespace" if other else ""))
-            self.ring = mc_shm_create(a.addr, capacity, SLOT + 64, &self.size)
+            self.ring = mc_shm_create(a.addr, capacity, SLOT + 64, &self.size, &self.fd)
             err = errno             # before the lock's release can set it
         if self.ring == NULL:
             raise OSError(err, f"shm: cannot create endpoint {address!r}: "
@@ -564,8 +567,9 @@ cdef class ShmTransport(Transport):
     cdef void _release(self):
         cdef int i
         if self.ring != NULL:
-            mc_shm_destroy(self.ring, self.size, self.me.addr)
+            mc_shm_destroy(self.ring, self.size, self.me.addr, self.fd)
             self.ring = NULL
+            self.fd = -1
         if self.peers != NULL:
             for i in range(self.n_peers):
                 if self.peers[i].ring != NULL:
