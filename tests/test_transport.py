@@ -333,6 +333,39 @@ def test_closing_an_endpoint_leaves_the_name_to_the_one_that_took_it_over():
     assert not os.path.exists(f"/dev/shm/malcolm-{name}")
 
 
+_RECEIVER = ("import sys, time\nfrom malcolm.net.transport import open_transport\n"
+             "t = open_transport('shm', sys.argv[1])\nprint('ready', flush=True)\n"
+             "end = time.monotonic() + 20\n"
+             "while time.monotonic() < end:\n"
+             "    for m, _ in t.recv(0.05):\n"
+             "        print(m.decode(), flush=True)\n")
+
+
+@pytest.mark.skipif("shm" not in KINDS, reason="shm transport not available")
+def test_a_server_restarted_after_a_kill_is_reached_by_its_peers_again():
+    """A peer kept sending into the killed server's ring, which it still mapped (its
+    header still says alive), and never reached the server restarted under the name."""
+    name = _addr("shm")
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    u = open_transport("shm", _addr("shm"))
+    procs = []
+    try:
+        for word in ("first", "second"):
+            p = subprocess.Popen([sys.executable, "-c", _RECEIVER, name], env=env, text=True,
+                                 stdout=subprocess.PIPE)
+            procs.append(p)
+            assert p.stdout.readline().strip() == "ready"
+            u.send(name, word.encode())
+            assert p.stdout.readline().strip() == word
+            p.kill()
+            p.wait(30)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(30)
+        u.close()
+
+
 @pytest.mark.skipif("shm" not in KINDS, reason="shm transport not available")
 def test_the_ring_of_a_killed_endpoint_is_unlinked_by_the_next_one():
     """A SIGKILLed process cannot unlink its ring, and a client's name holds its pid, so

@@ -53,6 +53,13 @@ static inline mc_ring_hdr *mc_shm_create(const uint8_t name[16], uint32_t capaci
   return (mc_ring_hdr *)p;
 }
 
+/* Mark the ring of an owner that is gone as stopped: a peer that still maps it (it was
+   killed, so alive stayed 1) then drops the mapping at its next send and attaches to the
+   name afresh, which reaches the endpoint that took the name over. */
+static inline void mc_shm_mark_stopped(mc_ring_hdr *r) {
+  __atomic_store_n(&r->alive, 0, __ATOMIC_RELEASE);
+}
+
 /* Does a running process hold the lock of the ring file named `name`? 1 yes, 0 no, -1 the
    file cannot be opened. A shared lock taken without waiting fails only while the owner
    holds its exclusive one (on another open file: even the owner's own process is told). */

@@ -34,6 +34,7 @@ PREFIX = "malcolm-"
 _HEADER = struct.Struct("=QIIIiQI")
 _MAGIC = 0x4d4352494e4731       # "MCRING1", MC_RING_MAGIC
 _LOCKED = 1                     # MC_RING_LOCKED: the owner holds the file's flock while it runs
+_ALIVE_AT = 16                  # the offset of alive
 
 
 @contextlib.contextmanager
@@ -100,7 +101,7 @@ def reap(directory: str = SHM_DIR) -> list[str]:
             continue
         path = os.path.join(directory, name)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
             continue
         try:
@@ -117,6 +118,10 @@ def reap(directory: str = SHM_DIR) -> list[str]:
             if alive and (_lock_held(fd) if flags & _LOCKED
                           else other_ns or not _owner_gone(pid)):
                 continue
+            if alive:
+                # stopped, for the peers that still map it (mc_shm_mark_stopped): they let
+                # go of it at their next send and look the name up afresh
+                os.pwrite(fd, bytes(4), _ALIVE_AT)
         except OSError:
             continue
         finally:

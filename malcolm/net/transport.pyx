@@ -55,6 +55,7 @@ cdef extern from "net/_shm.h" nogil:
     void mc_shm_destroy(mc_ring_hdr* r, size_t size, const uint8_t* name, int fd)
     bint mc_shm_owner_alive(mc_ring_hdr* r)
     bint mc_shm_owner_running(mc_ring_hdr* r, const uint8_t* name)
+    void mc_shm_mark_stopped(mc_ring_hdr* r)
     bint mc_shm_other_ns(const mc_ring_hdr* r)
 
 
@@ -543,6 +544,8 @@ cdef class ShmTransport(Transport):
                 # Like a bound udp port: a live owner keeps its name; a dead one's is reused.
                 owner, alive = old.owner_pid, mc_shm_owner_running(old, a.addr)
                 other = mc_shm_other_ns(old)
+                if not alive:
+                    mc_shm_mark_stopped(old)    # its peers' mappings let go of it
                 mc_shm_detach(old, old_size)
                 if alive and (other or owner != os.getpid()):
                     raise OSError(98, f"shm: endpoint name {address!r} is in use by process "
