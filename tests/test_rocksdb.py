@@ -262,9 +262,20 @@ def test_open_and_load_errors_are_clear(db, tmp_path):
     with pytest.raises(rdb.RocksDBError, match="not a RocksDB"):
         rdb.load(str(tmp_path / "notadb"), 10, 16, overwrite=True)
     assert (tmp_path / "notadb" / "precious.txt").exists()
-    for args, msg in ((["--keys", "0"], "--keys"), (["--value-size", "2000"], "--value-size")):
+    # a file in its place: one line, not a traceback from the rebuild's rmtree, and kept
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(rdb.RocksDBError, match="not a directory"):
+        rdb.load(str(tmp_path / "afile"), 10, 16, overwrite=True)
+    assert (tmp_path / "afile").read_text() == "x"
+    # no room: refused before anything is written (it wrote 15 GB a minute of a 4.4 TB one)
+    with pytest.raises(rdb.RocksDBError, match="GB free"):
+        rdb.load(str(tmp_path / "huge" / "kv"), 0xFFFFFFFF, 1024)
+    assert not (tmp_path / "huge").exists()
+    for args, msg in ((["--keys", "0"], "--keys"), (["--value-size", "2000"], "--value-size"),
+                      (["--force"], "not a directory")):
         r = subprocess.run([sys.executable, "-m", "malcolm", "rocksdb", "load", *args,
-                            str(tmp_path / "x")], capture_output=True, text=True, timeout=60)
+                            str(tmp_path / ("afile" if "--force" in args else "x"))],
+                           capture_output=True, text=True, timeout=60)
         assert r.returncode != 0 and msg in r.stderr and "Traceback" not in r.stderr
 
 

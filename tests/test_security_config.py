@@ -183,6 +183,13 @@ def test_a_good_file_passes_check(tmp_path, monkeypatch):
     (["sim", "--json", "{dir}"], "is a directory"),
     (["loadgen", "--server", "127.0.0.1:1", "--csv", "/nonexistent/x.csv"], "no directory"),
     (["bench", "micro", "--json", "/nonexistent/x.json"], "no directory"),
+    # a folder os.access passes for root where no file can be made (a user is told it is
+    # not writable): found only at the run's end
+    (["sim", "--tasks", "100", "--servers", "2x2", "--plot", "/proc/x.png"],
+     "Invalid value for --plot: /proc/x.png: "),
+    (["loadgen", "--server", "127.0.0.1:1", "--hdr", "/proc/x"],
+     "Invalid value for --hdr: /proc/x: "),
+    (["demo", "--quick", "--plot", "/proc/x.png"], "Invalid value for --plot: /proc/x.png: "),
     # ASCII digits only, in every number (int() read '８': "--keys ８" built 8 keys)
     (["rocksdb", "load", "{dir}/db", "--keys", "８"], "'８' is not a valid integer (ASCII"),
     (["rocksdb", "get", "{dir}/db", "８"], "'８' is not a valid integer (ASCII"),

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 
 import click
 
@@ -211,8 +212,10 @@ def refuse_empty(**flags) -> None:
 
 def check_writable(path, flag: str) -> None:
     """Fail now, in one line, when output file ``path`` (``"-"``: stdout; None: not asked
-    for) could not be written after a long run: a directory, or a folder that is missing or
-    not writable. Writes nothing."""
+    for) could not be written after a long run: a directory, a folder that is missing or
+    not writable, or a file that cannot be made or opened there. Leaves nothing behind: a
+    new file is made and removed at once, an existing one opened without truncation, and a
+    FIFO or a device left alone (opening a FIFO for writing waits for a reader)."""
     if path is None or path == "-":
         return
     folder = os.path.dirname(os.path.abspath(path)) if str(path).strip() else ""
@@ -225,8 +228,38 @@ def check_writable(path, flag: str) -> None:
     elif not os.access(folder, os.W_OK):
         why = f"{shown(path)}: {shown(folder)} is not writable"
     else:
-        return
+        why = _cannot_write(path)
+        if why is None:
+            return
     raise click.BadParameter(why, param_hint=flag)
+
+
+def _cannot_write(path) -> str | None:
+    """Why ``path`` cannot be written, found by making it (then removing it) or opening it
+    for appending; None if it can. As root, os.access says yes to folders such as /proc and
+    /sys, where no file can be made: the run then failed only at its end."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as e:
+            return f"{shown(path)}: cannot be made: {e.strerror}"
+        os.close(fd)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        return None
+    except OSError as e:
+        return f"{shown(path)}: {e.strerror}"
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+    except OSError as e:
+        return f"{shown(path)}: cannot be written: {e.strerror}"
+    return None
 
 
 def check_plot_format(path, flag: str = "--plot") -> None:

@@ -709,6 +709,30 @@ def value(uint32_t k, uint32_t value_size):
     return bytes(buf[:value_size])
 
 
+# Bytes a key-value pair takes in an uncompressed table beyond its value, with a margin:
+# the 4-byte key, the 8-byte sequence and type, and the block's entry and index overhead
+# (a million 16-byte values make a 30 MB database, 30 B a pair)
+PAIR_OVERHEAD = 20
+
+
+def _check_room(path, long long n_keys, int value_size):
+    """Refuse, before writing anything, a database the file system has no room for: the
+    bulk load writes every pair once and its compaction once more."""
+    import shutil
+    folder = os.path.dirname(os.path.abspath(path))
+    while not os.path.isdir(folder):        # the folders that load would make
+        folder = os.path.dirname(folder)
+    need = 2 * n_keys * (value_size + PAIR_OVERHEAD)
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return
+    if need > free:
+        raise RocksDBError(f"{n_keys} keys x {value_size} B need about {need / 1e9:.3g} GB "
+                           f"while loading (the pairs, then their compaction), and "
+                           f"{folder!r} has {free / 1e9:.3g} GB free")
+
+
 def load(path, long long n_keys, int value_size=16, bint overwrite=False, progress=None):
     """Build the dictionary: keys ``0..n_keys-1`` with values :func:`value`, then compact.
 
@@ -742,8 +766,12 @@ def load(path, long long n_keys, int value_size=16, bint overwrite=False, progre
     if not 1 <= value_size <= MC_KV_MAX_VALUE:
         raise RocksDBError(f"--value-size must be in 1..{MC_KV_MAX_VALUE}, got {value_size}")
     path = os.fspath(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise RocksDBError(f"{path!r} exists and is not a directory (a RocksDB database is "
+                           "one); refusing to replace it")
     if os.path.exists(path) and not overwrite:
         raise RocksDBError(f"{path!r} exists; remove it or pass --force to rebuild it")
+    _check_room(path, n_keys, value_size)
     if os.path.exists(path) and os.listdir(path) and not os.path.exists(
             os.path.join(path, "CURRENT")):
         raise RocksDBError(f"{path!r} exists and is not a RocksDB database; refusing to "
