@@ -250,7 +250,13 @@ def test_sim_rack_is_a_rack_file_too(tmp_path):
      "--quantum: a quantum of 0.001 µs cuts a mean task of 1e+06 µs into 1e+09 quanta"),
     (["--policy", "racksched:quantum=0.001", "--workload", "const:1000000", "--tasks", "10"],
      "racksched quantum: a quantum of 0.001 µs"),
+    # a server policy's windows, heartbeats to every peer each: idle servers of long tasks
+    # ran them for simulated hours (tens of minutes; a rack of them for days)
+    (["--servers", "64x1", "--policy", "jsq", "--workload", "const:1000000", "--tasks",
+      "100000"], "about 8e+10 window and heartbeat events, more than 1e+10"),
     (["--loss", "1"], "not in the range 0<=x<1"),
+    # numpy's draw overflowed, and the message blamed an integer
+    (["--policy", "malcolm:init=random,init_scale=1.7e308"], "init_scale=1.7e+308 must be <="),
     (["--plot", "-"], "'-' (stdout) is not supported"),
     (["--policy", "malcolm", "--steal-timeout", "1e300"], "--steal-timeout must be within"),
     (["--policy", "malcolm", "--steal-timeout", "1e-300"], "--steal-timeout must be within"),

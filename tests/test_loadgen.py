@@ -378,10 +378,15 @@ def test_raw_out_writes_exactly_its_path_and_a_failed_write_is_one_line(tmp_path
         assert r.exit_code == 0, r.output
         assert out.exists() and not (tmp_path / "samples.bin.npy").exists()
         assert len(np.load(out)) > 0
-        # /proc takes no new files: the folder passes the early check, the write fails
+        # /dev/full opens and passes the early check, and the write fails after the run
+        r = CliRunner().invoke(main, base + ["--server", s.address, "--raw-out", "/dev/full"])
+        assert r.exit_code == 1 and isinstance(r.exception, SystemExit), (r.output,
+                                                                           r.exception)
+        assert "Error: --raw-out /dev/full: No space left on device" in r.output, r.output
+        # /proc takes no new files: refused before the run (its folder passed os.access as
+        # root, and the run failed only at its end)
         r = CliRunner().invoke(main, base + ["--server", s.address, "--raw-out", "/proc/x"])
-    assert r.exit_code == 1 and isinstance(r.exception, SystemExit), (r.output, r.exception)
-    assert "Error: --raw-out /proc/x: " in r.output, r.output
+    assert r.exit_code == 2 and "Invalid value for --raw-out: /proc/x: " in r.output, r.output
     r = CliRunner().invoke(main, base + ["--server", "127.0.0.1:9", "--raw-out", "-"])
     assert r.exit_code == 2 and "stdout" in r.output, r.output
 

@@ -679,6 +679,16 @@ def test_rack_across_network_namespaces(tmp_path):
             subprocess.run(["ip", "netns", "del", n], capture_output=True)
 
 
+def test_serve_names_the_handler_it_runs(tmp_path):
+    """--handler overrides the rack file's, and the banner said the rack file's."""
+    path = _rack_file(tmp_path, "udp", 'name = "jsq"', n=1)
+    r = subprocess.run([sys.executable, "-m", "malcolm", "serve", "--rack", path, "--id", "0",
+                        "--handler", "echo", "--duration", "0.2"], capture_output=True,
+                       text=True, env=ENV, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert " ready on " in r.stdout and "workers, echo, policy" in r.stdout, r.stdout
+
+
 def test_rack_up_command_starts_and_stops(tmp_path):
     path = _rack_file(tmp_path, "udp", 'name = "jsq"', n=2)
     r = subprocess.run([sys.executable, "-m", "malcolm", "rack", "up", "--rack", path,

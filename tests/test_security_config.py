@@ -182,6 +182,13 @@ def test_a_good_file_passes_check(tmp_path, monkeypatch):
     (["demo", "--quick", "--dilate", ""], "--dilate"),
     (["sim", "--json", "{dir}"], "is a directory"),
     (["loadgen", "--server", "127.0.0.1:1", "--csv", "/nonexistent/x.csv"], "no directory"),
+    # ignored (the header named the application), or sent to a flag --app then refused
+    (["loadgen", "--server", "127.0.0.1:1", "--app", "rocksdb1", "--workload", "bimodal"],
+     "--workload has no effect with --app"),
+    (["loadgen", "--server", "127.0.0.1:1", "--app", "rocksdb1", "--check-echo", "--payload",
+      "pattern"], "--payload, --check-echo have no effect with --app"),
+    (["loadgen", "--server", "127.0.0.1:1", "--json", "-", "--csv", "-"],
+     "would both write to stdout"),
     (["bench", "micro", "--json", "/nonexistent/x.json"], "no directory"),
     # a folder os.access passes for root where no file can be made (a user is told it is
     # not writable): found only at the run's end

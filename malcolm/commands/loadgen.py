@@ -24,6 +24,31 @@ from malcolm.commands.types import (
 )
 
 
+def _flags(ctx, names):
+    """The options ``names`` (parameter names) as the user spells them."""
+    return ", ".join(next(o for p in ctx.command.params if p.name == n for o in p.opts)
+                     for n in names)
+
+
+def _given(ctx, *names):
+    """Those of ``names`` the user gave (not left at their defaults)."""
+    default = click.core.ParameterSource.DEFAULT
+    return [n for n in names if ctx.get_parameter_source(n) != default]
+
+
+def _refuse_with_app(ctx):
+    """--app sends an application's real requests, with their own work and payload: a
+    --workload, --payload or --check-echo was ignored (the header said rocksdb1), or sent
+    the user to --payload-size, which --app then refused."""
+    from malcolm.loadgen.run import LoadgenError
+    names = _given(ctx, "workload", "payload_content", "check_echo")
+    if names:
+        raise LoadgenError(f"{_flags(ctx, names)} {'has' if len(names) == 1 else 'have'} no "
+                           "effect with --app: an application's requests carry their own "
+                           "work and payload, and its answers are checked against its "
+                           "dictionary")
+
+
 def _refuse_orphans(ctx, raw, app, poll, bad_fraction):
     """A value is checked even where it has no effect, and an option given without the one
     it needs is refused: ignored, it made the run look like it did what was asked."""
@@ -32,8 +57,7 @@ def _refuse_orphans(ctx, raw, app, poll, bad_fraction):
         raise LoadgenError(f"--bad-fraction {bad_fraction!r} must be in 0..1")
 
     def given(*names):
-        default = click.core.ParameterSource.DEFAULT
-        return [n for n in names if ctx.get_parameter_source(n) != default]
+        return _given(ctx, *names)
 
     needs = {"without --raw (it bounds the samples --raw keeps)":
              [] if raw else given("raw_max"),
@@ -43,10 +67,8 @@ def _refuse_orphans(ctx, raw, app, poll, bad_fraction):
              [] if poll == "adaptive" else given("spin_us", "spin_us_old")}
     for why, names in needs.items():
         if names:
-            flags = ", ".join(next(o for p in ctx.command.params if p.name == n
-                                   for o in p.opts) for n in names)
-            raise LoadgenError(f"{flags} {'has' if len(names) == 1 else 'have'} no effect "
-                               f"{why}")
+            raise LoadgenError(f"{_flags(ctx, names)} {'has' if len(names) == 1 else 'have'} "
+                               f"no effect {why}")
 
 
 @click.command()
@@ -196,6 +218,9 @@ def loadgen(rack_path, servers, transport, rates, arrivals, payload_size, payloa
     if raw_out == "-":
         raise click.BadParameter("'-' (stdout) is not supported: give a file",
                                  param_hint="--raw-out")
+    if json_out == "-" and csv_out == "-":      # one after the other: neither parses
+        raise click.BadParameter("--json - and --csv - would both write to stdout: give "
+                                 "one of them a file", param_hint="--csv")
     for path, flag in ((json_out, "--json"), (csv_out, "--csv"), (hdr_out, "--hdr"),
                        (raw_out, "--raw-out")):
         check_writable(path, flag)              # fail now, not after the run
@@ -231,6 +256,7 @@ def loadgen(rack_path, servers, transport, rates, arrivals, payload_size, payloa
             raise LoadgenError("--hold-load and --app exclude each other: an application "
                                "does real work, it requests no service time to hold")
         if app:
+            _refuse_with_app(click.get_current_context())
             from malcolm.loadgen import apps
             shape = None
             if rack_path and (app_keys is None or app_value_size is None):

@@ -257,7 +257,7 @@ def serve(rack_path, server_id, stats, interval, stats_json, duration, handler):
     addr = cfg.servers[k].address
     click.echo(f"malcolm serve: server {k} of {len(cfg.servers)} ready on {addr} "
                f"({cfg.transport}, {cfg.servers[k].workers} worker"
-               f"{'s' * (cfg.servers[k].workers != 1)}, {cfg.servers[k].handler}, "
+               f"{'s' * (cfg.servers[k].workers != 1)}, {handler or cfg.servers[k].handler}, "
                f"policy {cfg.policy}, poll {cfg.poll}, "
                f"{'authenticated' if srv.authenticated else 'UNAUTHENTICATED'})", nl=True)
     sys.stdout.flush()

@@ -171,7 +171,10 @@ def check_params(params):
     num("migration_cost", 0.0)
     num("steal_cost", 0.0)
     num("entropy", 0.0)
-    num("init_scale", 0.0)
+    # the random start's weights are uniform in +-init_scale on inputs clipped to +-ZCLIP:
+    # past a few hundred every logit saturates, and past 1e307 numpy's draw overflowed (the
+    # message then blamed an integer)
+    num("init_scale", 0.0, 1000.0)
     num("load_scale", 0.0)
     num("load_clip", 0.0, lo_open=True)
     num("hop_ns", -1.0)

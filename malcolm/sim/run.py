@@ -182,6 +182,22 @@ def _check_gateway_keeps_up(gateway_ns, rk, wl, window_us, window_tasks):
                          f"{rk.n} servers): at most {win * 1e3 / msgs:.3g} ns here")
 
 
+def _check_windows(rk, tasks, rate, window_us):
+    """A server policy's rack ends a window on every server about every ``window_us`` (an
+    idle server goes back to it), each with a heartbeat to every peer: about n^2 events a
+    window, whatever the tasks. Refuse a run of more than :data:`MAX_WINDOW_EVENTS` (about
+    100 ns each on this project's 2-core VM: 50 one-second tasks on a server of speed 0.001
+    ran for tens of minutes, a rack of them for days)."""
+    sim_ns = tasks / rate
+    events = sim_ns / (window_us * 1e3) * rk.n * rk.n
+    if events > MAX_WINDOW_EVENTS:
+        raise ValueError(f"{tasks} tasks last about {sim_ns * 1e-9:.3g} s of simulated time: "
+                         f"{sim_ns / (window_us * 1e3):.3g} policy windows of {window_us:g} "
+                         f"µs on {rk.n} servers, about {events:.2g} window and heartbeat "
+                         f"events, more than {MAX_WINDOW_EVENTS:.0e}: give fewer tasks or "
+                         "a longer window")
+
+
 def _check_rate(rate, capacity, tasks, what):
     """An arrival rate (tasks per ns), the run's or a change's: > 0, at most :data:`MAX_LOAD`
     times the rack's ``capacity``, and slow enough no more than that ``tasks`` at it fit
@@ -237,6 +253,9 @@ MAX_SIM_NS = 1e15
 MAX_LOAD = 100.0
 #: Round robin's quanta in a run at most (an event each: a minute or so of the engine).
 MAX_QUANTA = 1e9
+#: A server policy's window and heartbeat events in a run at most (:func:`_check_windows`;
+#: 20 minutes or so of the engine; the 64x1 400 000-task run has 1.4e7).
+MAX_WINDOW_EVENTS = 1e10
 #: The policy window (µs): at least 1 µs, at most :data:`MAX_TIME_US`.
 MIN_WINDOW_US = 1.0
 #: Clients of a run (each keeps its own policy object).
@@ -466,6 +485,7 @@ def _plan(a: dict) -> _Plan:
         _check_slices("quantum_us", a["quantum_us"], wl, rk, tasks)
     if info.kind == "server":
         _check_gateway_keeps_up(gateway_ns, rk, wl, a["window_us"], a["window_tasks"])
+        _check_windows(rk, tasks, rate, a["window_us"])
     n_clients = _whole("clients", a["clients"], 1, MAX_CLIENTS, optional=True) or rk.n
     plan = _Plan(args=a, rack=rk, workload=wl, params=params, tasks=tasks,
                  n_warm=int(tasks * a["warmup"]), load=float(load), rate=rate,
