@@ -38,7 +38,8 @@ def write_file(dest: str, text: str) -> None:
 
 
 def read_text(path: str, max_bytes: int) -> str:
-    """The UTF-8 text of the regular file ``path``, at most ``max_bytes`` long.
+    """The UTF-8 text of the regular file ``path``, at most ``max_bytes`` long, without a
+    leading byte-order mark.
 
     Raises
     ------
@@ -58,7 +59,9 @@ def read_text(path: str, max_bytes: int) -> str:
     if len(data) > max_bytes:
         raise ValueError(f"{path!r} is more than {max_bytes} bytes")
     try:
-        return data.decode("utf-8")
+        # without a leading byte-order mark, which editors and Windows tools write: rack
+        # files dropped it, and a workload file or a hostfile read it as part of a number
+        return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError:
         raise ValueError(f"{path!r} is not UTF-8 text") from None
 

@@ -22,13 +22,15 @@ RACK_MAX_WORKERS = 4096
 RACK_MIN_SPEED, RACK_MAX_SPEED = 1e-3, 1e3
 
 # nanoseconds per unit (whole numbers, so that 0.5ms -> 500.0 µs exactly)
-_DURATION_UNITS = {"ns": 1.0, "us": 1e3, "µs": 1e3, "ms": 1e6, "s": 1e9, "m": 60e9,
-                   "min": 60e9, "h": 3600e9}
+# µs with the micro sign (U+00B5) or the Greek mu (U+03BC): they look the same, and
+# keyboards and editors give either
+_DURATION_UNITS = {"ns": 1.0, "us": 1e3, "µs": 1e3, "\u03bcs": 1e3, "ms": 1e6, "s": 1e9,
+                   "m": 60e9, "min": 60e9, "h": 3600e9}
 # Each pattern can split its text one way only, and is matched against the stripped text:
 # "[0-9]*\.?[0-9]+" and runs of optional "\s*" side by side backtracked through every split,
 # so that 5000 digits and an 'x' took 1.6 s to refuse, 20000 took 26 s (quadratic).
 _NUMBER = r"(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
-_DURATION_RE = re.compile(rf"({_NUMBER})\s*(ns|us|µs|ms|s|min|m|h)?")
+_DURATION_RE = re.compile(rf"({_NUMBER})\s*(ns|us|µs|\u03bcs|ms|s|min|m|h)?")
 _RATE_RE = re.compile(rf"({_NUMBER})\s*(?:([kKmMgG])\s*)?(?:/s)?")
 _RATE_SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9}
 
@@ -91,7 +93,7 @@ def parse_rate(text) -> float:
         raise ValueError(f"{text!r} is not a rate (examples: 20000, 20k, 1.5M, 20k/s)")
     v = float(m.group(1)) * _RATE_SUFFIX[(m.group(2) or "").lower()]
     if not (math.isfinite(v) and v > 0):
-        raise ValueError(f"{text!r} must be a rate > 0")
+        raise ValueError(f"{text!r} must be a {'' if math.isfinite(v) else 'finite '}rate > 0")
     return v
 
 
@@ -149,7 +151,8 @@ def rack_groups(spec: str) -> list[tuple[str, int, int, float]]:
             raise ValueError(f"rack spec {spec!r}: group {g!r} needs at least 1 server "
                              "and 1 worker")
         if not (math.isfinite(speed) and speed > 0):
-            raise ValueError(f"rack spec {spec!r}: speed in {g!r} must be > 0")
+            raise ValueError(f"rack spec {spec!r}: speed in {g!r} must be "
+                             f"{'> 0' if math.isfinite(speed) else 'finite'}")
         if w > RACK_MAX_WORKERS:
             raise ValueError(f"rack spec {spec!r}: at most {RACK_MAX_WORKERS} workers per "
                              "server")

@@ -98,7 +98,9 @@ def _check_number(v, what, where, positive=True, hi=MAX_TIME_US, shown=None):
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise TypeError(f"{where}: {what} must be a number, got {v!r}")
     shown = f"{v:g}" if shown is None else shown
-    if not math.isfinite(v) or (v <= 0 if positive else v < 0):
+    if not math.isfinite(v):
+        raise ValueError(f"{where}: {what} must be finite, got {shown}")
+    if v <= 0 if positive else v < 0:
         raise ValueError(f"{where}: {what} must be {'> 0' if positive else '>= 0'}, got {shown}")
     if v > hi:
         unit = " µs (1 s)" if hi == MAX_TIME_US else ""

@@ -16,7 +16,8 @@ from malcolm._units import parse_duration, parse_rate, split_items
 from malcolm.cli import main
 from malcolm.commands.types import Duration, Rate
 
-UNITS = {"ns": 1.0, "us": 1e3, "µs": 1e3, "ms": 1e6, "s": 1e9}
+# µs with the micro sign and with the Greek mu, which look the same
+UNITS = {"ns": 1.0, "us": 1e3, "µs": 1e3, "\u03bcs": 1e3, "ms": 1e6, "s": 1e9}
 
 
 @given(st.floats(min_value=0, max_value=1e6, allow_nan=False),
@@ -257,6 +258,9 @@ def test_sim_rack_is_a_rack_file_too(tmp_path):
     (["--loss", "1"], "not in the range 0<=x<1"),
     # numpy's draw overflowed, and the message blamed an integer
     (["--policy", "malcolm:init=random,init_scale=1.7e308"], "init_scale=1.7e+308 must be <="),
+    # an infinity is not told "must be > 0"
+    (["--load", "1e309"], "load must be finite, got inf"),
+    (["--workload", "exp:inf"], "mean must be finite, got inf"),
     (["--plot", "-"], "'-' (stdout) is not supported"),
     (["--policy", "malcolm", "--steal-timeout", "1e300"], "--steal-timeout must be within"),
     (["--policy", "malcolm", "--steal-timeout", "1e-300"], "--steal-timeout must be within"),

@@ -254,6 +254,19 @@ def test_demo_refuses_bad_runs_before_starting(args, msg, tmp_path, monkeypatch)
     assert not _demo_servers(tmp_path)
 
 
+def test_a_run_too_short_to_draw_a_p99_is_refused_before_any_rack_starts(tmp_path,
+                                                                        monkeypatch):
+    """--duration 1ns ran every run, flagged each "no completed task", and exited 0."""
+    from click.testing import CliRunner
+
+    from malcolm.cli import main
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(main, ["demo", "--quick", "--dilate", "50", "--policy", "jsq",
+                                  "--load", "0.5", "--duration", "1ns"])
+    assert r.exit_code != 0 and "a p99 needs at least 100" in r.output, r.output
+    assert "Traceback" not in r.output and not _demo_servers(tmp_path)
+
+
 def test_experiment_bounds_and_the_auto_ladder():
     from malcolm.loadgen.experiment import Experiment, ExperimentError
     with pytest.raises(ExperimentError, match="--repeat must be in 1..1000"):

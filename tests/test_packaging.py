@@ -199,6 +199,8 @@ def test_read_hostfile_both_dialects(tmp_path):
     p = tmp_path / "hosts"
     p.write_text("# Open MPI\nn1 slots=2 max_slots=4\nn2\n\n# MPICH\nn3:3  # three\n")
     assert read_hostfile(str(p)) == [("n1", 2), ("n2", None), ("n3", 3)]
+    p.write_bytes(b"\xef\xbb\xbfn1:2\n")          # a byte-order mark: not part of the name
+    assert read_hostfile(str(p)) == [("n1", 2)]
     p.write_text("n1 cores=2\n")
     with pytest.raises(ValueError, match="line 1"):
         read_hostfile(str(p))

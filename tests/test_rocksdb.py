@@ -406,6 +406,23 @@ def test_acceptance_three_server_rack(db, tmp_path):
     assert bad_input == a["bad_sent"]
 
 
+def test_an_app_run_against_servers_without_the_handler_says_why(db, tmp_path):
+    """Every answer a wrong value, "p50 nan µs", and nothing to say the rack's servers run
+    another handler."""
+    sleepy = tmp_path / "sleepy.toml"
+    sleepy.write_text('[rack]\nhandler = "sleep"\n[policy]\nname = "jsq"\n'
+                      '[[server]]\naddress = "127.0.0.1:17301"\n')
+    note = apps.handler_note(str(sleepy), "rocksdb1")
+    assert note and "run the sleep handler" in note and "wrong value" in note
+    assert apps.handler_note(_rack(tmp_path, db, policy="jsq", n=1), "rocksdb1") is None
+    nan = float("nan")
+    rep = {"app": {"types": [{"get": 16, "ok": 0, "wrong": 5, "not_ok": 0,
+                              "latency_us": {"p50": nan, "p99": nan, "mean": nan}}],
+                   "checked": 5, "wrong_values": 5, "bad_sent": 0, "bad_accepted": 0}}
+    text = "\n".join(apps.lines(rep))
+    assert "GET(16): 0 ok, 5 WRONG" in text and "nan" not in text, text
+
+
 def test_loadgen_cli_app_against_a_rack(db, tmp_path):
     """``malcolm loadgen --app``: the dictionary's shape comes from the rack's database,
     Zipf keys, JSON with per-type latency; and one clear line for bad input."""

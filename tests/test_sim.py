@@ -282,6 +282,7 @@ def test_parse_rack():
 
 @pytest.mark.parametrize("bad,msg", [("8", "COUNTxWORKERS"), ("0x4", "at least 1"),
                                      ("2x4@-1", "must be > 0"), ("2x4@0", "> 0"),
+                                     ("2x4@1e309", "must be finite"),
                                      ("65x1", "at most 64"), ("", "non-empty")])
 def test_bad_rack(bad, msg):
     with pytest.raises(ValueError, match=msg):
@@ -569,6 +570,9 @@ def test_empirical_workload_follows_its_samples(tmp_path):
     assert w2.mean_us == pytest.approx(x[:5000].mean(), rel=0.01)
     r = simulate(workload=f"empirical:{f}", tasks=2000)
     assert r.completed == r.generated >= 2000
+    # a byte-order mark (Windows tools write one) was read as part of the first number
+    f.write_bytes(b"\xef\xbb\xbf50 60\n")
+    assert parse_workload(f"empirical:{f}").mean_us == pytest.approx(55.0)
 
 
 @pytest.mark.parametrize("content,msg", [(None, "cannot read"), ("1 2 x", "not a number"),

@@ -497,9 +497,10 @@ def test_link_local_scope_parses_by_name_and_index():
             addr_bytes("udp", f"[fe80::2%{scope}]:7")
     with pytest.raises(ValueError, match="over 4294967295"):
         addr_bytes("udp", "[fe80::2%4294967296]:7")
-    # and so is a port: int() read "８０" as 80 and "8_0" as 80
-    for port in ("８０", "8_0"):
-        with pytest.raises(ValueError, match=f"port '{port}' is not a number"):
+    # and so is a port: int() read "８０" as 80 and "8_0" as 80, and "+80", " 80" and "80 "
+    # as 80 too, which rack check and serve then echoed raw ("ready on 127.0.0.1:+80")
+    for port in ("８０", "8_0", "+80", " 80", "80 "):
+        with pytest.raises(ValueError, match=re.escape(f"port '{port}' is not a number")):
             addr_bytes("udp", f"127.0.0.1:{port}")
 
 

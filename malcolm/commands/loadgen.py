@@ -259,6 +259,9 @@ def loadgen(rack_path, servers, transport, rates, arrivals, payload_size, payloa
             _refuse_with_app(click.get_current_context())
             from malcolm.loadgen import apps
             shape = None
+            note = apps.handler_note(rack_path, app) if rack_path else None
+            if note:
+                click.echo(note, err=True)
             if rack_path and (app_keys is None or app_value_size is None):
                 shape = apps.dictionary_shape(rack_path)
             try:

@@ -176,6 +176,23 @@ def parse_app(text, n_keys=None, value_size=None, key_dist="uniform",
                    float(bad_fraction))
 
 
+def handler_note(rack_path, app):
+    """A line for a run of ``app`` against a rack file none of whose servers runs the
+    rocksdb handler (None otherwise): every answer was then a wrong value, with nothing to
+    say why. Not an error: a server may have been started with ``serve --handler``."""
+    from malcolm.runtime.config import ConfigError, load_rack
+    try:
+        cfg = load_rack(rack_path)
+    except ConfigError:
+        return None
+    kinds = sorted({s.handler.partition(":")[0] for s in cfg.servers})
+    if "rocksdb" in kinds:
+        return None
+    return (f"note: --app {app} sends RocksDB GETs, and the rack file's servers run the "
+            f"{', '.join(kinds)} handler: unless they were started with --handler rocksdb:..., "
+            "every answer will be a wrong value")
+
+
 def dictionary_shape(rack_path):
     """``(n_keys, value_size)`` of the database the rack's first ``rocksdb`` server names,
     when it can be opened from here; else ``None`` (the caller uses its defaults)."""
@@ -205,8 +222,10 @@ def lines(rep) -> list[str]:
     out = []
     for t in a["types"]:
         lu = t["latency_us"]
-        out.append(f"  GET({t['get']}): {t['ok']} ok, p50 {lu['p50']:.1f} µs, "
-                   f"p99 {lu['p99']:.1f} µs, mean {lu['mean']:.1f} µs"
+        # no answer ok: no latency to give ("p50 nan µs")
+        out.append(f"  GET({t['get']}): {t['ok']} ok"
+                   + (f", p50 {lu['p50']:.1f} µs, p99 {lu['p99']:.1f} µs, mean "
+                      f"{lu['mean']:.1f} µs" if t["ok"] else "")
                    + (f", {t['wrong']} WRONG" if t["wrong"] else "")
                    + (f", {t['not_ok']} not ok" if t["not_ok"] else ""))
     out.append(f"  values checked: {a['checked']}, wrong: {a['wrong_values']}"

@@ -12,7 +12,7 @@ import numbers
 import os
 import socket
 
-from malcolm._units import ascii_digits, ascii_number
+from malcolm._units import ascii_digits
 from malcolm.net import shm_reap
 from malcolm.net.limits import MAX_SHM_CAPACITY     # the rack file's bound too
 
@@ -123,8 +123,10 @@ def split_host_port(obj, str what="udp"):
         host = host.strip("[]")
     else:
         host, port = obj
-    try:        # ASCII digits only: int() read "127.0.0.1:８０" as port 80
-        port = ascii_number(port, int) if isinstance(port, str) else int(port)
+    try:        # ASCII digits only: int() read "127.0.0.1:８０" as port 80, and "+80", " 80"
+        if isinstance(port, str) and not ascii_digits(port):
+            raise ValueError
+        port = int(port)
     except ValueError:
         raise ValueError(f"{what} address {obj!r}: port {port!r} is not a number") from None
     if not 0 <= port <= 65535:

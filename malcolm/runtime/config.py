@@ -483,9 +483,8 @@ def load_rack(path: str, resolve: bool = True) -> RackConfig:
         raise ConfigError(f"rack file {path!r}: {e.strerror}") from None
     except ValueError as e:             # a FIFO, /dev/zero, too large, not UTF-8
         raise ConfigError(f"rack file {e}") from None
-    # a byte-order mark (Windows editors write one) is not TOML; tomllib's error pointed at
-    # line 1, column 1, where nothing shows
-    text = text.removeprefix("\ufeff")
+    # read_text drops a byte-order mark (Windows editors write one): it is not TOML, and
+    # tomllib's error pointed at line 1, column 1, where nothing shows
     if text.count(".") > RACK_FILE_DOTS:
         raise ConfigError(f"{path}: not a rack file: {text.count('.')} '.' characters, over "
                           f"{RACK_FILE_DOTS} (a rack of 64 servers needs a few hundred)")

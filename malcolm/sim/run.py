@@ -477,7 +477,8 @@ def _plan(a: dict) -> _Plan:
     else:
         load = DEFAULT_LOAD if a["load"] is None else a["load"]
         if not (math.isfinite(load) and load > 0):
-            raise ValueError(f"load must be > 0, got {load}")
+            raise ValueError(f"load must be {'> 0' if math.isfinite(load) else 'finite'}, "
+                             f"got {load}")
         rate = load * capacity
         what = f"load {load:g}"
     _check_rate(rate, capacity, tasks, what)
