@@ -256,6 +256,9 @@ def test_sim_rack_is_a_rack_file_too(tmp_path):
     (["--servers", "64x1", "--policy", "jsq", "--workload", "const:1000000", "--tasks",
       "100000"], "about 8e+10 window and heartbeat events, more than 1e+10"),
     (["--loss", "1"], "not in the range 0<=x<1"),
+    # silently ignored under FCFS, and a list longer than a range may expand to
+    (["--quantum", "5"], "a quantum applies to --sched ps only"),
+    (["--load", ",".join(["0.5"] * 1001)], "1001 values; at most 1000"),
     # numpy's draw overflowed, and the message blamed an integer
     (["--policy", "malcolm:init=random,init_scale=1.7e308"], "init_scale=1.7e+308 must be <="),
     # an infinity is not told "must be > 0"

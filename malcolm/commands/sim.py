@@ -103,6 +103,8 @@ def _floats(values, what):
                 out.append(ascii_number(part))
             except ValueError:
                 raise click.BadParameter(f"{part!r} is not a number", param_hint=what) from None
+    if len(out) > MAX_POINTS:       # a list, as a range: a sweep of a run per value
+        raise click.BadParameter(f"{len(out)} values; at most {MAX_POINTS}", param_hint=what)
     return out
 
 
@@ -293,6 +295,8 @@ def sim(rack, rack_file, policies, workloads, loads, tasks, seed, delay, jitter,
     check_writable(json_out, "--json")          # fail now, not after the sweep
     check_writable(plot, "--plot")
     check_plot_format(plot, "--plot")
+    if quantum and sched != "ps":       # round robin's quantum: nothing to cut under FCFS
+        raise click.BadParameter("a quantum applies to --sched ps only", param_hint="--quantum")
     if warmup_old is not None:          # the first release's spelling, kept hidden
         warmup = warmup_old
     if gateway_ns_old is not None:      # likewise
