@@ -68,11 +68,6 @@ PORT_TRIES = 3                  # rack starts on fresh ports when a chosen port 
 MAX_REPEAT, MAX_RETRIES = 1000, 100
 
 
-#: The fewest tasks a run at the lowest load may draw on average: a p99 of fewer is a
-#: maximum, and a run of none is a row of nothing.
-MIN_RUN_TASKS = 100
-
-
 class ExperimentError(RuntimeError):
     """The experiment cannot run as asked; the message says why."""
 
@@ -557,13 +552,9 @@ class Experiment:
             self.echo(f"priority: nice {NICE} for the racks and the load generator"
                       if self.prioritized else "priority: unchanged (not root)")
             top, low = max(self.loads), min(self.loads)
-            if low * self.capacity() * self.duration_s < MIN_RUN_TASKS:
-                # a run of 1 ns drew no task: every row flagged "no completed task", exit 0
-                need = MIN_RUN_TASKS / (low * self.capacity())
-                raise ExperimentError(
-                    f"--duration {self.duration_s:g} s: a run at load {low:g} draws about "
-                    f"{low * self.capacity() * self.duration_s:.3g} tasks, and a p99 needs "
-                    f"at least {MIN_RUN_TASKS}: give --duration {need:.2g}s or more")
+            short = method.too_short(low, low * self.capacity(), self.duration_s)
+            if short:
+                raise ExperimentError(short)
             note = method.sampling_note(top, top * self.capacity(), self.duration_s,
                                         self.wl.scv, self.wl.name,
                                         held=0.0 if self.app is not None else draws.DRAW_TOL)

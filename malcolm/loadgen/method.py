@@ -139,6 +139,23 @@ def hop_text(hop_us, k):
             "measured below")
 
 
+#: The fewest tasks a run at the lowest load may draw on average: a p99 of fewer is a
+#: maximum, and a run of none is a row of nothing.
+MIN_RUN_TASKS = 100
+
+
+def too_short(load, rate_per_s, duration_s):
+    """Why runs of ``duration_s`` at ``load`` (``rate_per_s`` arrivals) are too short to give
+    a p99, or None: ``demo --duration 1ns`` ran every run, flagged each "no completed task",
+    and exited 0."""
+    tasks = rate_per_s * duration_s
+    if tasks >= MIN_RUN_TASKS:
+        return None
+    return (f"--duration {duration_s:g} s: a run at load {load:g} draws about {tasks:.3g} "
+            f"tasks, and a p99 needs at least {MIN_RUN_TASKS}: give --duration "
+            f"{MIN_RUN_TASKS / rate_per_s:.2g}s or more")
+
+
 def sampling_note(load, rate_per_s, duration_s, scv, name, held=0.0):
     """A note for the banner where a run is too short for its effective load to stay within
     :data:`LOAD_TOL` of ``load`` by chance alone (None where it mostly does).

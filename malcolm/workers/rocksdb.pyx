@@ -38,13 +38,16 @@ Spec: ``rocksdb:path=PATH[,cache_mb=64][,dilate=K][,pad=warm|cpu][,calib=N][,war
 ``malcolm rocksdb load``.
 """
 import os
-import re
 
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, qsort
 from libc.string cimport memcpy, memset
 
 import numpy as np
+
+from malcolm.workers.rocksdb_spec import (  # noqa: F401 (RocksDBError, parse_spec: API)
+    RocksDBError, check_load_target, parse_spec, read_meta,
+)
 
 from malcolm._core cimport mc_aligned_alloc, mc_now_ns
 from malcolm._system cimport (CLOCK_MONOTONIC, CLOCK_THREAD_CPUTIME_ID, clock_gettime,
@@ -326,10 +329,6 @@ cdef inline int _get(KvState* s, malcolm_task* t) noexcept nogil:
 WARM_BUDGET_S = 5      # most wall time the warm calibration may take (it keeps >= 32 rounds)
 
 
-class RocksDBError(ValueError):
-    """The database cannot be opened, built or read; the message says why and what to do."""
-
-
 cdef _raise_err(char* e, what):
     """Raise RocksDBError with RocksDB's message ``e`` (malloc()ed by RocksDB; freed here)."""
     msg = e.decode(errors="replace") if e != NULL else "unknown error"
@@ -339,60 +338,7 @@ cdef _raise_err(char* e, what):
     raise RocksDBError(f"{what}: {msg if msg.isprintable() else repr(msg)}")
 
 
-PAD_MODES = {"warm": PAD_WARM, "cpu": PAD_CPU}
-OPTIONS = "path, cache_mb, dilate, pad, calib, warm"
-
-
-# the numeric options: (type, what a value must be, lowest, highest); NaN is refused
-NUMBERS = {"cache_mb": (float, "a number", 0, 1 << 20),
-           "dilate": (float, "a number", 1, 10_000),
-           "calib": (int, "a whole number of GETs per size", 16, 100_000)}
-
-
-def _number(key, val, kind, what, lo, hi):
-    """Option ``key``'s text ``val`` as a ``kind`` in ``lo..hi``, or RocksDBError."""
-    try:
-        x = kind(val)
-    except ValueError:
-        raise RocksDBError(f"{key} must be {what}") from None
-    if not lo <= x <= hi:
-        raise RocksDBError(f"{key} must be in {lo}..{hi}")
-    return x
-
-
-def parse_spec(rest):
-    """``path=PATH[,cache_mb=N][,dilate=K][,pad=warm|cpu][,calib=N][,warm=FILE]`` (a handler
-    spec after ``rocksdb:``) -> dict."""
-    out = {"cache_mb": 64.0, "dilate": 1.0, "pad": "warm", "calib": 500, "warm": None}
-    if not rest:
-        raise RocksDBError("needs a database: rocksdb:path=/path/to/db")
-    for p in rest.split(","):           # (so a path cannot contain a comma)
-        key, eq, val = p.partition("=")
-        if not eq:
-            raise RocksDBError(f"{p!r} must be key=value ({OPTIONS})")
-        if key == "path":
-            out["path"] = val
-        elif key in NUMBERS:
-            out[key] = _number(key, val, *NUMBERS[key])
-        elif key == "pad":
-            if val not in PAD_MODES:
-                raise RocksDBError(f"pad must be warm or cpu, not {val!r}")
-            out["pad"] = val
-        elif key == "warm":
-            out["warm"] = val
-        else:
-            raise RocksDBError(f"unknown option {key!r} ({OPTIONS})")
-    if not out.get("path"):
-        raise RocksDBError("needs path=PATH")
-    return out
-
-
-def read_meta(bytes raw):
-    """Parse the dictionary's metadata value -> (n_keys, value_size)."""
-    m = re.fullmatch(rb"malcolm-kv 1 keys=(\d+) value_size=(\d+)", raw)
-    if not m:
-        raise RocksDBError(f"unrecognised dictionary metadata {raw[:60]!r}")
-    return int(m.group(1)), int(m.group(2))
+PAD_MODES = {"warm": PAD_WARM, "cpu": PAD_CPU}     # rocksdb_spec.PAD_NAMES
 
 
 cdef class RocksDB:
@@ -709,30 +655,6 @@ def value(uint32_t k, uint32_t value_size):
     return bytes(buf[:value_size])
 
 
-# Bytes a key-value pair takes in an uncompressed table beyond its value, with a margin:
-# the 4-byte key, the 8-byte sequence and type, and the block's entry and index overhead
-# (a million 16-byte values make a 30 MB database, 30 B a pair)
-PAIR_OVERHEAD = 20
-
-
-def _check_room(path, long long n_keys, int value_size):
-    """Refuse, before writing anything, a database the file system has no room for: the
-    bulk load writes every pair once and its compaction once more."""
-    import shutil
-    folder = os.path.dirname(os.path.abspath(path))
-    while not os.path.isdir(folder):        # the folders that load would make
-        folder = os.path.dirname(folder)
-    need = 2 * n_keys * (value_size + PAIR_OVERHEAD)
-    try:
-        free = shutil.disk_usage(folder).free
-    except OSError:
-        return
-    if need > free:
-        raise RocksDBError(f"{n_keys} keys x {value_size} B need about {need / 1e9:.3g} GB "
-                           f"while loading (the pairs, then their compaction), and "
-                           f"{folder!r} has {free / 1e9:.3g} GB free")
-
-
 def load(path, long long n_keys, int value_size=16, bint overwrite=False, progress=None):
     """Build the dictionary: keys ``0..n_keys-1`` with values :func:`value`, then compact.
 
@@ -766,16 +688,7 @@ def load(path, long long n_keys, int value_size=16, bint overwrite=False, progre
     if not 1 <= value_size <= MC_KV_MAX_VALUE:
         raise RocksDBError(f"--value-size must be in 1..{MC_KV_MAX_VALUE}, got {value_size}")
     path = os.fspath(path)
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise RocksDBError(f"{path!r} exists and is not a directory (a RocksDB database is "
-                           "one); refusing to replace it")
-    if os.path.exists(path) and not overwrite:
-        raise RocksDBError(f"{path!r} exists; remove it or pass --force to rebuild it")
-    _check_room(path, n_keys, value_size)
-    if os.path.exists(path) and os.listdir(path) and not os.path.exists(
-            os.path.join(path, "CURRENT")):
-        raise RocksDBError(f"{path!r} exists and is not a RocksDB database; refusing to "
-                           "write into it")
+    check_load_target(path, n_keys, value_size, overwrite)
     if os.path.exists(path):
         import shutil
         shutil.rmtree(path)
