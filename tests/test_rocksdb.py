@@ -352,7 +352,7 @@ def _free_ports(n):
     return free_udp_ports(n)
 
 
-def _rack(tmp_path, db, policy="random", n=3, workers=1):
+def _rack(tmp_path, db, policy="random", n=3, workers=1, extra=""):
     ports = _free_ports(n)
     servers = "".join(f'[[server]]\naddress = "127.0.0.1:{p}"\n' for p in ports)
     text = textwrap.dedent(f"""\
@@ -363,6 +363,7 @@ def _rack(tmp_path, db, policy="random", n=3, workers=1):
         window_us = 1000
         workers = {workers}
         handler = "rocksdb:path={db}"
+        {extra}
         [policy]
         name = "{policy}"
         seed = 3
@@ -379,9 +380,11 @@ def test_acceptance_three_server_rack(db, tmp_path):
     servers stay up."""
     from malcolm.loadgen.run import LoadSpec, resolve_target, run_load
     from malcolm.runtime.launcher import LocalRack
-    rack = _rack(tmp_path, db)
-    # A generous timeout: on a shared 2-core machine a server can stall for a second; only a
-    # lost or unanswered GET (or a wrong value) should fail this test.
+    # A generous timeout, and no refusal for load (max_wait_ms = 0): on a shared 2-core
+    # machine a server can stall for a second, and its admission then answered some
+    # requests "overloaded", malformed ones among them (3-7% of the runs with another load
+    # on the machine); only a lost or unanswered GET (or a wrong value) should fail this.
+    rack = _rack(tmp_path, db, extra="max_wait_ms = 0")
     spec = LoadSpec(resolve_target(rack), duration_s=2.0, warmup_s=0.2, timeout_s=10.0,
                     app=apps.parse_app("rocksdb1", 10_000, 16, bad_fraction=0.05))
     lr = LocalRack(rack)
