@@ -248,6 +248,16 @@ def test_reap_unlinks_only_the_rings_whose_owner_is_gone(tmp_path):
          shm_reap.LOCK_NAME])
 
 
+def _reaches(name, t, payload):
+    """A new client's message to endpoint ``name`` arrives at ``t``."""
+    u = open_transport("shm", _addr("shm"))
+    try:
+        u.send(name, payload)
+        assert [m for m, _ in _drain(t, 1)] == [payload]
+    finally:
+        u.close()
+
+
 def _in_new_pid_namespace(code, *args):
     """Run ``code`` in a new pid namespace that shares this /dev/shm, as a container started
     with the host's IPC would (root only)."""
@@ -274,12 +284,7 @@ def test_an_endpoint_in_another_pid_namespace_leaves_a_live_ring_alone():
         assert r.returncode == 7, r.stderr
         assert "in use by process" in r.stdout and "another pid namespace" in r.stdout
         assert os.path.exists(f"/dev/shm/malcolm-{name}")
-        u = open_transport("shm", _addr("shm"))   # and it still gets messages
-        try:
-            u.send(t.address, b"still here")
-            assert [m for m, _ in _drain(t, 1)] == [b"still here"]
-        finally:
-            u.close()
+        _reaches(name, t, b"still here")        # and it still gets messages
     finally:
         t.close()
 
@@ -301,12 +306,7 @@ def test_a_name_whose_owner_was_killed_in_another_pid_namespace_is_free_again():
     assert os.path.exists(f"/dev/shm/malcolm-{name}")           # left behind, alive = 1
     t = open_transport("shm", name)
     try:
-        u = open_transport("shm", _addr("shm"))
-        try:
-            u.send(name, b"back")
-            assert [m for m, _ in _drain(t, 1)] == [b"back"]
-        finally:
-            u.close()
+        _reaches(name, t, b"back")
     finally:
         t.close()
 
@@ -322,12 +322,7 @@ def test_closing_an_endpoint_leaves_the_name_to_the_one_that_took_it_over():
     try:
         first.close()
         assert os.path.exists(f"/dev/shm/malcolm-{name}")
-        u = open_transport("shm", _addr("shm"))
-        try:
-            u.send(name, b"to the second")
-            assert [m for m, _ in _drain(second, 1)] == [b"to the second"]
-        finally:
-            u.close()
+        _reaches(name, second, b"to the second")
     finally:
         second.close()
     assert not os.path.exists(f"/dev/shm/malcolm-{name}")
