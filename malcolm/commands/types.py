@@ -241,6 +241,8 @@ def _cannot_write(path) -> str | None:
     try:
         st = os.stat(path)
     except FileNotFoundError:
+        if os.path.islink(path):    # dangling: the write replaces the link (write_file)
+            return None
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except OSError as e:
