@@ -112,6 +112,7 @@ def test_key_files(tmp_path, monkeypatch):
 
 KEY = bytes(range(50, 66))
 OTHER = bytes(range(70, 86))
+TO0 = wire.dst_key(KEY, 0)      # what a member sends server 0 goes under 0's own key
 
 
 def _server(n=2, key=KEY, policy="jsq", **kw):
@@ -167,6 +168,34 @@ def test_a_keyed_server_serves_its_rack_and_drops_the_rest():
             p.close()
 
 
+def test_a_members_message_to_another_server_is_not_taken_here():
+    """Each member numbers its messages per destination, and all went under the rack key: a
+    forward or heartbeat captured on its way from member 1 to server 2, replayed to server
+    0 from member 1's address, was accepted while 0 had not yet seen its number, and the
+    task ran twice (the forty-fourth session's probe). Now each goes under its
+    destination's own key."""
+    srv, addr, peers = _server(n=3)
+    reply = (2, 1, 0, bytes(16))
+    try:
+        for j, key in enumerate((wire.dst_key(KEY, 2), KEY)):
+            peers[0].send(addr, wire.encode_heartbeat(1, load=5.0, key=key, epoch=9,
+                                                      auth_seq=j + 1))
+            peers[0].send(addr, wire.encode_move(1, 99, j + 1, reply, key=key, epoch=9,
+                                                 auth_seq=j + 11))
+        assert _wait(lambda: srv.stats()["malformed_by_reason"].get("bad MAC") == 4)
+        s = srv.stats()
+        assert s["hb_recv"] == 0 and s["forwarded_in"] == 0 and s["peer_joins"] == 0, s
+        # the same two under server 0's own key: taken
+        peers[0].send(addr, wire.encode_heartbeat(1, load=5.0, key=TO0, epoch=9, auth_seq=21))
+        peers[0].send(addr, wire.encode_move(1, 99, 3, reply, key=TO0, epoch=9, auth_seq=22))
+        assert _wait(lambda: srv.stats()["forwarded_in"] == 1)
+        assert srv.stats()["hb_recv"] == 1 and srv.stats()["peer_joins"] == 1
+    finally:
+        srv.stop()
+        for p in peers:
+            p.close()
+
+
 def test_an_unkeyed_server_warns_once_and_still_runs(caplog):
     import logging
     with caplog.at_level(logging.WARNING, logger="malcolm.server"):
@@ -188,7 +217,7 @@ def test_replays_restarts_and_forged_sequence_numbers():
 
     def hb(epoch, aseq, seq=1, load=1000.0):
         return wire.encode_heartbeat(1, seq=seq, load=load, queue_len=1.0, rate=1e-4,
-                                     key=KEY, epoch=epoch, auth_seq=aseq)
+                                     key=TO0, epoch=epoch, auth_seq=aseq)
     try:
         first = hb(100, 1)
         p.send(addr, first)
@@ -235,7 +264,7 @@ def test_a_recording_of_a_dead_peers_earlier_run_does_not_bring_it_back():
 
     def hb(epoch, aseq):
         return wire.encode_heartbeat(1, seq=aseq, load=1000.0, queue_len=1.0, rate=1e-4,
-                                     key=KEY, epoch=epoch, auth_seq=aseq)
+                                     key=TO0, epoch=epoch, auth_seq=aseq)
     try:
         recorded = [hb(100, k) for k in (1, 2, 3)]        # its first run, recorded
         for d in recorded[:2]:
@@ -453,7 +482,7 @@ def test_a_members_huge_critic_is_refused_by_the_policy_and_logged(caplog):
         assert before["policy"]["consensus_rejected"] == 0 and before["policy"]["learn"]
         for i in range(1, 6):
             peers[0].send(addr, wire.encode_heartbeat(1, seq=i, load=1000.0, rate=1e-4,
-                                                      theta=[1e300] * d, key=KEY, epoch=7,
+                                                      theta=[1e300] * d, key=TO0, epoch=7,
                                                       auth_seq=i))
             time.sleep(0.02)
         assert _wait(lambda: srv.stats()["policy"]["consensus_rejected"] >= 1)

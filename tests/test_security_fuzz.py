@@ -120,7 +120,7 @@ def test_mutated_and_resealed_messages_agree(t):
     st.builds(lambda t: _mutate(t), mutated),
     st.builds(lambda t: _reseal(_mutate(t)[:-24], KEY), mutated),
     st.builds(lambda load, ql, rate, th, seq: wire.encode_heartbeat(
-        1, seq=seq, load=load, queue_len=ql, rate=rate, theta=th, key=KEY),
+        1, seq=seq, load=load, queue_len=ql, rate=rate, theta=th, key=wire.dst_key(KEY, 0)),
         st.floats(0, 1e308), st.floats(0, 1e308), st.floats(0, 1e300),
         st.lists(st.floats(allow_nan=False, allow_infinity=False), max_size=64),
         st.integers(0, 2**32 - 1))), min_size=1, max_size=40))

@@ -63,6 +63,17 @@ def test_native_and_reference_encoders_agree(kind, kw, key):
     assert _code(nat, other)[1] == _code_py(nat, other)[1] == "bad MAC"
 
 
+def test_destination_keys_agree_and_differ():
+    """What servers send each other goes under the destination's own key: the reference
+    and the native derivation agree, and no two destinations (nor the rack key) share one."""
+    for key in (KEY, bytes(16), bytes(range(200, 216))):
+        keys = [wire.dst_key(key, j) for j in (0, 1, 2, 63, 65535)]
+        assert keys == [native.dst_key(key, j) for j in (0, 1, 2, 63, 65535)]
+        assert len(set(keys + [key])) == 6 and all(len(k) == 16 for k in keys)
+    with pytest.raises(ValueError, match="0..65535"):
+        native.dst_key(KEY, 65536)
+
+
 def test_decoded_fields_round_trip():
     d = native.decode(native.encode_task(7, 2**63 + 1, 65535, 2**62, -5, b"\0\xff"))
     assert (d["client_id"], d["request_id"], d["task_type"], d["service_ns"], d["send_ns"],

@@ -157,6 +157,7 @@ ctypedef struct WireResp:
 cdef int wire_header(const uint8_t* buf, uint32_t n, WireHdr* h) noexcept nogil
 cdef int wire_open(const uint8_t* buf, uint32_t n, const mc_sipkey* key, uint64_t* epoch,
                    uint64_t* seq) noexcept nogil
+cdef void wire_dst_key(const mc_sipkey* base, uint16_t dst, mc_sipkey* out) noexcept nogil
 cdef uint32_t wire_seal(uint8_t* buf, uint32_t n, const mc_sipkey* key, uint64_t epoch,
                         uint64_t seq) noexcept nogil
 cdef int wire_replay_check(WireReplay* r, uint64_t epoch, uint64_t seq) noexcept nogil

@@ -56,6 +56,24 @@ cdef uint32_t wire_seal(uint8_t* buf, uint32_t n, const mc_sipkey* key, uint64_t
     return n + AUTH_LEN
 
 
+cdef void wire_dst_key(const mc_sipkey* base, uint16_t dst, mc_sipkey* out) noexcept nogil:
+    """The key of the messages between servers that go to server ``dst``, derived from the
+    rack key ``base`` (two SipHash outputs of a label and ``dst``). Each sender numbers its
+    messages per destination, so under one key a message captured on its way to server j
+    verified at server k too, and ran there again while k had not yet seen its number
+    (docs/runtime.md, "Replays, epochs and membership"); under j's own key it does not."""
+    cdef uint8_t msg[20]
+    cdef uint8_t k[16]
+    memcpy(msg, b"malcolm dst key:", 16)
+    mc_st16(msg + 16, dst)
+    msg[18] = 0
+    msg[19] = 0
+    mc_st64(k, mc_siphash24(base, msg, 20))
+    msg[19] = 1
+    mc_st64(k + 8, mc_siphash24(base, msg, 20))
+    mc_sipkey_set(out, k)
+
+
 cdef int wire_open(const uint8_t* buf, uint32_t n, const mc_sipkey* key, uint64_t* epoch,
                    uint64_t* seq) noexcept nogil:
     """Verify the MAC of a message whose header checked; return the body's length (> 0) or
@@ -391,6 +409,22 @@ def _raise(int code):
 
 ZERO_KEY = bytes(16)
 _auto_seq = [0]
+
+
+def dst_key(key, int dst):
+    """The 16 bytes of the key that signs what a server of a rack keyed with ``key`` sends to
+    server ``dst`` (:c:func:`wire_dst_key`): heartbeats, forwards and steals; a client's
+    tasks and the responses to clients stay under ``key`` itself. For tools and tests that
+    speak for a member."""
+    cdef mc_sipkey base = _key(key), out
+    cdef uint8_t raw[16]
+    if not 0 <= dst < 65536:
+        raise ValueError(f"a server index is 0..65535, got {dst}")
+    wire_dst_key(&base, <uint16_t>dst, &out)
+    # mc_sipkey_set reads the 16 bytes as two little-endian words
+    mc_st64(raw, out.k0)
+    mc_st64(raw + 8, out.k1)
+    return bytes(raw[:16])
 
 
 cdef mc_sipkey _key(object key) except *:

@@ -17,7 +17,8 @@ Every message starts with an 8-byte header and ends with a 24-byte trailer::
     n-24 8   epoch    the sender's epoch: realtime µs << 16 | 16 random bits, new at each start
     n-16 8   seq      the sender's sequence number (per destination server; per message to
                       clients), from 1
-    n-8  8   mac      SipHash-2-4 under the rack key of bytes 0..n-8 (all of the above)
+    n-8  8   mac      SipHash-2-4 of bytes 0..n-8 (all of the above) under the rack key, or,
+                      between servers, under the destination's key (``dst_key``)
 
 The rack key is 16 bytes derived from the rack's key file (``malcolm.runtime.config.read_key``); a
 rack without one uses the all-zero key, which detects corruption but authenticates nothing.
@@ -174,6 +175,17 @@ def siphash24(key: bytes, data: bytes) -> int:
 
 
 _auto_seq = [0]
+
+
+def dst_key(key, dst: int) -> bytes:
+    """The key of what a server sends server ``dst`` (heartbeats, forwards, steals): two
+    SipHash outputs of a label and ``dst`` under the rack key. A sequence number counts per
+    destination, so under one key a message captured on its way to server j verified at
+    server k too, and ran there again while k had not seen its number. A client's tasks
+    and their responses stay under the rack key; a rack without a key does not derive."""
+    base = ZERO_KEY if key is None else bytes(key)
+    msg = b"malcolm dst key:" + struct.pack("<H", dst)
+    return struct.pack("<QQ", siphash24(base, msg + b"\0\0"), siphash24(base, msg + b"\0\1"))
 
 
 def seal(body: bytes, key=None, epoch=1, auth_seq=None) -> bytes:

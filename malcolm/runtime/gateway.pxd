@@ -83,6 +83,10 @@ cdef class Gateway:
     # 64-wide replay window suffices), one for everything sent to clients, and per peer what
     # its replay window and heartbeat order need
     cdef mc_sipkey key
+    # what servers send each other goes under the destination's own key (wire_dst_key):
+    # peer_keys[j] signs what goes to j, peer_keys[me] verifies what comes from peers; the
+    # rack key itself (all of them without one) signs clients' tasks and their responses
+    cdef mc_sipkey peer_keys[MAX_SERVERS]
     cdef readonly bint authenticated
     cdef readonly uint64_t epoch
     cdef uint64_t tx_seq[MAX_SERVERS]

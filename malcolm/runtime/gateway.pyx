@@ -105,11 +105,17 @@ cdef class Gateway:
         """The rack's 16-byte MAC key; None: the all-zero one, which catches corruption but
         authenticates nothing."""
         cdef bytes k = bytes(16) if key is None else bytes(key)
+        cdef int j
         if len(k) != 16:
             raise ValueError(f"the rack MAC key is 16 bytes (malcolm.runtime.config.read_key), "
                              f"got {len(k)}")
         mc_sipkey_set(&self.key, <const uint8_t*>(<const char*>k))
         self.authenticated = key is not None
+        for j in range(MAX_SERVERS):
+            if self.authenticated:
+                wire_dst_key(&self.key, <uint16_t>j, &self.peer_keys[j])
+            else:
+                self.peer_keys[j] = self.key
         memset(self.rx_replay, 0, sizeof(self.rx_replay))
         memset(self.tx_seq, 0, sizeof(self.tx_seq))
         memset(self.hb_top, 0, sizeof(self.hb_top))
@@ -196,7 +202,8 @@ cdef class Gateway:
         else:
             self.tx_seq_client += 1
             seq = self.tx_seq_client
-        return wire_seal(b.data, n, &self.key, self.epoch, seq)
+        return wire_seal(b.data, n, &self.peer_keys[dst] if dst >= 0 else &self.key,
+                         self.epoch, seq)
 
     cdef void respond(self, const WireTask* t, const NetAddr* to, uint8_t status,
                       uint16_t flags, int64_t service_ns, const uint8_t* out,
@@ -300,7 +307,9 @@ cdef class Gateway:
         if kind < 0:
             self.bad(m, kind)
             return 0
-        rc = wire_open(m.data, m.len, &self.key, &ep, &aseq)
+        # a client's task under the rack key, everything else (from a server) under ours
+        rc = wire_open(m.data, m.len, &self.key if kind == K_TASK else &self.peer_keys[self.me],
+                       &ep, &aseq)
         if rc < 0:
             self.bad(m, rc)
             return 0
