@@ -415,9 +415,10 @@ def test_an_app_run_against_servers_without_the_handler_says_why(db, tmp_path):
     sleepy = tmp_path / "sleepy.toml"
     sleepy.write_text('[rack]\nhandler = "sleep"\n[policy]\nname = "jsq"\n'
                       '[[server]]\naddress = "127.0.0.1:17301"\n')
-    note = apps.handler_note(str(sleepy), "rocksdb1")
+    note = apps.handler_note(apps.rack_config(str(sleepy)), "rocksdb1")
     assert note and "run the sleep handler" in note and "wrong value" in note
-    assert apps.handler_note(_rack(tmp_path, db, policy="jsq", n=1), "rocksdb1") is None
+    assert apps.handler_note(apps.rack_config(_rack(tmp_path, db, policy="jsq", n=1)),
+                             "rocksdb1") is None
     nan = float("nan")
     rep = {"app": {"types": [{"get": 16, "ok": 0, "wrong": 5, "not_ok": 0,
                               "latency_us": {"p50": nan, "p99": nan, "mean": nan}}],

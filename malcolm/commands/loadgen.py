@@ -56,15 +56,12 @@ def _refuse_orphans(ctx, raw, app, poll, bad_fraction):
     if not 0.0 <= bad_fraction <= 1.0:                  # NaN fails this too
         raise LoadgenError(f"--bad-fraction {bad_fraction!r} must be in 0..1")
 
-    def given(*names):
-        return _given(ctx, *names)
-
     needs = {"without --raw (it bounds the samples --raw keeps)":
-             [] if raw else given("raw_max"),
+             [] if raw else _given(ctx, "raw_max"),
              "without --app (real requests)":
-             [] if app else given("app_keys", "app_value_size", "key_dist", "bad_fraction"),
+             [] if app else _given(ctx, "app_keys", "app_value_size", "key_dist", "bad_fraction"),
              "with --poll busy (only adaptive polling spins before a send)":
-             [] if poll == "adaptive" else given("spin_us", "spin_us_old")}
+             [] if poll == "adaptive" else _given(ctx, "spin_us", "spin_us_old")}
     for why, names in needs.items():
         if names:
             raise LoadgenError(f"{_flags(ctx, names)} {'has' if len(names) == 1 else 'have'} "
@@ -258,12 +255,14 @@ def loadgen(rack_path, servers, transport, rates, arrivals, payload_size, payloa
         if app:
             _refuse_with_app(click.get_current_context())
             from malcolm.loadgen import apps
-            shape = None
-            note = apps.handler_note(rack_path, app) if rack_path else None
+            shape = note = None
+            cfg = apps.rack_config(rack_path) if rack_path else None
+            if cfg is not None:
+                note = apps.handler_note(cfg, app)
+                if app_keys is None or app_value_size is None:
+                    shape = apps.dictionary_shape(cfg)
             if note:
                 click.echo(note, err=True)
-            if rack_path and (app_keys is None or app_value_size is None):
-                shape = apps.dictionary_shape(rack_path)
             try:
                 spec.app = apps.parse_app(
                     app, app_keys if app_keys is not None else shape and shape[0],

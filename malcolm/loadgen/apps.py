@@ -176,15 +176,21 @@ def parse_app(text, n_keys=None, value_size=None, key_dist="uniform",
                    float(bad_fraction))
 
 
-def handler_note(rack_path, app):
-    """A line for a run of ``app`` against a rack file none of whose servers runs the
-    rocksdb handler (None otherwise): every answer was then a wrong value, with nothing to
-    say why. Not an error: a server may have been started with ``serve --handler``."""
+def rack_config(rack_path):
+    """The rack file's configuration for :func:`handler_note` and :func:`dictionary_shape`
+    (read once for both), or None where it does not load."""
     from malcolm.runtime.config import ConfigError, load_rack
     try:
-        cfg = load_rack(rack_path)
+        return load_rack(rack_path)
     except ConfigError:
         return None
+
+
+def handler_note(cfg, app):
+    """A line for a run of ``app`` against a rack (``cfg``, :func:`rack_config`) none of
+    whose servers runs the rocksdb handler (None otherwise): every answer was then a wrong
+    value, with nothing to say why. Not an error: a server may have been started with
+    ``serve --handler``."""
     kinds = sorted({s.handler.partition(":")[0] for s in cfg.servers})
     if "rocksdb" in kinds:
         return None
@@ -193,14 +199,10 @@ def handler_note(rack_path, app):
             "every answer will be a wrong value")
 
 
-def dictionary_shape(rack_path):
-    """``(n_keys, value_size)`` of the database the rack's first ``rocksdb`` server names,
-    when it can be opened from here; else ``None`` (the caller uses its defaults)."""
-    from malcolm.runtime.config import ConfigError, load_rack
-    try:
-        cfg = load_rack(rack_path)
-    except ConfigError:
-        return None
+def dictionary_shape(cfg):
+    """``(n_keys, value_size)`` of the database the first ``rocksdb`` server of the rack
+    ``cfg`` (:func:`rack_config`) names, when it can be opened from here; else ``None`` (the
+    caller uses its defaults)."""
     for s in cfg.servers:
         kind, _, rest = s.handler.partition(":")
         if kind != "rocksdb":

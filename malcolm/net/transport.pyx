@@ -34,7 +34,6 @@ cdef extern from "net/_netc.h" nogil:
         uint32_t cell_bytes
         uint32_t alive
         int owner_pid
-        uint64_t owner_ns
         mc_doorbell bell
     ctypedef struct mc_cell_hdr:
         uint64_t seq
