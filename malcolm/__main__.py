@@ -1,3 +1,3 @@
-from malcolm.cli import main
+from malcolm._entry import run
 
-main()
+run()

@@ -492,3 +492,35 @@ def test_refused_as_typed_in_one_line(args, msg):
     err = [ln for ln in p.stderr.splitlines() if ln.startswith("Error:")]
     assert p.returncode == 2 and len(err) == 1 and msg in err[0], p.stdout + p.stderr
     assert "Traceback" not in p.stderr and not p.stdout
+
+
+def test_ctrl_c_while_the_cli_loads_is_one_line():
+    """A SIGINT that lands while ``python -m malcolm`` imports click (``rack up`` stopping a
+    server that has just started) ends it quietly, not with a KeyboardInterrupt traceback."""
+    import subprocess
+    import sys
+
+    code = """if True:
+        import os, runpy, signal, sys
+        class InterruptAtClick:             # the signal arrives while click is imported
+            def find_spec(self, name, path=None, target=None):
+                if name == "click":
+                    os.kill(os.getpid(), signal.SIGINT)
+                return None
+        sys.meta_path.insert(0, InterruptAtClick())
+        sys.argv = ["malcolm", "--version"]
+        runpy.run_module("malcolm", run_name="__main__")
+    """
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60)
+    assert "Traceback" not in r.stderr and "KeyboardInterrupt" not in r.stderr, r.stderr
+    assert r.stderr.strip() == "Aborted!" and r.returncode == 130, (r.returncode, r.stderr)
+    # once the CLI is loaded, Python's handler is back: click reports the interrupt itself
+    r = subprocess.run([sys.executable, "-m", "malcolm", "--version"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and "malcolm" in r.stdout, r.stderr
+    code = ("import signal, malcolm._entry as e; e.main.main = lambda *a, **k: None; e.run(); "
+            "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60)
+    assert r.stdout.strip() == "True", r.stderr
