@@ -331,7 +331,7 @@ def server_command():
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(malcolm.__file__)))
     boot = (f"import sys; sys.path.insert(0, {root!r}); sys.argv[0] = 'malcolm'; "
-            "from malcolm.cli import main; main()")
+            "from malcolm._entry import run; run()")
     flags = ["-P"] if sys.version_info >= (3, 11) else []
     return [sys.executable, *flags, "-c", boot]
 
