@@ -52,7 +52,6 @@ cdef extern from "net/_shm.h" nogil:
     mc_ring_hdr* mc_shm_attach(const uint8_t* name, size_t* size_out)
     void mc_shm_detach(mc_ring_hdr* r, size_t size)
     void mc_shm_destroy(mc_ring_hdr* r, size_t size, const uint8_t* name, int fd)
-    bint mc_shm_owner_alive(mc_ring_hdr* r)
     bint mc_shm_owner_running(mc_ring_hdr* r, const uint8_t* name)
     void mc_shm_mark_stopped(mc_ring_hdr* r)
     bint mc_shm_other_ns(const mc_ring_hdr* r)
@@ -680,11 +679,12 @@ cdef class ShmTransport(Transport):
             spins = 0
             while mc_ring_push(p.ring, <const uint8_t*>&self.me, self.tx[i].data,
                                self.tx[i].len) != 0:
-                # Full: wait briefly for the owner to drain it, unless it is gone. The
-                # doorbell and the liveness check are system calls, so they run once every
-                # 1024 spins, not on every spin.
+                # Full: wait briefly for the owner to drain it, unless it is gone (by its
+                # file's lock, as the reaper judges: a pid can be reused or belong to
+                # another namespace). The doorbell and the liveness check are system calls,
+                # so they run once every 1024 spins, not on every spin.
                 if (spins & 1023) == 0:
-                    if spins > 20000 or not mc_shm_owner_alive(p.ring):
+                    if spins > 20000 or not mc_shm_owner_running(p.ring, p.name):
                         break
                     mc_bell_ring(&p.ring.bell)
                 spins += 1
