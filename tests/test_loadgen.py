@@ -481,3 +481,36 @@ def test_sigterm_stops_a_run_like_ctrl_c_and_leaves_no_shm_ring(tmp_path, sig):
     assert "interrupted: the run was cut short" in output
     assert json.loads(out.read_text())["runs"][0]["interrupted"]
     assert not glob.glob(ring), os.listdir("/dev/shm")
+
+
+def test_a_response_seen_after_its_timeout_is_late_not_completed(tmp_path):
+    """A generator stopped (SIGSTOP) past its --timeout finds the answers of the tasks then
+    in flight waiting in its socket. Each is late: a completion with a latency above the
+    timeout contradicts the report's own definition of timed out. They were handled before
+    the timeout sweep and counted completed, up to 309 ms against 50 ms (runtime probe,
+    2026-12-07)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    out = tmp_path / "out.json"
+    with StubServer("udp", delay_us=5000) as s:        # ~15 tasks in flight at 3000/s
+        p = subprocess.Popen([sys.executable, "-m", "malcolm", "loadgen", "--server",
+                              s.address, "--rate", "3000", "--duration", "2.5s", "--warmup",
+                              "0", "--timeout", "50ms", "--json", str(out)],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            time.sleep(1.2)
+            os.kill(p.pid, signal.SIGSTOP)
+            time.sleep(0.3)
+            os.kill(p.pid, signal.SIGCONT)
+            output, _ = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    run = json.loads(out.read_text())["runs"][0]
+    assert run["late_responses"] > 0, output           # the stop did outlast the timeout
+    assert run["latency_us"]["max"] < 50_000, (run["latency_us"], output)
+    assert run["accounted"], output

@@ -652,6 +652,11 @@ cdef class LoadClient:
             n = self.tr.rx_poll(BATCH)
             if n:
                 now = mc_now_ns()
+                # Expire first: a response that waited in the socket while this thread was
+                # not running (descheduled, stopped) is seen only now, and one seen at or
+                # past its task's timeout is late, as it would have been had the sweep run
+                # in between; not a completion with a latency above --timeout.
+                self._sweep(now)
                 for i in range(n):
                     self._on_msg(&self.tr.rx[i], now)
                 self.tr.rx_release(n)
