@@ -524,5 +524,5 @@ def test_ctrl_c_while_the_cli_loads_is_one_line():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=60)
     assert r.stdout.strip() == "True", r.stderr
-    from malcolm.runtime.launcher import server_command     # the servers rack up starts
+    from malcolm.runtime.launcher import server_command  # the servers rack up starts
     assert "from malcolm._entry import run; run()" in server_command()[-1]

@@ -203,6 +203,34 @@ def test_shm_name_of_a_live_endpoint_is_not_taken_over():
     b.close()
 
 
+@pytest.mark.skipif("shm" not in KINDS, reason="shm transport not available")
+def test_shm_waits_on_a_full_ring_once_until_it_takes_a_message_again():
+    """A peer whose owner runs but does not drain (SIGSTOPped, stalled) fills its ring. The
+    sender waits on it once, then fails at once while it stays full: every heartbeat to a
+    stopped server held each live gateway for the whole wait (~0.6 ms, 20 000 spins), and
+    the rack's round trips went from ~0.3 to ~1.3 ms for as long as it was stopped (runtime
+    probe, 2026-12-07). Once the owner drains, messages go in and a new wait is allowed."""
+    from malcolm.net.transport import ShmTransport
+    rx = ShmTransport(_addr("shm"), capacity=4)
+    tx = ShmTransport(_addr("shm"))
+    try:
+        for i in range(4):
+            tx.send(rx.address, b"m%d" % i)
+        assert tx.n_send_failed == 0 and tx.n_full_waits == 0
+        for _ in range(300):
+            tx.send(rx.address, b"x")
+        assert tx.n_send_failed == 300 and tx.n_full_waits == 1, tx.n_full_waits
+        assert len(_drain(rx, 4)) == 4
+        tx.send(rx.address, b"again")                  # drained: it goes in, no longer stalled
+        assert tx.n_send_failed == 300 and [m for m, _ in rx.recv(1.0)] == [b"again"]
+        for _ in range(5):
+            tx.send(rx.address, b"y")
+        assert tx.n_send_failed == 301 and tx.n_full_waits == 2
+    finally:
+        tx.close()
+        rx.close()
+
+
 def _fake_ring(path, alive, pid, magic=0x4d4352494e4731, ns=0, flags=0):
     import struct
     with open(path, "wb") as f:

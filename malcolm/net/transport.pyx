@@ -496,6 +496,7 @@ ctypedef struct ShmPeer:
     uint8_t name[16]
     mc_ring_hdr* ring
     size_t size
+    bint stalled        # full through a whole wait: no wait again until a message goes in
 
 
 _names = itertools.count()
@@ -517,6 +518,7 @@ cdef class ShmTransport(Transport):
     cdef ShmPeer* peers
     cdef int n_peers
     cdef uint32_t _ticket
+    cdef public uint64_t n_full_waits   # peers' rings given up on as full (see tx_flush)
 
     def __init__(self, address=None, capacity=1024):
         cdef NetAddr a
@@ -598,7 +600,7 @@ cdef class ShmTransport(Transport):
                     mc_shm_detach(p.ring, p.size)
                     p.ring = NULL
                 if p.ring == NULL:
-                    p.ring = mc_shm_attach(dst.addr, &p.size)
+                    p.ring, p.stalled = mc_shm_attach(dst.addr, &p.size), False
                 return p if p.ring != NULL else NULL
         self._unmap_stopped()       # a new peer: most often a client, where one has left
         if self.n_peers == MAX_SHM_PEERS:
@@ -610,6 +612,7 @@ cdef class ShmTransport(Transport):
             self.n_peers -= 1
         p = &self.peers[self.n_peers]
         memcpy(p.name, dst.addr, 16)
+        p.stalled = False
         p.ring = mc_shm_attach(dst.addr, &p.size)
         if p.ring == NULL:
             return NULL
@@ -617,12 +620,11 @@ cdef class ShmTransport(Transport):
         return p
 
     cdef void _unmap_stopped(self) noexcept nogil:
-        # Unmap the rings of peers that stopped cleanly, and forget them. Such a mapping was
-        # only dropped by the next send to that name, which a departed client never gets:
-        # a server kept every past client's ring (17 MB for a loadgen client, unlinked
-        # but still taking /dev/shm's memory) mapped until 256 of them were, +16 MB of
-        # /dev/shm and +6 MB RSS per `malcolm loadgen` run. A killed peer (alive still 1)
-        # is left to the eviction: telling it apart costs a system call per peer.
+        # Unmap the rings of peers that stopped cleanly, and forget them: the next send to
+        # the name, which a departed client never gets, was all that dropped one, so a
+        # server kept 256 past clients' rings (17 MB of /dev/shm each for a loadgen).
+        # A killed peer (alive still 1) is left to the eviction: telling it apart costs a
+        # system call per peer.
         cdef int i, j = 0
         for i in range(self.n_peers):
             if self.peers[i].ring != NULL and not self.peers[i].ring.alive:
@@ -665,8 +667,7 @@ cdef class ShmTransport(Transport):
             self.n_send_failed += n
             return 0
         for i in range(n):
-            # A run of messages to one peer looks it up once and rings its doorbell once
-            # (a full fence each), after the run.
+            # A run of messages to one peer: one lookup, one doorbell (a fence) after it.
             if prev == NULL or not addr_eq(&self.tx[i].peer, prev):
                 if ring:
                     mc_bell_ring(&p.ring.bell)
@@ -680,9 +681,11 @@ cdef class ShmTransport(Transport):
             while mc_ring_push(p.ring, <const uint8_t*>&self.me, self.tx[i].data,
                                self.tx[i].len) != 0:
                 # Full: wait briefly for the owner to drain it, unless it is gone (by its
-                # file's lock, as the reaper judges: a pid can be reused or belong to
-                # another namespace). The doorbell and the liveness check are system calls,
-                # so they run once every 1024 spins, not on every spin.
+                # file's lock: a pid can be reused) or the ring stayed full through the last
+                # wait (a SIGSTOPped owner runs; each heartbeat to it held the gateway ~0.6
+                # ms). Doorbell and liveness are system calls: once every 1024 spins.
+                if p.stalled:
+                    break
                 if (spins & 1023) == 0:
                     if spins > 20000 or not mc_shm_owner_running(p.ring, p.name):
                         break
@@ -692,7 +695,11 @@ cdef class ShmTransport(Transport):
             else:
                 ring = True
                 ok += 1
+                p.stalled = False
                 continue
+            if not p.stalled:
+                p.stalled = True
+                self.n_full_waits += 1
             self.n_send_failed += 1
         if ring:
             mc_bell_ring(&p.ring.bell)
