@@ -9,7 +9,7 @@ Layers, lowest first (docs/design.md):
     engines  malcolm.sim | malcolm.net, malcolm.workers (siblings: sim never sees net)
     runtime  malcolm.runtime: the server, its gateway and policy thread, rack files, launcher
     tools    malcolm.loadgen, malcolm.bench
-    cli      malcolm.commands, malcolm.cli, malcolm.__main__
+    cli      malcolm.commands, malcolm.cli, malcolm._entry, malcolm.__main__
 """
 
 import os
@@ -27,7 +27,7 @@ LAYERS = [
     ("engines", ("malcolm.sim", "malcolm.net", "malcolm.workers")),
     ("runtime", ("malcolm.runtime",)),
     ("tools", ("malcolm.loadgen", "malcolm.bench")),
-    ("cli", ("malcolm.commands", "malcolm.cli", "malcolm.__main__")),
+    ("cli", ("malcolm.commands", "malcolm.cli", "malcolm._entry", "malcolm.__main__")),
 ]
 # Within "engines": the simulator is one clock, the server runtime the other.
 SIBLINGS_APART = [("malcolm.sim",), ("malcolm.net", "malcolm.workers")]
