@@ -1,6 +1,7 @@
 """The gateway's rules beside the hop gate (malcolm/policy/gateway_rules.pyx): the shed rule
-(``shed``, off by default) and idle-only steals (``steal_idle``, on by default since the
-thirteenth session); docs/policy-log.md, "Tiny racks: the shed rule and idle-only steals"."""
+(``shed``, off by default; ``shed_runaway`` for a runaway queue, on) and idle-only steals
+(``steal_idle``, on by default since the thirteenth session); docs/policy-log.md, "Tiny
+racks: the shed rule and idle-only steals"."""
 import numpy as np
 import pytest
 
@@ -29,18 +30,30 @@ def complete(p, k):
     return int(k - c[p.me])
 
 
-def test_defaults_turn_steal_idle_on_and_leave_shed_off():
+def test_defaults_turn_steal_idle_on_and_shed_only_a_runaway_queue():
+    """``shed`` is off by default; ``shed_runaway`` (16 own task times a worker) sheds only a
+    queue that far beyond a hop plus the peers' wait: the guard for a hot entry server,
+    where the table keeps about half of most of the rack's arrivals."""
     p = MalcolmPolicy(N, 0, seed=1)
-    assert p.shed < 0 and p.steal_idle is True
+    assert p.shed < 0 and p.steal_idle is True and p.shed_runaway == 16.0
     assert MalcolmPolicy(N, 0, seed=1, steal_idle=0).steal_idle is False
-    off = MalcolmPolicy(N, 0, seed=1, hop_ns=HOP, learn=False)
-    feed(off, 0, 20, 0)                 # 20 tasks here, idle peers: the rule would shed
-    counts = hooks.sample_many(off, "arrival", 2000)
-    assert off.shed_count == 0 and counts[0] > 0      # the table's accepts stay
+    for tasks, runaway in ((10, 16.0), (20, 16.0), (10, 0.0)):
+        off = MalcolmPolicy(N, 0, seed=1, hop_ns=HOP, learn=False, shed_runaway=runaway)
+        feed(off, 0, tasks, 0)          # `tasks` here, idle peers
+        counts = hooks.sample_many(off, "arrival", 2000)
+        if runaway:
+            # the live budget counts the arrivals kept: the queue stops about 16 tasks
+            # beyond the peers' (20 is there already: every arrival goes on)
+            assert counts[0] <= max(0, 16 - tasks + 2) and off.shed_count >= 1970 - counts[0]
+            assert (counts[0] > 0) == (tasks < 16), counts[0]
+        else:                           # no guard: the table keeps about half
+            assert off.shed_count == 0 and counts[0] > 500, counts[0]
     with pytest.raises(TypeError, match="steal_idle"):
         MalcolmPolicy(N, 0, steal_idle="maybe")
     with pytest.raises(ValueError, match="shed"):
         MalcolmPolicy(N, 0, shed=float("nan"))
+    with pytest.raises(ValueError, match="shed_runaway"):
+        MalcolmPolicy(N, 0, shed_runaway=-1.0)
 
 
 def test_shed_draws_peers_in_proportion_to_the_table():

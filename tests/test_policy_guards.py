@@ -607,13 +607,29 @@ def test_skewed_rack_at_high_load_does_not_run_away():
     assert r.p99_us < 5_000
 
 
+def test_a_hot_entry_server_does_not_run_away():
+    """Most clients send to one server (shares 64:1 on 16 servers of 16 workers): the start
+    keeps about half of its arrivals, 3x what it can serve. Each runaway reset put it back
+    there, and its queue ran to tens of thousands of tasks for ~100 ms (p99 60 ms against
+    po2's 0.27; held-out probe, 2026-12-07). The runaway's shed (``shed_runaway``) sends
+    arrivals on while its queue is 16 tasks a worker beyond a hop and the peers' wait."""
+    from malcolm.sim import simulate
+
+    kw = dict(rack="16x16", workload="exp:50", load=0.5, delay_us=20.0, tasks=100_000,
+              seed=1, shares=[64.0] + [1.0] * 15)
+    po2 = simulate(policy="po2", **kw).p99_us
+    assert simulate(policy="malcolm", **kw).p99_us < 3 * po2
+    assert simulate(policy="malcolm:shed_runaway=0", **kw).p99_us > 20 * po2
+
+
 def test_the_simulator_reports_the_guards_per_server_and_says_when_they_fired():
     """``malcolm sim`` carries each server's ``stats()`` in its JSON (``policy_stats``) and
     says in a note when a guard fired; the same counters ``malcolm serve`` logs. An agent
     with a step of 0.5 on every window and no overload mask runs a one-worker server's
     queue away on a big-and-small rack at 0.95 and is reset; the default, on the same rack,
     never is (nor were the big servers' ordinary M/M/16 swings, with a bar of 16 own task
-    times instead of 16 tasks: item 16)."""
+    times instead of 16 tasks: item 16). The runaway's shed (``shed_runaway``) is off here:
+    with it, that agent's queue never runs away."""
     import json
 
     from click.testing import CliRunner
@@ -623,7 +639,8 @@ def test_the_simulator_reports_the_guards_per_server_and_says_when_they_fired():
     args = ["sim", "--servers", "2x16,14x1", "--load", "0.95", "--tasks", "100000", "--policy"]
     step_all = ",".join(f"{k}={v}" for k, v in STEP_ALL.items())
     r = CliRunner().invoke(main, args + [f"malcolm:actor_lr=0.5,{step_all},batch_windows=1,"
-                                         "runaway_windows=10,mask_factor=0", "--json", "-"])
+                                         "runaway_windows=10,mask_factor=0,shed_runaway=0",
+                                         "--json", "-"])
     assert r.exit_code == 0, r.output
     ps = json.loads(r.stdout)["runs"][0]["policy_stats"]
     assert len(ps) == 16 and all(d["windows"] > 100 and d["learn"] for d in ps)

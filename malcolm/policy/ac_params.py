@@ -64,6 +64,8 @@ DEFAULTS = dict(
     gate_live=True,             # the hop gate follows the own queue between publishes
     shed=-1.0,                  # >= 0: send an arrival away while keeping waits this many
     #                             own task times longer than a hop plus a peer's wait (off)
+    shed_runaway=16.0,          # ... or this many own task times a worker, whichever is less:
+    #                             a queue the runaway reset would see (0: off; docs/policy.md)
     gate_residual=True,         # the gate counts a busy worker's residual service, from its
     #                             measured variability (docs/policy.md, item 17); False: a
     #                             whole task time, M/M/c's (items 1-16)
@@ -92,7 +94,7 @@ DEFAULTS = dict(
 # docs/policy.md ("The default policy").
 THESIS = dict(advantage="td", actor="full", entropy=0.1, init="random", load_scale=50_000.0,
               load_clip=8.0, actor_lr=0.001, capacity_prior=False, mask_factor=0.0, trust=0.0,
-              runaway_windows=0, hop_ns=0.0, consensus="mean", hop_gate=False,
+              runaway_windows=0, shed_runaway=0.0, hop_ns=0.0, consensus="mean", hop_gate=False,
               lr_boost=1.0, beta1=0.9, beta2_decay=0.0, cold_lr=0.0, herd=0.0,
               batch_windows=16)
 
@@ -181,6 +183,7 @@ def check_params(params):
     num("hop_weight", 0.0)
     num("hop_cap", 0.0)
     num("shed")
+    num("shed_runaway", 0.0, 1e6)
     num("mask_factor", 0.0)
     num("steal_grant", 0.0, 1000.0)
     num("grant_tasks", 0.0, 1000.0)

@@ -153,9 +153,9 @@ cdef class MalcolmPolicy(GatewayRules):
         Accept outright the arrivals that would wait here no longer than one hop (``GatewayRules.
         _gate_accept``), a budget that follows the own queue between publishes (``_decide_live``),
         counting a busy worker's residual service where tasks are regular. All True.
-    shed : float
-        Live gate only: send an arrival away while keeping it waits ``shed`` task times more
-        than a hop + the peers' load (< 0, the default: off; ``GatewayRules``).
+    shed, shed_runaway : float
+        Live gate: send an arrival away while keeping it waits ``shed`` (< 0, the default: off)
+        or ``shed_runaway`` x workers (16; 0: off) task times more than a hop + peers' load.
     steal_idle, steal_state : bool, str
         Live gate: steal into an open gate or from a peer above the mean (default on); a
         steal's own load where it went ahead (``"decision"``) or at the window end.

@@ -187,6 +187,7 @@ cdef class AgentState(Policy):
     # the shed rule and idle-only steals (gate_live only; both off by default): the policy
     # publishes the threshold T, the gateway sends an arrival away while the budget is <= T
     cdef readonly double shed            # its margin, in own task times (< 0: off)
+    cdef readonly double shed_runaway    # ... or this many a worker, whichever is less (0: off)
     cdef uint64_t shed_pub               # T as a signed 32-bit number in the low half
     cdef readonly uint64_t shed_count    # arrivals the rule sent to a peer (gateway)
     cdef readonly bint steal_idle        # steal only while the budget is >= 1 ...

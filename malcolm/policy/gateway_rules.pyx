@@ -298,20 +298,28 @@ cdef class GatewayRules(AgentState):
         then, at a peer drawn from the published distribution, about that peer's load x_j
         (tasks / rate, an upper bound: it counts the tasks in service). Keeping is worse by
         more than ``shed`` own task times when K' < -r w - shed + 1, w = the peers' mean x
-        weighted by the published probabilities. No peer outcome, no rate, or shed < 0:
-        never. Stored before the budget (``gate_pub``), each in its own relaxed store: a
-        gateway between the two reads one arrival's T with the previous window's budget,
-        inputs a window apart, as every rule here has.
+        weighted by the published probabilities. The margin is the lesser of ``shed`` and
+        ``shed_runaway`` per worker (16, the runaway reset's bar: a guard, where the table
+        keeps an arrival into a queue it cannot serve; a hot entry server, most clients
+        sending to it, kept about half at the start and ran away, and each reset of its
+        actors put it back there). No peer outcome, no rate, or neither margin: never.
+        Stored before the budget (``gate_pub``), each in its own relaxed store: a gateway
+        between the two reads one arrival's T with the previous window's budget, inputs a
+        window apart, as every rule here has.
         """
         cdef int j, n = self.n, me = self.me
-        cdef double pw = 0.0, xw = 0.0, t = SHED_NEVER
-        if self.shed >= 0.0 and r > 0.0:
+        cdef double pw = 0.0, xw = 0.0, t = SHED_NEVER, m = self.shed
+        if self.shed_runaway > 0.0:
+            pw = self.shed_runaway * (self.n_workers if self.n_workers > 1 else 1)
+            m = pw if m < 0.0 or pw < m else m
+            pw = 0.0
+        if m >= 0.0 and r > 0.0:
             for j in range(n):
                 if j != me:
                     pw += self.pm_pub[j]
                     xw += self.pm_pub[j] * self.x[j]
             if pw > 1e-12:
-                t = floor(1.0 - r * xw / pw - self.shed)
+                t = floor(1.0 - r * xw / pw - m)
                 t = t - <double>off if t > -1e9 else SHED_NEVER
         mc_store_relaxed(&self.shed_pub, _low32_of(t))
 
@@ -392,6 +400,7 @@ cdef class GatewayRules(AgentState):
         cdef int j
         self.gate_live = cfg["gate_live"]
         self.shed = cfg["shed"]
+        self.shed_runaway = cfg["shed_runaway"]
         self.steal_idle = cfg["steal_idle"]
         self.steal_state = cfg["steal_state"]
         self.stl_at_decision = self.steal_state == "decision"
