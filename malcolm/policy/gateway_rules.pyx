@@ -309,7 +309,8 @@ cdef class GatewayRules(AgentState):
         """
         cdef int j, n = self.n, me = self.me
         cdef double pw = 0.0, xw = 0.0, t = SHED_NEVER, m = self.shed
-        if self.shed_runaway > 0.0:
+        if self.shed_runaway > 0.0 and self._hop_units() > 0.0:
+            # (with no hop known yet the gate is closed at -1e9: not a queue to shed)
             pw = self.shed_runaway * (self.n_workers if self.n_workers > 1 else 1)
             m = pw if m < 0.0 or pw < m else m
             pw = 0.0
