@@ -180,26 +180,23 @@ def test_gateway_steals_through_the_drivers_steal_gate():
     assert rep["stuck_threads"] == []
 
 
-def test_a_runaway_queue_resets_the_actors_on_a_real_server(caplog):
-    """The runaway guard in the runtime, not only in the simulator: server 0 (one worker,
-    5 ms tasks, learning Malcolm) gets ten times what it can serve, while server 1 (this
-    test) reports itself idle and answers nothing. The own queue runs far above the idle
-    peer's and keeps growing, and the policy resets its actors to the safe start: counted in
-    the statistics (``policy``) and said in serve's log."""
-    from malcolm.commands.serve import log_policy
+def _overloaded(params, done, seconds=5.0):
+    """Server 0 (one worker, 5 ms tasks, learning Malcolm with ``params``) gets ten times
+    what it can serve, while server 1 (this test) reports itself idle and answers nothing,
+    until ``done(stats)`` or ``seconds``: its stats before and after, and the stop report."""
     peer = open_transport("udp", "127.0.0.1:0")
     client = open_transport("udp", "127.0.0.1:0")
     tr = open_transport("udp", "127.0.0.1:0")
     d = len(make_policy("malcolm", 2, 0, 1).py_heartbeat()["theta"])
-    pol = make_policy("malcolm", 2, 0, 1)
+    pol = make_policy("malcolm", 2, 0, 1, **params)
     srv = Server(tr, [tr.address, peer.address], 0, pol, handler="sleep", workers=1,
                  window_us=500.0, peer_timeout_ms=60_000.0).start()
     try:
         before = srv.stats()
         t0 = time.monotonic()
-        t_end = t0 + 5.0
+        t_end = t0 + seconds
         seq = sent = 0
-        while time.monotonic() < t_end and srv.stats()["policy"]["resets"] == 0:
+        while time.monotonic() < t_end and not done(srv.stats()):
             seq += 1            # an idle peer of the same speed (the rate: tasks per ns)
             peer.send(tr.address, wire.encode_heartbeat(1, seq=seq, sent_ns=now_ns(),
                                                         load=0.0, rate=2e-7, theta=[0.0] * d))
@@ -214,16 +211,38 @@ def test_a_runaway_queue_resets_the_actors_on_a_real_server(caplog):
             time.sleep(0.002)
             peer.recv(0)        # whatever it migrated to us, dropped
         after = srv.stats()
-        assert after["policy"]["resets"] >= 1, after["policy"]
-        assert after["policy"]["windows"] > 20 and after["queue_len"] > 16
-        caplog.clear()                          # the start's "no rack key" warning
-        with caplog.at_level("WARNING"):
-            log_policy(0, before, after)
-        assert [r.getMessage() for r in caplog.records] == [
-            f"server 0: the policy's guards fired: {after['policy']['resets']} runaway "
-            "reset(s) of the actors"]
     finally:
         rep = srv.stop(grace_s=0.5)
         peer.close()
         client.close()
+    return before, after, rep
+
+
+def test_a_runaway_queue_resets_the_actors_on_a_real_server(caplog):
+    """The runaway guard in the runtime, not only in the simulator: with the runaway's shed
+    off, the own queue runs far above the idle peer's and keeps growing, and the policy
+    resets its actors to the safe start: counted in the statistics (``policy``) and said in
+    serve's log."""
+    from malcolm.commands.serve import log_policy
+    before, after, rep = _overloaded(dict(shed_runaway=0),
+                                     lambda st: st["policy"]["resets"] > 0)
+    assert after["policy"]["resets"] >= 1, after["policy"]
+    assert after["policy"]["windows"] > 20 and after["queue_len"] > 16
+    caplog.clear()                          # the start's "no rack key" warning
+    with caplog.at_level("WARNING"):
+        log_policy(0, before, after)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"server 0: the policy's guards fired: {after['policy']['resets']} runaway "
+        "reset(s) of the actors"]
+    assert rep["stuck_threads"] == []
+
+
+def test_a_runaway_queue_is_shed_on_a_real_server():
+    """The default (``shed_runaway``): the same overload is sent on to the idle peer once
+    the queue is 16 tasks beyond it, in the runtime's gateway as in the simulator, so the
+    queue stops growing, learning moves the rest, and no reset comes (with it off, the same
+    2 s gave 111 resets and 769 tasks queued)."""
+    _, after, rep = _overloaded({}, lambda st: False, 2.0)
+    assert after["policy"]["shed_count"] >= 1, after["policy"]
+    assert after["policy"]["resets"] == 0 and after["queue_len"] < 40, after
     assert rep["stuck_threads"] == []
