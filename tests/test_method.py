@@ -492,8 +492,10 @@ def test_a_runs_guards_come_from_its_servers_statistics_and_show_in_its_line():
     c = {"policy": {"resets": 0, "consensus_rejected": 2, "hb_clamped": 0}}
     deltas = [method.stats_delta(a, b), method.stats_delta(c, c), method.stats_delta({}, c),
               method.stats_delta({}, {}), None]
-    assert deltas[0]["guards"] == {"resets": 2, "consensus_rejected": 0, "hb_clamped": 0}
-    assert deltas[3]["guards"] == {"resets": 0, "consensus_rejected": 0, "hb_clamped": 0}
+    assert deltas[0]["guards"] == {"resets": 2, "shed_count": 0, "consensus_rejected": 0,
+                                   "hb_clamped": 0}
+    assert deltas[3]["guards"] == {"resets": 0, "shed_count": 0, "consensus_rejected": 0,
+                                   "hb_clamped": 0}
     fired = method.guards_fired(deltas)
     assert fired == {"resets": 2, "consensus_rejected": 2}
     assert method.guards_fired([deltas[1], deltas[3], None]) == {}

@@ -652,6 +652,7 @@ def test_the_simulator_reports_the_guards_per_server_and_says_when_they_fired():
                     f"{', '.join(map(str, at))})")
     assert "note: " in r.stderr and note in r.stderr
     r = CliRunner().invoke(main, args + ["malcolm"])
-    assert r.exit_code == 0 and "guards fired" not in r.output, r.output
+    # (the runaway's shed may send on a few arrivals of a one-worker server at 0.95: said)
+    assert r.exit_code == 0 and "runaway reset" not in r.output, r.output
     r = CliRunner().invoke(main, ["sim", "--policy", "jsq", "--tasks", "2000", "--json", "-"])
     assert json.loads(r.stdout)["runs"][0]["policy_stats"] is None

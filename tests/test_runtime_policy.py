@@ -180,7 +180,7 @@ def test_gateway_steals_through_the_drivers_steal_gate():
     assert rep["stuck_threads"] == []
 
 
-def _overloaded(params, done, seconds=5.0):
+def _overloaded(params, done, seconds=5.0, window_us=500.0):
     """Server 0 (one worker, 5 ms tasks, learning Malcolm with ``params``) gets ten times
     what it can serve, while server 1 (this test) reports itself idle and answers nothing,
     until ``done(stats)`` or ``seconds``: its stats before and after, and the stop report."""
@@ -190,7 +190,7 @@ def _overloaded(params, done, seconds=5.0):
     d = len(make_policy("malcolm", 2, 0, 1).py_heartbeat()["theta"])
     pol = make_policy("malcolm", 2, 0, 1, **params)
     srv = Server(tr, [tr.address, peer.address], 0, pol, handler="sleep", workers=1,
-                 window_us=500.0, peer_timeout_ms=60_000.0).start()
+                 window_us=window_us, peer_timeout_ms=60_000.0).start()
     try:
         before = srv.stats()
         t0 = time.monotonic()
@@ -241,8 +241,10 @@ def test_a_runaway_queue_is_shed_on_a_real_server():
     """The default (``shed_runaway``): the same overload is sent on to the idle peer once
     the queue is 16 tasks beyond it, in the runtime's gateway as in the simulator, so the
     queue stops growing, learning moves the rest, and no reset comes (with it off, the same
-    2 s gave 111 resets and 769 tasks queued)."""
-    _, after, rep = _overloaded({}, lambda st: False, 2.0)
+    2 s gave 49 resets and 2 106 tasks queued). Windows of 2 ms: this test's heartbeats,
+    late on a loaded machine, must not make the peer a suspect (5 windows of silence), to
+    which no task goes, or the kept tasks are the suspicion's, not the policy's."""
+    _, after, rep = _overloaded({}, lambda st: False, 2.0, window_us=2000.0)
     assert after["policy"]["shed_count"] >= 1, after["policy"]
     assert after["policy"]["resets"] == 0 and after["queue_len"] < 40, after
     assert rep["stuck_threads"] == []

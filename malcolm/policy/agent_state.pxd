@@ -184,8 +184,9 @@ cdef class AgentState(Policy):
     cdef readonly bint gate_live       # gate: K (signed) + completions - accepts since publish
     cdef bint live                       # gate_live and hop_gate: the gateway runs it
     cdef int64_t gate_done               # completions seen since the publish (gateway-owned)
-    # the shed rule and idle-only steals (gate_live only; both off by default): the policy
-    # publishes the threshold T, the gateway sends an arrival away while the budget is <= T
+    # the shed rule and idle-only steals (gate_live only; the rule on by default only for a
+    # runaway queue, shed_runaway): the policy publishes the threshold T, the gateway sends
+    # an arrival away while the budget is <= T
     cdef readonly double shed            # its margin, in own task times (< 0: off)
     cdef readonly double shed_runaway    # ... or this many a worker, whichever is less (0: off)
     cdef uint64_t shed_pub               # T as a signed 32-bit number in the low half

@@ -166,7 +166,7 @@ cdef class GatewayRules(AgentState):
         cdef double h = self._hop_units() * self.load_scale, r = self.adv[2 * self.n + self.me]
         cdef double c = <double>(self.n_workers if self.n_workers > 1 else 1)
         cdef double k = 0.0, kf, d = 0.0, e
-        cdef int64_t off = 0
+        cdef int64_t off = 0, shed_off = 0
         cdef uint64_t kb = 0
         self._grant_bar(h)
         if h > 0.0 and r > 0.0:
@@ -202,6 +202,11 @@ cdef class GatewayRules(AgentState):
                 k += (1.0 - e) / c if e < 1.0 else 0.0
         elif self.gate_live:
             k = -1e9        # no hop or rate known yet: closed, whatever completes
+            if r > 0.0:
+                # The shed still counts the own queue (a hop unknown counts 0: where clocks
+                # differ it never is known): its threshold moves with the closed budget, as
+                # it does with the speed rule's. Without this the shed sent every arrival on.
+                shed_off = <int64_t>floor(c - self.x[self.me] * r) + 1000000000
         if self.gate_live:
             # signed: a queue beyond the hop closes the gate until enough tasks complete
             k = k if k > -1e9 else -1e9
@@ -220,7 +225,7 @@ cdef class GatewayRules(AgentState):
                 # docs/policy.md, items 14 and 15)
                 off = <int64_t>kf + SPEED_CLOSED
                 kf = -<double>SPEED_CLOSED
-            self._shed_threshold(r, off)
+            self._shed_threshold(r, off + shed_off)
             if self.steal_idle:
                 self._steal_thresholds(r, off, h + d)
             self.gate_seq += 1
@@ -309,8 +314,7 @@ cdef class GatewayRules(AgentState):
         """
         cdef int j, n = self.n, me = self.me
         cdef double pw = 0.0, xw = 0.0, t = SHED_NEVER, m = self.shed
-        if self.shed_runaway > 0.0 and self._hop_units() > 0.0:
-            # (with no hop known yet the gate is closed at -1e9: not a queue to shed)
+        if self.shed_runaway > 0.0:
             pw = self.shed_runaway * (self.n_workers if self.n_workers > 1 else 1)
             m = pw if m < 0.0 or pw < m else m
             pw = 0.0
@@ -322,6 +326,7 @@ cdef class GatewayRules(AgentState):
             if pw > 1e-12:
                 t = floor(1.0 - r * xw / pw - m)
                 t = t - <double>off if t > -1e9 else SHED_NEVER
+                t = t if t > -2e9 else SHED_NEVER       # (int32's range, with the offsets)
         mc_store_relaxed(&self.shed_pub, _low32_of(t))
 
     cdef void _steal_thresholds(self, double r, int64_t off, double hd) noexcept nogil:

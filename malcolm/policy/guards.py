@@ -5,6 +5,7 @@ run lines. Pure Python, so that the command line reads it without the native pol
 # The counters of ``AgentState.stats`` that say a guard fired (worth a line in a log): the
 # key and what one count is.
 GUARDS = (("resets", "runaway reset(s) of the actors"),
+          ("shed_count", "arrival(s) sent on from a long queue (the shed rule)"),
           ("consensus_rejected", "peer critic(s) refused in consensus"),
           ("hb_clamped", "heartbeat field(s) clamped to sane bounds"))
 
