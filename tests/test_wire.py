@@ -72,6 +72,8 @@ def test_destination_keys_agree_and_differ():
         assert len(set(keys + [key])) == 6 and all(len(k) == 16 for k in keys)
     with pytest.raises(ValueError, match="0..65535"):
         native.dst_key(KEY, 65536)
+    # no rack key: the gateway derives nothing (peer_keys are the all-zero key), nor do these
+    assert wire.dst_key(None, 3) is None and native.dst_key(None, 3) is None
 
 
 def test_decoded_fields_round_trip():

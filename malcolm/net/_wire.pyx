@@ -414,10 +414,13 @@ _auto_seq = [0]
 def dst_key(key, int dst):
     """The 16 bytes of the key that signs what a server of a rack keyed with ``key`` sends to
     server ``dst`` (:c:func:`wire_dst_key`): heartbeats, forwards and steals; a client's
-    tasks and the responses to clients stay under ``key`` itself. For tools and tests that
-    speak for a member."""
-    cdef mc_sipkey base = _key(key), out
+    tasks and the responses to clients stay under ``key`` itself; None (no rack key) stays
+    None, as the gateway derives nothing then. For tools and tests that speak for a member."""
+    cdef mc_sipkey base, out
     cdef uint8_t raw[16]
+    if key is None:
+        return None
+    base = _key(key)
     if not 0 <= dst < 65536:
         raise ValueError(f"a server index is 0..65535, got {dst}")
     wire_dst_key(&base, <uint16_t>dst, &out)

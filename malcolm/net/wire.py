@@ -182,8 +182,11 @@ def dst_key(key, dst: int) -> bytes:
     SipHash outputs of a label and ``dst`` under the rack key. A sequence number counts per
     destination, so under one key a message captured on its way to server j verified at
     server k too, and ran there again while k had not seen its number. A client's tasks
-    and their responses stay under the rack key; a rack without a key does not derive."""
-    base = ZERO_KEY if key is None else bytes(key)
+    and their responses stay under the rack key. A rack without a key (None) does not
+    derive: its servers sign everything with the all-zero key, as the gateway does."""
+    if key is None:
+        return None
+    base = bytes(key)
     msg = b"malcolm dst key:" + struct.pack("<H", dst)
     return struct.pack("<QQ", siphash24(base, msg + b"\0\0"), siphash24(base, msg + b"\0\1"))
 
