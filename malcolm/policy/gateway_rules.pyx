@@ -313,11 +313,10 @@ cdef class GatewayRules(AgentState):
         window apart, as every rule here has.
         """
         cdef int j, n = self.n, me = self.me
-        cdef double pw = 0.0, xw = 0.0, t = SHED_NEVER, m = self.shed
+        cdef double pw = 0.0, xw = 0.0, t = SHED_NEVER, m = self.shed, mr
         if self.shed_runaway > 0.0:
-            pw = self.shed_runaway * (self.n_workers if self.n_workers > 1 else 1)
-            m = pw if m < 0.0 or pw < m else m
-            pw = 0.0
+            mr = self.shed_runaway * (self.n_workers if self.n_workers > 1 else 1)
+            m = mr if m < 0.0 or mr < m else m
         if m >= 0.0 and r > 0.0:
             for j in range(n):
                 if j != me:
