@@ -7,7 +7,8 @@ each server a speed factor drawn log-uniformly from LO-HI, from a stream of its 
 same racks, workloads, loads and delays are drawn as without it; ``--window`` sets every
 server's policy window, default the runtime's 100 µs (which shortens to 5 task times where
 tasks are shorter than 20 µs, as in ``malcolm sim``; another ``--window`` is fixed), and
-``--phase`` the windows' phases, default random; ``--sched ps`` serves the tasks inside each
+``--phase`` the windows' phases, default random; ``--loss L`` loses each heartbeat with
+probability L (default 0); ``--sched ps`` serves the tasks inside each
 server by processor sharing, round robin with ``--quantum`` or ideal at 0) and
 simulates each with every policy of ``POLICIES``: default Malcolm, the same Malcolm frozen at
 its initial policy (``learn=0``), JSQ, JBT, client power-of-2, and the ideal centralized FCFS
@@ -126,7 +127,8 @@ def _run(job):
                  tasks=sc["tasks"], seed=seed, delay_us=sc["delay_us"], warmup=0.3,
                  window_us=sc.get("window_us", g.SIM_WINDOW_US), phase=sc.get("phase", "random"),
                  window_tasks=sc.get("window_tasks", WINDOW_TASKS),
-                 sched=sc.get("sched", "fcfs"), quantum_us=sc.get("quantum_us", 0.0))
+                 sched=sc.get("sched", "fcfs"), quantum_us=sc.get("quantum_us", 0.0),
+                 loss=sc.get("loss", 0.0))
     return dict(id=sc["id"], policy=label, p50_us=r.p50_us, p99_us=r.p99_us,
                 mean_us=r.mean_us, migrations=r.migrations, generated=r.generated,
                 wall_s=time.time() - t0)
@@ -222,6 +224,9 @@ def main(argv=None):
     ap.add_argument("--quantum", type=g.duration("us"), default=0.0, metavar="DURATION",
                     help="with --sched ps: the round-robin quantum (bare number: µs; default "
                          "0, ideal processor sharing)")
+    ap.add_argument("--loss", type=float, default=0.0, metavar="L",
+                    help="probability that each heartbeat is lost, 0 <= L < 1 (default 0; "
+                         "tasks and steal messages are never lost)")
     ap.add_argument("--hetero-seeds", type=int, default=1,
                     help="simulation seeds for Malcolm and frozen on heterogeneous racks; the "
                          "learnt-vs-frozen comparison uses the median p99 over them")
@@ -237,6 +242,8 @@ def main(argv=None):
         ap.error(f"--name must be a plain file stem, got {a.name!r}")
     if a.quantum and a.sched != "ps":
         ap.error("--quantum needs --sched ps")
+    if not 0.0 <= a.loss < 1.0:
+        ap.error(f"--loss must be at least 0 and below 1, got {a.loss:g}")
     if a.speeds is not None and (len(a.speeds) != 2 or not 0.01 <= a.speeds[0] <= a.speeds[1]
                                  <= 100):
         ap.error("--speeds needs LO,HI with 0.01 <= LO <= HI <= 100")
@@ -250,6 +257,7 @@ def main(argv=None):
         sc["window_tasks"] = WINDOW_TASKS if a.window == g.SIM_WINDOW_US else 0.0
         sc["phase"] = a.phase
         sc["sched"], sc["quantum_us"] = a.sched, a.quantum
+        sc["loss"] = a.loss
     extra = a.malcolm.strip().strip(",")
     pols = [(label, (spec + ("," if ":" in spec else ":") + extra)
              if extra and spec.startswith("malcolm") else spec) for label, spec in POLICIES]
@@ -310,6 +318,8 @@ def write_outputs(a, scen, res, wall):
     if a.sched == "ps":
         ranges += (f", processor sharing (quantum {a.quantum:g} µs)" if a.quantum else
                    ", ideal processor sharing")
+    if a.loss:
+        ranges += f", {a.loss:g} of the heartbeats lost"
     if a.speeds is not None:
         ranges += f", server speeds {a.speeds[0]:g}-{a.speeds[1]:g}"
     lines = [f"Sweep: {len(scen)} scenarios from seed {a.seed}{ranges}, simulation seed "
