@@ -248,3 +248,55 @@ def test_a_runaway_queue_is_shed_on_a_real_server():
     assert after["policy"]["shed_count"] >= 1, after["policy"]
     assert after["policy"]["resets"] == 0 and after["queue_len"] < 40, after
     assert rep["stuck_threads"] == []
+
+
+def test_a_peer_that_falls_silent_is_stale_on_a_real_server_and_fresh_when_it_reports():
+    """Item 22 in the runtime's policy thread, with its clock: once a heartbeat was lost
+    (``hb_lost``), a peer that sends nothing for two of its heartbeat periods is stale
+    (``stale_peers``; the only peer here, so no load steers the actors), and its next
+    heartbeat, whose sequence number jumps over the lost ones, makes it fresh again. 2 ms
+    windows and heartbeats; the silence is 60 ms, so a loaded machine's late wake-ups do not
+    decide the outcome; the suspicion of a silent peer (``peer_timeout_ms``) is kept out."""
+    peer = open_transport("udp", "127.0.0.1:0")
+    tr = open_transport("udp", "127.0.0.1:0")
+    d = len(make_policy("malcolm", 2, 0, 1).py_heartbeat()["theta"])
+    srv = Server(tr, [tr.address, peer.address], 0, make_policy("malcolm", 2, 0, 1),
+                 handler="sleep", workers=1, window_us=2000.0,
+                 peer_timeout_ms=60_000.0).start()
+    seq = 0
+
+    def beat(count, jump=1):
+        nonlocal seq
+        for _ in range(count):
+            seq += jump
+            peer.send(tr.address, wire.encode_heartbeat(1, seq=seq, sent_ns=now_ns(), load=0.0,
+                                                        rate=2e-7, theta=[0.0] * d))
+            time.sleep(0.002)
+            peer.recv(0)
+
+    def stale_within(want, seconds):
+        t_end = time.monotonic() + seconds
+        while time.monotonic() < t_end:
+            if srv.stats()["policy"]["stale_peers"] == want:
+                return True
+            beat(1) if want == 0 else time.sleep(0.002)
+        return False
+
+    try:
+        beat(25)
+        beat(1, jump=2)                 # one heartbeat lost: the ages are kept from now on
+        beat(25)                        # 50 ms: its period measured
+        time.sleep(0.06)                # silent for 30 periods
+        assert stale_within(1, 1.0), str(srv.stats()["policy"])
+        beat(1, jump=30)                # the lost ones' numbers skipped, as after a loss
+        assert stale_within(0, 1.0), srv.stats()["policy"]
+        assert srv.stats()["policy"]["hb_lost"] == 30, srv.stats()["policy"]
+        # a jump beyond 1024 (a restarted sender's, or a forged one) counts as one step
+        beat(1, jump=5000)
+        beat(1, jump=-100)              # backwards: one step too
+        time.sleep(0.01)
+        assert srv.stats()["policy"]["hb_lost"] == 30, srv.stats()["policy"]
+    finally:
+        rep = srv.stop(grace_s=0.5)
+        peer.close()
+    assert rep["stuck_threads"] == []

@@ -528,6 +528,41 @@ static inline void mc_pub_actor_inputs(const double *restrict u,
     }
 }
 
+/* Lost heartbeats (docs/policy.md, item 22), at each window's end (now, ns): which peers'
+   reports are stale. Per peer: seq[n + j] its sequence number at the last look (0: none
+   yet), f[j] when that number last advanced, f[n + j] its heartbeat period in ns (0: not
+   measured yet). A lost heartbeat shows as a jump of the number, so the time between
+   advances over the jump measures the peer's own period whatever the loss, and in time, not
+   in windows, whatever either server's window. The period follows a longer one at once and
+   a shorter one by an EWMA (1/4): a peer's window may lengthen, and a late estimate then errs
+   towards fresh. Stale (1) where no advance came for (1 + after) periods: without loss
+   never, since a report comes every period and is seen within the own window (shorter than
+   the period where that matters). Returns how many are stale; while every known peer is, no
+   load steers the actors (AgentState._actor_inputs). */
+static inline int mc_pub_peer_ages(uint32_t *restrict seq, const unsigned char *restrict known,
+                                   double *restrict f, unsigned char *restrict stale, int n,
+                                   int me, double now, double after) {
+    uint32_t *snap = seq + n;
+    double *t = f, *per = f + n, k1 = 1.0 + after;
+    int j, k = 0;
+    for (j = 0; j < n; j++) {
+        uint32_t s = seq[j], o = snap[j];
+        if (s != o) {                       /* it advanced (or this is the first look) */
+            double p = now - t[j], q = per[j];
+            uint32_t dq = s - o;
+            if (dq != 1)                    /* heartbeats lost (or a reordered one dropped) */
+                p /= (double)dq;
+            if (o != 0)
+                per[j] = (q == 0.0 || p > q) ? p : q + 0.25 * (p - q);
+            snap[j] = s;
+            t[j] = now;
+        }
+        stale[j] = (j != me) & (known[j] != 0) & (per[j] > 0.0) & (now - t[j] >= k1 * per[j]);
+        k += stale[j];
+    }
+    return k;
+}
+
 /* The sparse actors' learned logit parts (AgentState._learned_logits) from the gathered
    block A = [B | W_jj | W_j,me] (migrate, then steal): g_j = B_j + W_jj z_j + W_j,me z_me,
    evaluated as (B_j + W_jj z_j) + W_j,me z_me like the Cython loop it replaces. */

@@ -1,7 +1,7 @@
 # cython: language_level=3
 """The publish kernels of ``_pub_kernels.h``, declared once for the modules that call them
 (``agent_state``, ``gateway_rules``, ``actor_critic``): branch-free C loops that vectorize."""
-from libc.stdint cimport uint8_t, uint16_t, uint64_t
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 
 
 cdef extern from "policy/_pub_kernels.h" nogil:
@@ -27,6 +27,8 @@ cdef extern from "policy/_pub_kernels.h" nogil:
                              double clip) noexcept nogil
     void mc_pub_actor_inputs(const double* u, const uint8_t* known, double* z, int n,
                              double zclip) noexcept nogil
+    int mc_pub_peer_ages(uint32_t* seq, const uint8_t* known, double* f, uint8_t* stale,
+                         int n, int me, double now, double after) noexcept nogil
     void mc_pub_learned_logits(const double* A, const double* z, double* g, int n,
                                int me) noexcept nogil
     int mc_pub_count_pos(const double* a, int n) noexcept nogil

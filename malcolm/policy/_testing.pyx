@@ -122,6 +122,14 @@ def consensus(MalcolmPolicy p):
     p._consensus()
 
 
+def actor_inputs(MalcolmPolicy p):
+    """The sparse actors' inputs z at the current state, as the next publish computes them."""
+    out = np.zeros(p.n, dtype=np.float64)
+    cdef double[::1] o = out
+    p._actor_inputs(&o[0])
+    return out
+
+
 def set_tilt(MalcolmPolicy p, double t):
     """Set the capacity tilt (``tilt_lr`` > 0) and republish."""
     p.tilt = t

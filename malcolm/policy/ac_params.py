@@ -61,6 +61,9 @@ DEFAULTS = dict(
     capacity_prior=True,        # migrate logits += the capacity prior (capacity shares)
     hop_gate=True,              # accept while a local task would wait no longer than a hop
     mask_factor=2.0,            # 0 disables the overload mask
+    stale_after=1.0,            # while no peer sent a heartbeat within (1 + this) x its
+    #                             period, no load steers the sparse actors (lost heartbeats;
+    #                             docs/policy.md, item 22); < 0: off
     gate_live=True,             # the hop gate follows the own queue between publishes
     shed=-1.0,                  # >= 0: send an arrival away while keeping waits this many
     #                             own task times longer than a hop plus a peer's wait (off)
@@ -94,9 +97,9 @@ DEFAULTS = dict(
 # docs/policy.md ("The default policy").
 THESIS = dict(advantage="td", actor="full", entropy=0.1, init="random", load_scale=50_000.0,
               load_clip=8.0, actor_lr=0.001, capacity_prior=False, mask_factor=0.0, trust=0.0,
-              runaway_windows=0, shed_runaway=0.0, hop_ns=0.0, consensus="mean", hop_gate=False,
-              lr_boost=1.0, beta1=0.9, beta2_decay=0.0, cold_lr=0.0, herd=0.0,
-              batch_windows=16)
+              runaway_windows=0, shed_runaway=0.0, stale_after=-1.0, hop_ns=0.0,
+              consensus="mean", hop_gate=False, lr_boost=1.0, beta1=0.9, beta2_decay=0.0,
+              cold_lr=0.0, herd=0.0, batch_windows=16)
 
 
 def _as_bool(name, v):
@@ -185,6 +188,7 @@ def check_params(params):
     num("shed")
     num("shed_runaway", 0.0, 1e6)
     num("mask_factor", 0.0)
+    num("stale_after", -1.0, 1e6)
     num("steal_grant", 0.0, 1000.0)
     num("grant_tasks", 0.0, 1000.0)
     num("speed_band", 0.0)

@@ -35,7 +35,7 @@ from malcolm._core cimport cat_publish_probs, mc_load_relaxed
 from malcolm.policy.agent_state cimport ZCLIP
 from malcolm.policy.gateway_rules cimport GatewayRules
 from malcolm.policy.base cimport MAX_THETA, Policy
-from malcolm.policy._pub_kernels cimport mc_pub_softmax_w
+from malcolm.policy._pub_kernels cimport mc_pub_peer_ages, mc_pub_softmax_w
 from malcolm.policy._select cimport mc_med_init, mc_median_rows
 from malcolm.policy.param_layout cimport dense_of, from_dense
 
@@ -60,12 +60,7 @@ __all__ = ["DEFAULTS", "THESIS", "MalcolmPolicy"]
 
 
 cdef object _copy(const double* p, int count):
-    out = np.empty(count, dtype=np.float64)
-    cdef double[::1] o = out
-    cdef int i
-    for i in range(count):
-        o[i] = p[i]
-    return out
+    return np.array(<double[:count]><double*>p) if count > 0 else np.empty(0)
 
 
 cdef class MalcolmPolicy(GatewayRules):
@@ -169,6 +164,8 @@ cdef class MalcolmPolicy(GatewayRules):
     mask_factor : float
         Never migrate to a peer above ours and above ``mask_factor`` x the rack's mean + one
         task; never steal from a peer not busier than us. 0 disables.
+    stale_after : float
+        Sparse actors: while every peer was silent for (1 + this) x its period, z = 0 (1).
     trust : float
         Actor parameters stay within ``trust`` (biases; the accept bias may exceed its start
         by ``trust + log n`` but never fall below it, the no-steal bias never rises above
@@ -246,7 +243,7 @@ cdef class MalcolmPolicy(GatewayRules):
         self.hop_weight, self.hop_cap = cfg["hop_weight"], cfg["hop_cap"]
         self.capacity_prior, self.hop_gate = cfg["capacity_prior"], cfg["hop_gate"]
         self._unshared_config(cfg)
-        self.mask_factor = cfg["mask_factor"]
+        self.mask_factor, self.stale_after = cfg["mask_factor"], cfg["stale_after"]
         self.trust, self.runaway_windows = cfg["trust"], cfg["runaway_windows"]
         self.theta_bound, self.consensus = cfg["theta_bound"], cfg["consensus"]
         self.cons_median = self.consensus == "median"
@@ -297,6 +294,9 @@ cdef class MalcolmPolicy(GatewayRules):
             self._check_runaway()
         if self.learn and self.consensus_every > 0 and self.windows % self.consensus_every == 0:
             self._consensus()
+        if self.sparse and self.stale_after >= 0.0 and self.hb_lost:     # item 22
+            self.n_stale = mc_pub_peer_ages(self.pseq, self.known, self.page, self.stale,
+                                            self.n, self.me, <double>now, self.stale_after)
         self._publish()
         # Only a published end-of-window state starts a transition the next window can learn
         # from (not the construction-time state, nor a test's set_params).

@@ -135,11 +135,13 @@ cdef class AgentState(Policy):
         self.adv = _dalloc(3 * n)
         self.peer_row = (sizeof(PeerRec) // 8 + d + 7) // 8 * 8    # whole 64-byte lines
         self.peer_rows = _dalloc(<Py_ssize_t>n * self.peer_row)
-        self.pseq = <uint32_t*>_zalloc(sizeof(uint32_t) * n)
+        self.pseq = <uint32_t*>_zalloc(sizeof(uint32_t) * 2 * n)
         self.pcnt = <uint64_t*>_zalloc(sizeof(uint64_t) * 2 * n)
         self.pbase = <uint64_t*>_zalloc(sizeof(uint64_t) * 2 * n)
         self.known = <uint8_t*>_zalloc(n)
         self.pcode = <uint16_t*>_zalloc(sizeof(uint16_t) * n)
+        self.page = _dalloc(2 * n)
+        self.stale = <uint8_t*>_zalloc(n)
         self.cnt_mig = <uint64_t*>_zalloc(8 * n)
         self.cnt_stl = <uint64_t*>_zalloc(8 * n)
         self.seen_mig = <uint64_t*>_zalloc(8 * n)
@@ -155,6 +157,7 @@ cdef class AgentState(Policy):
                 or self.ps_pub == NULL or self.coef == NULL or self.adv == NULL
                 or self.peer_rows == NULL or self.known == NULL or self.pcode == NULL
                 or self.pseq == NULL or self.pcnt == NULL or self.pbase == NULL
+                or self.page == NULL or self.stale == NULL
                 or self.cnt_mig == NULL or self.cnt_stl == NULL or self.seen_mig == NULL
                 or self.seen_stl == NULL):
             self._release()
@@ -212,6 +215,8 @@ cdef class AgentState(Policy):
         free(self.pbase)
         free(self.known)
         free(self.pcode)
+        free(self.page)
+        free(self.stale)
         free(self.cnt_mig)
         free(self.cnt_stl)
         free(self.seen_mig)
@@ -221,9 +226,11 @@ cdef class AgentState(Policy):
         self.ord = self.pos = NULL
         self.x = self.u = self.u_pub = self.feat_prev = self.feat_cur = NULL
         self.pm_pub = self.ps_pub = self.coef = self.adv = self.peer_rows = NULL
-        self.known = NULL
+        self.known = self.stale = NULL
         self.pseq = NULL
         self.pcode = NULL
+        self.page = NULL
+        self.n_stale = 0
         self.cnt_mig = self.cnt_stl = self.seen_mig = self.seen_stl = self.pcnt = self.pbase = NULL
 
     # ------------------------------------------------------------ policy thread
@@ -240,6 +247,9 @@ cdef class AgentState(Policy):
             # no more information (the mask handles overloaded servers), and bounded inputs
             # keep logits bounded
             mc_pub_scaled_loads(self.x, self.u, n, self.load_scale, self.load_clip)
+            if self.n_stale > 0 and self.n_stale >= mc_pub_count_known(self.known, n) - 1:
+                memset(z, 0, sizeof(double) * n)    # every report stale: none steers (item 22)
+                return
             mc_pub_actor_inputs(self.u, self.known, z, n, ZCLIP)
             return
         if not self.rel_input:
@@ -488,8 +498,9 @@ cdef class AgentState(Policy):
         (migrate outcomes masked at publish), ``gated`` (arrivals the hop gate kept),
         ``shed_count`` (arrivals sent away by the overload rule), ``speed_slower``; and
         ``load_scale_ns``, ``hop_ns`` (the one-way hop cost charged), ``svc_mean_ns``,
-        ``learn``. Read while the policy thread runs, each value is whole but the set is
-        not one instant."""
+        ``learn``, ``hb_lost`` (peers' heartbeats lost, by their sequence numbers),
+        ``stale_peers`` (stale reports now, item 22). Read while the policy thread runs,
+        each value is whole but the set is not one instant."""
         return {"windows": self.windows, "batches": self.batches,
                 "consensus_rounds": self.consensus_rounds, "resets": self.resets,
                 "consensus_rejected": self.consensus_rejected, "hb_clamped": self.hb_clamped,
@@ -497,7 +508,8 @@ cdef class AgentState(Policy):
                 "shed_count": self.shed_count, "speed_slower": self.speed_slower,
                 "load_scale_ns": self.load_scale,
                 "hop_ns": self.hop_est if self.auto_hop else self.hop_ns,
-                "svc_mean_ns": self.svc_mean_ns, "learn": bool(self.learn)}
+                "svc_mean_ns": self.svc_mean_ns, "learn": bool(self.learn),
+                "hb_lost": self.hb_lost, "stale_peers": self.n_stale}
 
     cdef void _migrate_weights(self, double* w) noexcept nogil:
         """w <- the migrate outcomes' weights: the capacity prior (the softmax of g + log w is
@@ -593,6 +605,7 @@ cdef class AgentState(Policy):
             # A reordered (older) heartbeat carries nothing newer: drop it.
             if <int32_t>(hb.seq - self.pseq[src]) <= 0:
                 return
+            self.hb_lost += <uint32_t>(hb.seq - self.pseq[src]) - 1     # the gap (item 22)
         else:
             # the first: the moves it reports were made before we knew of it
             self.pbase[2 * src] = hb.migrations

@@ -98,6 +98,7 @@ cdef class Gateway:
     cdef uint8_t ep_next[MAX_SERVERS]
     cdef uint64_t hb_top[MAX_SERVERS]      # trailer seq of the last heartbeat applied
     cdef uint32_t hb_local_seq[MAX_SERVERS]
+    cdef uint32_t hb_wire_seq[MAX_SERVERS]  # the sender's number of that heartbeat (0: none)
     cdef ClientReplay* cli_replay
     # state
     cdef uint32_t* free_slots      # a LIFO stack, so the hottest slot is reused

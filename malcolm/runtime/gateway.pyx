@@ -120,6 +120,7 @@ cdef class Gateway:
         memset(self.tx_seq, 0, sizeof(self.tx_seq))
         memset(self.hb_top, 0, sizeof(self.hb_top))
         memset(self.hb_local_seq, 0, sizeof(self.hb_local_seq))
+        memset(self.hb_wire_seq, 0, sizeof(self.hb_wire_seq))
         memset(self.peer_up, 0, sizeof(self.peer_up))
         memset(self.cli_replay, 0, sizeof(ClientReplay) * CLIENT_SLOTS)
 
@@ -408,6 +409,7 @@ cdef class Gateway:
         if rc == 1:
             # A new epoch: the peer (re)started. Its heartbeats are applied from the first.
             self.hb_top[src] = 0
+            self.hb_wire_seq[src] = 0
             self.ep_seen[src][self.ep_next[src] & 7] = ep
             self.ep_next[src] += 1
             if known or self.peer_up[src]:
@@ -499,6 +501,7 @@ cdef class Gateway:
         """A peer's heartbeat, into the policy thread's inbox in the order it was sent."""
         cdef Heartbeat* hb
         cdef int rc
+        cdef uint32_t d
         if self.pt.hb_tail - mc_load_acq(&self.pt.hb_head) >= HB_RING:
             self.count.hb_dropped += 1
             return
@@ -514,8 +517,12 @@ cdef class Gateway:
         self.hb_top[src] = aseq
         # The policies drop a heartbeat whose seq is not newer than the last; the order
         # is ours to keep (above, across the sender's restarts too), so they get a count
-        # of this peer's heartbeats, which a forged or restarted seq cannot freeze.
-        self.hb_local_seq[src] += 1
+        # of this peer's heartbeats, which a forged or restarted seq cannot freeze. It
+        # steps by the sender's own gap where that is 1-1024 (heartbeats lost on the way:
+        # the policy's hb_lost and stale reports, docs/policy.md item 22), else by 1.
+        d = hb.seq - self.hb_wire_seq[src]
+        self.hb_local_seq[src] += d if self.hb_wire_seq[src] != 0 and d - 1 < 1024 else 1
+        self.hb_wire_seq[src] = hb.seq
         hb.seq = self.hb_local_seq[src]
         self.count.hb_theta_recv += hb.n_theta
         mc_store_rel(&self.pt.hb_tail, self.pt.hb_tail + 1)
