@@ -134,3 +134,13 @@ def test_a_big_rack_keeps_its_stale_reports():
     learnt = simulate(policy="malcolm", **kw).p99_us
     frozen = simulate(policy="malcolm:learn=0", **kw).p99_us
     assert learnt <= 1.1 * frozen, (learnt, frozen)
+
+
+def test_stale_after_is_checked_and_in_the_config():
+    assert ac.DEFAULTS["stale_after"] == 1.0 and ac.THESIS["stale_after"] == -1.0
+    assert _agent(3, stale_after=2.5).config()["stale_after"] == 2.5
+    for bad in (-1.5, float("nan"), 1e7):
+        with pytest.raises(ValueError, match="stale_after"):
+            _agent(3, stale_after=bad)
+    with pytest.raises(TypeError, match="stale_after"):
+        _agent(3, stale_after="soon")
