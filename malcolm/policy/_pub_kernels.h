@@ -537,11 +537,11 @@ static inline void mc_pub_actor_inputs(const double *restrict u,
    a shorter one by an EWMA (1/4): a peer's window may lengthen, and a late estimate then errs
    towards fresh. Stale (1) where no advance came for (1 + after) periods: without loss
    never, since a report comes every period and is seen within the own window (shorter than
-   the period where that matters). Returns how many are stale; while every known peer is, no
-   load steers the actors (AgentState._actor_inputs). */
+   the period where that matters). Returns how many are stale (only the count is used: while
+   every known peer is stale, no load steers the actors; AgentState._actor_inputs). */
 static inline int mc_pub_peer_ages(uint32_t *restrict seq, const unsigned char *restrict known,
-                                   double *restrict f, unsigned char *restrict stale, int n,
-                                   int me, double now, double after) {
+                                   double *restrict f, int n, int me, double now,
+                                   double after) {
     uint32_t *snap = seq + n;
     double *t = f, *per = f + n, k1 = 1.0 + after;
     int j, k = 0;
@@ -557,8 +557,7 @@ static inline int mc_pub_peer_ages(uint32_t *restrict seq, const unsigned char *
             snap[j] = s;
             t[j] = now;
         }
-        stale[j] = (j != me) & (known[j] != 0) & (per[j] > 0.0) & (now - t[j] >= k1 * per[j]);
-        k += stale[j];
+        k += (j != me) & (known[j] != 0) & (per[j] > 0.0) & (now - t[j] >= k1 * per[j]);
     }
     return k;
 }

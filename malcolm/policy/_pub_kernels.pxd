@@ -27,8 +27,8 @@ cdef extern from "policy/_pub_kernels.h" nogil:
                              double clip) noexcept nogil
     void mc_pub_actor_inputs(const double* u, const uint8_t* known, double* z, int n,
                              double zclip) noexcept nogil
-    int mc_pub_peer_ages(uint32_t* seq, const uint8_t* known, double* f, uint8_t* stale,
-                         int n, int me, double now, double after) noexcept nogil
+    int mc_pub_peer_ages(uint32_t* seq, const uint8_t* known, double* f, int n, int me,
+                         double now, double after) noexcept nogil
     void mc_pub_learned_logits(const double* A, const double* z, double* g, int n,
                                int me) noexcept nogil
     int mc_pub_count_pos(const double* a, int n) noexcept nogil

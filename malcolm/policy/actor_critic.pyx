@@ -295,8 +295,8 @@ cdef class MalcolmPolicy(GatewayRules):
         if self.learn and self.consensus_every > 0 and self.windows % self.consensus_every == 0:
             self._consensus()
         if self.sparse and self.stale_after >= 0.0 and self.hb_lost:     # item 22
-            self.n_stale = mc_pub_peer_ages(self.pseq, self.known, self.page, self.stale,
-                                            self.n, self.me, <double>now, self.stale_after)
+            self.n_stale = mc_pub_peer_ages(self.pseq, self.known, self.pbeat, self.n,
+                                            self.me, <double>now, self.stale_after)
         self._publish()
         # Only a published end-of-window state starts a transition the next window can learn
         # from (not the construction-time state, nor a test's set_params).

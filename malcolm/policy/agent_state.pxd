@@ -179,12 +179,11 @@ cdef class AgentState(Policy):
     cdef double runaway_last
     # lost heartbeats (item 22): per peer, when its sequence number last advanced and its
     # heartbeat period in ns (2n, mc_pub_peer_ages; the number at that look is in pseq's
-    # second half); stale[j] = 1 where j sent nothing for (1 + stale_after) periods; while
-    # every known peer is (n_stale of them), no load steers the actors (their inputs are 0).
+    # second half); n_stale: the peers that sent nothing for (1 + stale_after) periods. While
+    # every known peer is stale, no load steers the actors (their inputs are 0).
     # Only once a heartbeat was lost (hb_lost): without loss no report is stale, and the pass
     # would cost 3-4% of a 64-server simulation for nothing
-    cdef double* page
-    cdef uint8_t* stale
+    cdef double* pbeat
     cdef int n_stale
     cdef readonly double stale_after
     # the hop gate: the policy publishes (sequence << 32 | K); the gateway accepts the first

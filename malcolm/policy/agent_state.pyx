@@ -140,8 +140,7 @@ cdef class AgentState(Policy):
         self.pbase = <uint64_t*>_zalloc(sizeof(uint64_t) * 2 * n)
         self.known = <uint8_t*>_zalloc(n)
         self.pcode = <uint16_t*>_zalloc(sizeof(uint16_t) * n)
-        self.page = _dalloc(2 * n)
-        self.stale = <uint8_t*>_zalloc(n)
+        self.pbeat = _dalloc(2 * n)
         self.cnt_mig = <uint64_t*>_zalloc(8 * n)
         self.cnt_stl = <uint64_t*>_zalloc(8 * n)
         self.seen_mig = <uint64_t*>_zalloc(8 * n)
@@ -157,7 +156,7 @@ cdef class AgentState(Policy):
                 or self.ps_pub == NULL or self.coef == NULL or self.adv == NULL
                 or self.peer_rows == NULL or self.known == NULL or self.pcode == NULL
                 or self.pseq == NULL or self.pcnt == NULL or self.pbase == NULL
-                or self.page == NULL or self.stale == NULL
+                or self.pbeat == NULL
                 or self.cnt_mig == NULL or self.cnt_stl == NULL or self.seen_mig == NULL
                 or self.seen_stl == NULL):
             self._release()
@@ -215,8 +214,7 @@ cdef class AgentState(Policy):
         free(self.pbase)
         free(self.known)
         free(self.pcode)
-        free(self.page)
-        free(self.stale)
+        free(self.pbeat)
         free(self.cnt_mig)
         free(self.cnt_stl)
         free(self.seen_mig)
@@ -226,10 +224,10 @@ cdef class AgentState(Policy):
         self.ord = self.pos = NULL
         self.x = self.u = self.u_pub = self.feat_prev = self.feat_cur = NULL
         self.pm_pub = self.ps_pub = self.coef = self.adv = self.peer_rows = NULL
-        self.known = self.stale = NULL
+        self.known = NULL
         self.pseq = NULL
         self.pcode = NULL
-        self.page = NULL
+        self.pbeat = NULL
         self.n_stale = 0
         self.cnt_mig = self.cnt_stl = self.seen_mig = self.seen_stl = self.pcnt = self.pbase = NULL
 
