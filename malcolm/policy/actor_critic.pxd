@@ -15,7 +15,3 @@ cdef class MalcolmPolicy(GatewayRules):
     cdef void _apply_adamw(self) noexcept nogil
     cdef void _consensus(self) noexcept nogil
     cdef void _publish(self) noexcept nogil
-    cdef void _guard_actors(self) noexcept nogil
-    cdef void _clip_param(self, int i, double r) noexcept nogil
-    cdef void _reset_actors(self) noexcept nogil
-    cdef void _check_runaway(self) noexcept nogil

@@ -20,19 +20,20 @@ migration/steal counts and critic parameters. A lost heartbeat only leaves a sta
 Threads: everything here runs on the policy thread; the gateway thread's ``decide_*`` are in
 ``gateway_rules.pyx``. The driver (simulator or runtime) owns ``Policy.migrations`` and
 ``Policy.steals``: the tasks that actually moved, which the heartbeats report and the payoff
-charges for. This module holds how the agent learns, agrees, guards itself and publishes;
-its memory and observations (loads, heartbeats, sorted loads, features, advantages) are
-``AgentState`` (``agent_state.pyx``), its parameters ``ac_params.py``; the design, with the
-reasons for the feature vector, is in ``docs/policy.md``.
+charges for. This module holds how the agent learns, agrees and publishes; its guards
+(the trust region, the runaway reset) are ``actor_guards.pyx``, its memory and observations
+(loads, heartbeats, sorted loads, features, advantages) ``AgentState`` (``agent_state.pyx``),
+its parameters ``ac_params.py``; the design, with the reasons for the feature vector, is in
+``docs/policy.md``.
 """
 import numpy as np
 
-from libc.math cimport copysign, fabs, log, pow, sqrt
+from libc.math cimport log, pow, sqrt
 from libc.stdint cimport UINT64_MAX, int64_t, uint64_t
-from libc.string cimport memcpy, memset
+from libc.string cimport memcpy
 
 from malcolm._core cimport cat_publish_probs, mc_load_relaxed
-from malcolm.policy.agent_state cimport ZCLIP
+from malcolm.policy.actor_guards cimport check_runaway, guard_actors
 from malcolm.policy.gateway_rules cimport GatewayRules
 from malcolm.policy.base cimport MAX_THETA, Policy
 from malcolm.policy._pub_kernels cimport mc_pub_peer_ages, mc_pub_softmax_w
@@ -291,7 +292,7 @@ cdef class MalcolmPolicy(GatewayRules):
         self._learn_window()
         self.windows += 1
         if self.learn and self.runaway_windows > 0:
-            self._check_runaway()
+            check_runaway(self)
         if self.learn and self.consensus_every > 0 and self.windows % self.consensus_every == 0:
             self._consensus()
         if self.sparse and self.stale_after >= 0.0 and self.hb_lost:     # item 22
@@ -418,7 +419,7 @@ cdef class MalcolmPolicy(GatewayRules):
             self.batch_clock = 0
             if self.win_in_batch > 0:
                 self._apply_adamw()
-                self._guard_actors()
+                guard_actors(self)
                 self._push_params()
 
         if not self.learn or self.learn_clock + 1 >= self.learn_every or not self.adv_next:
@@ -526,130 +527,6 @@ cdef class MalcolmPolicy(GatewayRules):
                     k += 1
             mc_median_rows(m, k, w, th + c)
         self.consensus_rounds += 1
-
-    cdef void _reset_actors(self) noexcept nogil:
-        """Back to the safe initial actors, with fresh AdamW moments (the critic is kept)."""
-        cdef int d = self.n_theta, cnt = self.n_mem - self.n_theta
-        memcpy(self.P + d, self.P0 + d, sizeof(double) * cnt)
-        memset(self.M + d, 0, sizeof(double) * cnt)
-        memset(self.V + d, 0, sizeof(double) * cnt)
-        memset(self.G + d, 0, sizeof(double) * cnt)
-        memset(self.gdiag, 0, sizeof(double) * 2 * self.n)
-        self.tilt = self.tilt_g = self.tilt_m = self.tilt_v = 0.0
-        self._push_params()
-        self.resets += 1
-
-    cdef void _check_runaway(self) noexcept nogil:
-        """A runaway own queue (above 4x the least loaded known peer's + 16 own task times for
-        ``runaway_windows`` windows, higher at their end than at their start): reset the actors
-        to the start. 16 task times: 16 tasks a worker (docs/policy.md, item 16)."""
-        cdef int n = self.n, j, me = self.me
-        cdef double vmin = 1e300, vme, sme, t, r = self.adv[2 * n + me]
-        cdef const double* x = self.x
-        vme = x[me] / self.load_scale
-        sme = max(self.n_workers, 1) / (r * self.load_scale) if r > 0.0 else 1.0  # a task time
-        if vme > 16.0 * sme:            # else below the bar whatever the peers' loads (>= 0)
-            for j in range(n):          # the least loaded known peer (loads <= LOAD_MAX_NS)
-                t = x[j] if self.known[j] and j != me else 1e300
-                vmin = t if t < vmin else vmin
-            if vmin == 1e300:
-                return                  # no known peer
-        vmin /= self.load_scale
-        if not (vme > 4.0 * vmin + 16.0 * sme):
-            self.runaway_run = 0        # (already 0 with no known peer: a known one stays so)
-            return
-        if self.runaway_run == 0:
-            self.runaway_last = vme     # where this run started
-        self.runaway_run += 1
-        if self.runaway_run >= self.runaway_windows:
-            if vme > self.runaway_last:
-                self._reset_actors()
-            self.runaway_run = 0
-
-    cdef void _guard_actors(self) noexcept nogil:
-        """After each AdamW step: a trust region around the initial actors (|dB| <= trust,
-        |dW| <= trust / load_clip, so no single input moves a logit by more than ``trust``);
-        a non-finite parameter resets the actors; the critic's norm stays within theta_bound.
-        """
-        cdef int d = self.n_theta, npar = self.n_mem, i, j, k, nn = self.n * self.n
-        cdef double r, nrm = 0.0, t = 0.0
-        cdef double* P = self.P
-        # Adam's step is finite for finite gradients; a NaN can only come from a bug or an
-        # absurd input that got past the clamps, and then the safe start is the answer.
-        for j in range(self.n):
-            t += (P[self.off_bm + j] + P[self.off_bs + j] + P[self.off_wm + self.wcol + j]
-                  + P[self.off_ws + self.wcol + j])
-        if self.sparse:
-            for j in range(self.n):
-                t += P[self._wd(self.off_wm, j)] + P[self._wd(self.off_ws, j)]
-        else:
-            for i in range(d, npar):
-                t += P[i]
-        t += self.tilt
-        if not (t == t) or t > 1e300 or t < -1e300:
-            self._reset_actors()
-        if self.trust > 0.0 and self.use_tilt and fabs(self.tilt) > self.tilt_max:
-            # |tilt| <= tilt_max (0.5: with rates skewed 16:1, |tl| <= 2.8, a logit moves by
-            # at most 1.4 from the capacity shares, whichever way the tilt learns)
-            self.tilt = copysign(self.tilt_max, self.tilt)
-            self.trust_clips += 1
-        for i in range(d):
-            t = P[i]
-            if not (t == t) or t > 1e300 or t < -1e300:
-                memset(P, 0, sizeof(double) * d)
-                memset(self.M, 0, sizeof(double) * d)
-                memset(self.V, 0, sizeof(double) * d)
-                nrm = 0.0
-                break
-            nrm += t * t
-        nrm = sqrt(nrm)
-        if nrm > self.theta_bound:
-            for i in range(d):
-                P[i] *= 0.99 * self.theta_bound / nrm
-        if self.trust <= 0.0:
-            return
-        if not self.sparse:
-            for i in range(d, npar):
-                # [Wm | Bm | Ws | Bs]: W blocks are n*n long, B blocks n
-                r = self.trust
-                if (i - d) < nn or (self.off_ws <= i < self.off_bs):
-                    r = self.trust * 0.125
-                elif i == self.off_bm + self.me:
-                    r = self.trust + log(<double>self.n)
-                self._clip_param(i, r)
-            return
-        # sparse: only the used entries (the others stay 0), O(n)
-        for j in range(self.n):
-            for i in range(2):
-                k = self.off_wm if i == 0 else self.off_ws
-                self._clip_param(self._wd(k, j), self.trust / ZCLIP)
-                self._clip_param(k + self.wcol + j, self.trust / ZCLIP)
-            self._clip_param(self.off_bs + j, self.trust)
-            if j == self.me and self.P[self.off_bs + j] > self.P0[self.off_bs + j]:
-                # "do not steal": never more reluctant than the safe start (a steal request
-                # that finds nothing costs a message, a missed one an idle worker)
-                self.P[self.off_bs + j] = self.P0[self.off_bs + j]
-                self.trust_clips += 1
-            # accepting competes with n - 1 capacity shares: a wider range for its bias
-            if j != self.me:
-                self._clip_param(self.off_bm + j, self.trust)
-            else:
-                # accepting: never below the safe start (which keeps at most a server's
-                # capacity share); above it by up to trust + log n, so that a lightly loaded
-                # rack learns to keep its tasks local and save the hop
-                self._clip_param(self.off_bm + j, self.trust + log(<double>self.n))
-                if self.P[self.off_bm + j] < self.P0[self.off_bm + j]:
-                    self.P[self.off_bm + j] = self.P0[self.off_bm + j]
-                    self.trust_clips += 1
-
-    cdef inline void _clip_param(self, int i, double r) noexcept nogil:
-        cdef double lo = self.P0[i] - r, hi = self.P0[i] + r
-        if self.P[i] < lo:
-            self.P[i] = lo
-            self.trust_clips += 1
-        elif self.P[i] > hi:
-            self.P[i] = hi
-            self.trust_clips += 1
 
     cdef void _publish(self) noexcept nogil:
         """Softmax of the actors' logits -> live CDFs; remember the state.
