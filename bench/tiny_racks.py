@@ -12,9 +12,14 @@ Draws ``--scenarios`` racks from ``--seed``, one family at a time:
   hops justify costs the thief a whole task (docs/policy.md, item 16);
 * ``short``: 2-8 servers of 1-4 workers, all alike, under 5-10 µs tasks (constant or
   exponential), loads 0.6-0.95, one-way delays 1-5 µs: a 100 µs window is 10-20 task times
-  there ("Open problems", short tasks).
+  there ("Open problems", short tasks);
+* ``saturated``: 2-4 servers of 2-16 workers, all alike, every sweep workload, loads
+  0.95-0.99 (above the issue's), one-way delays 2-10 µs: where the actors' biases drift
+  from the start (docs/policy.md, "Open problems", small homogeneous racks).
 
-Each ``--policies`` entry runs ``--seeds`` simulation seeds; JSQ, JBT and po2 run seed 1.
+Each ``--policies`` entry runs ``--seeds`` simulation seeds; JSQ, JBT and po2 run
+``--base-seeds`` (seed 1 by default; near saturation one seed's p99 moves by 2x, so give them
+the policies' seeds there).
 Prints, per policy: the fraction of racks where its seed-median p99 is within 5% of the
 best baseline or below it, its worst ratio to the best baseline, and its geometric-mean p99
 against the first policy. docs/policy-log.md, "Tiny racks: the shed rule and idle-only
@@ -24,6 +29,8 @@ steals"::
     python3 bench/tiny_racks.py --family small-among-big --scenarios 60 --seed 11
     python3 bench/tiny_racks.py --family regular --scenarios 24 --seed 61206 \
         --policies "malcolm;malcolm:grant_tasks=0"
+    python3 bench/tiny_racks.py --family saturated --scenarios 16 --seed 1207994 \
+        --tasks-mult 3 --base-seeds 1,2,3 --policies "malcolm;malcolm:learn=0"
 """
 import os
 import sys
@@ -38,7 +45,7 @@ WORKLOADS = ("bimodal", "hyperexp2", "hyperexp1", "exp:50", "rocksdb1", "rocksdb
 REGULAR = ("mix:1:const:30", "mix:1:const:10", "mix:1:uniform:20:60", "rocksdb1", "rocksdb2",
            "fig2.1a", "fig2.1b", "exp:50", "hyperexp1")
 SHORT = ("mix:1:const:5", "mix:1:const:10", "exp:5", "exp:10")
-FAMILIES = ("homogeneous", "small-among-big", "regular", "short")
+FAMILIES = ("homogeneous", "small-among-big", "regular", "short", "saturated")
 BASES = ("jsq", "jbt", "po2")
 POLICIES = ("malcolm;malcolm:shed=1,steal_idle=1;malcolm:learn=0;"
             "malcolm:learn=0,shed=1,steal_idle=1")
@@ -56,6 +63,13 @@ def draw(family, count, seed):
             n, c = int(rng.choice(sizes)), int(rng.integers(1, 5))
             out.append((f"{n}x{c}", str(rng.choice(wls)), round(float(rng.uniform(0.6, 0.95)), 3),
                         round(float(rng.uniform(*delays)), 2)))
+        return out
+    if family == "saturated":
+        for _ in range(count):
+            n, c = int(rng.integers(2, 5)), int(rng.integers(2, 17))
+            out.append((f"{n}x{c}", str(rng.choice(WORKLOADS)),
+                        round(float(rng.uniform(0.95, 0.99)), 3),
+                        round(float(rng.uniform(2.0, 10.0)), 2)))
         return out
     for _ in range(count):
         if family == "homogeneous":
@@ -92,6 +106,8 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=5, help="draws the racks (default 5)")
     ap.add_argument("--seeds", default="1,2,3", type=g.numbers(int, "integers"),
                     help="simulation seeds of the --policies (default 1,2,3)")
+    ap.add_argument("--base-seeds", default="1", type=g.numbers(int, "integers"),
+                    help="simulation seeds of JSQ, JBT and po2 (default 1)")
     ap.add_argument("--policies", default=POLICIES,
                     help="';'-separated; the first is the reference of the geometric mean")
     ap.add_argument("--tasks-mult", type=float, default=1.0, help="scale every task count")
@@ -105,7 +121,7 @@ def main(argv=None):
                  "--tasks-mult > 0")
     scen = draw(a.family, a.scenarios, a.seed)
     jobs = ([(sc, p, s, a.tasks_mult) for sc in scen for p in pols for s in a.seeds]
-            + [(sc, b, 1, a.tasks_mult) for sc in scen for b in BASES])
+            + [(sc, b, s, a.tasks_mult) for sc in scen for b in BASES for s in a.base_seeds])
     try:
         with Pool(a.procs) as pool:
             res = pool.map(_run, jobs)
