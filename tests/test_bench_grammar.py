@@ -25,7 +25,8 @@ SCRIPTS = sorted(
                                                "bias_drift.py", "conditions.py",
                                                "light_load.py", "policy_room.py",
                                                "rocksdb_pad.py", "verbs_first_batch.py",
-                                               "scale.py", "window_cpu.py", "settle_sweep.py",
+                                               "scale.py", "window_cpu.py", "hop_estimate.py",
+                                               "settle_sweep.py",
                                                "reconverge_sweep.py")])
 
 

@@ -10,7 +10,7 @@ from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memset
 
-from malcolm._core cimport Estimator
+from malcolm._core cimport Estimator, mc_now_ns
 from malcolm.policy.base cimport Heartbeat, Policy
 
 #: The most steal requests in flight a StealGate tracks (defaults.MAX_STEALS_IN_FLIGHT).
@@ -79,6 +79,9 @@ cdef class RecordingPolicy(Policy):
         As :class:`malcolm.policy.base.Policy`.
     max_calls : int
         Size of the log.
+    busy_us : float
+        Each ``end_window`` keeps the calling thread busy this long (µs; default 0): a slow
+        policy, for tests of what the runtime does meanwhile.
     """
 
     cdef CallRec* log
@@ -86,14 +89,19 @@ cdef class RecordingPolicy(Policy):
     cdef Py_ssize_t count
     cdef readonly Py_ssize_t overflow
     cdef double last_load, last_queue, last_rate
+    cdef int64_t busy_ns
 
     def __cinit__(self):
         self.log = NULL
 
-    def __init__(self, int n, int me, unsigned long long seed=0, Py_ssize_t max_calls=100_000):
+    def __init__(self, int n, int me, unsigned long long seed=0, Py_ssize_t max_calls=100_000,
+                 double busy_us=0.0):
         Policy.__init__(self, n, me, seed)
         if max_calls < 1:
             raise ValueError("max_calls must be >= 1")
+        if not 0.0 <= busy_us <= 1e6:
+            raise ValueError("busy_us must be in [0, 1e6]")
+        self.busy_ns = <int64_t>(busy_us * 1000.0)
         self.log = <CallRec*>malloc(sizeof(CallRec) * max_calls)
         if self.log == NULL:
             raise MemoryError()
@@ -140,7 +148,10 @@ cdef class RecordingPolicy(Policy):
             r.rate = hb.rate
 
     cdef void end_window(self, int64_t now) noexcept nogil:
+        cdef int64_t until = mc_now_ns() + self.busy_ns
         self._rec(CALL_END_WINDOW, now)
+        while self.busy_ns > 0 and mc_now_ns() < until:
+            pass
 
     cdef void fill_heartbeat(self, Heartbeat* hb) noexcept nogil:
         Policy.fill_heartbeat(self, hb)

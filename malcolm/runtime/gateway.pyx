@@ -498,7 +498,9 @@ cdef class Gateway:
 
     cdef void on_heartbeat(self, MsgBuf* m, int src, uint32_t blen,
                            uint64_t aseq) noexcept nogil:
-        """A peer's heartbeat, into the policy thread's inbox in the order it was sent."""
+        """A peer's heartbeat, into the policy thread's inbox in the order it was sent, with
+        the time it was taken in: read here, after the receive (the pass's clock is read
+        before it, and may precede the sender's stamp)."""
         cdef Heartbeat* hb
         cdef int rc
         cdef uint32_t d
@@ -525,6 +527,7 @@ cdef class Gateway:
         self.hb_wire_seq[src] = hb.seq
         hb.seq = self.hb_local_seq[src]
         self.count.hb_theta_recv += hb.n_theta
+        self.pt.hb_rx_ns[self.pt.hb_tail % HB_RING] = mc_now_ns()
         mc_store_rel(&self.pt.hb_tail, self.pt.hb_tail + 1)
         self.count.hb_recv += 1
 
@@ -596,13 +599,18 @@ cdef class Gateway:
                 self.maybe_steal(now)
         return k
 
-    cdef void heartbeat_out(self) noexcept nogil:
-        """The policy thread filled a heartbeat: send it to every peer."""
+    cdef void heartbeat_out(self, int64_t now) noexcept nogil:
+        """The policy thread filled a heartbeat: send it to every peer, stamped ``now``.
+
+        The policy stamped it at its window's end; it leaves when this thread next runs, so
+        the receivers' one-way delay (their hop estimate: what a migration costs) is counted
+        from here, as a migrated task's is from the pass that forwards it."""
         cdef int j
         cdef MsgBuf* b
         cdef uint32_t n
         if not mc_load_acq(&self.pt.hb_out_pending):
             return
+        self.pt.hb_out.sent_ns = now
         for j in range(self.n):
             if j == self.me:
                 continue
@@ -675,7 +683,7 @@ cdef class Gateway:
             k = self.completions(now)
             self.check_members(now)
             worked = n > 0 or k > 0
-            self.heartbeat_out()
+            self.heartbeat_out(mc_now_ns())
             steal_gate_expire(&self.steals, now)
             if self.draining:
                 self.drain_waiting()

@@ -23,6 +23,7 @@ cdef class PolicyThread:
     cdef int64_t window_now         # the window drv_window_ns gave last
     cdef double win_tasks           # task times per window; 0: window_ns, fixed
     cdef Heartbeat* hb_in           # ring: the gateway writes at hb_tail, this thread reads
+    cdef int64_t* hb_rx_ns          # the same ring: when the gateway received each
     cdef uint64_t hb_head, hb_tail
     cdef Heartbeat* hb_out          # this thread -> the gateway, one at a time
     cdef uint64_t hb_out_pending

@@ -2,8 +2,8 @@
 """The policy thread of a server: the window loop of ``policy/driver.pxd``, on the real clock.
 
 It never spins: it sleeps until its window ends or the gateway rings it for a heartbeat. It
-calls ``observe_peer`` for each heartbeat as it arrives (eq. 6.1 applies each load at once)
-and, at each window boundary, ``observe_local`` (the load now), ``end_window`` and
+calls ``observe_peer`` for each heartbeat as it arrives (eq. 6.1 applies each load at once),
+with the time the gateway took it in, and, at each window boundary, ``observe_local`` (the load now), ``end_window`` and
 ``fill_heartbeat``: the simulator's own code, so the two clocks run one protocol. The
 heartbeat it fills is handed to the gateway, which alone touches the transport.
 """
@@ -49,14 +49,16 @@ cdef class PolicyThread:
         self.window_now = self.window_ns
         self.win_tasks = window_tasks if window_tasks > 0.0 else 0.0
         self.hb_in = <Heartbeat*>mc_aligned_alloc(64, sizeof(Heartbeat) * HB_RING)
+        self.hb_rx_ns = <int64_t*>mc_aligned_alloc(64, sizeof(int64_t) * HB_RING)
         self.hb_out = <Heartbeat*>mc_aligned_alloc(64, sizeof(Heartbeat))
-        if self.hb_in == NULL or self.hb_out == NULL:
+        if self.hb_in == NULL or self.hb_rx_ns == NULL or self.hb_out == NULL:
             raise MemoryError("cannot allocate the heartbeat rings")
         memset(&self.bell, 0, sizeof(mc_doorbell))
         self.thread = None
 
     def __dealloc__(self):
         free(self.hb_in)
+        free(self.hb_rx_ns)
         free(self.hb_out)
 
     def start(self, str prefix, pin):
@@ -84,7 +86,11 @@ cdef class PolicyThread:
     cdef void observe_heartbeats(self) noexcept nogil:
         cdef uint64_t head = self.hb_head
         while head != mc_load_acq(&self.hb_tail):
-            drv_observe_peer(self.policy, mc_now_ns(), &self.hb_in[head % HB_RING])
+            # At the time the gateway received it: the delay it measures (the hop estimate,
+            # sent_ns being when the sender's gateway sent it) is then what a migrated task
+            # pays, the network and the receiving gateway, not also this thread's wake-up.
+            drv_observe_peer(self.policy, self.hb_rx_ns[head % HB_RING],
+                             &self.hb_in[head % HB_RING])
             head += 1
             mc_store_rel(&self.hb_head, head)
             self.hb_observed += 1
