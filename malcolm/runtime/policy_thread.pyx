@@ -3,9 +3,10 @@
 
 It never spins: it sleeps until its window ends or the gateway rings it for a heartbeat. It
 calls ``observe_peer`` for each heartbeat as it arrives (eq. 6.1 applies each load at once),
-with the time the gateway took it in, and, at each window boundary, ``observe_local`` (the load now), ``end_window`` and
-``fill_heartbeat``: the simulator's own code, so the two clocks run one protocol. The
-heartbeat it fills is handed to the gateway, which alone touches the transport.
+with the time the gateway took it in, and, at each window boundary, ``observe_local`` (the
+load now), ``end_window`` and ``fill_heartbeat``: the simulator's own code, so the two
+clocks run one protocol. The heartbeat it fills is handed to the gateway, which alone
+touches the transport (and stamps it when it sends it).
 """
 import threading
 
