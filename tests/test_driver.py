@@ -32,8 +32,10 @@ def check_protocol(logs, strict_seq, from_one=True, allow_skip=False, workers=No
     (``allow_skip``: a window may end without ``fill_heartbeat`` when the last heartbeat is
     still unsent, as at runtime). Every heartbeat received: seq counts from 1 (``from_one``)
     in order (``strict_seq``: with no gaps), and its ``sent_ns`` and load are those of one
-    of its sender's window ends (``sent_late`` ns: at most that long after it, as at runtime,
-    where the gateway stamps it when it sends it). ``workers`` (one per server): the worker
+    of its sender's window ends (``sent_late`` ns: the heartbeat of the sender's window with
+    the same number, its stamp within that of the window's end, as at runtime, where the
+    gateway stamps it when it sends it and the receiver's gateway hands the policy its
+    arrival less the hop both ways measure). ``workers`` (one per server): the worker
     count the driver hands the policy at every ``observe_local`` (the hop gate's idle
     workers).
     """
@@ -80,10 +82,12 @@ def check_protocol(logs, strict_seq, from_one=True, allow_skip=False, workers=No
                 assert all(b > a for a, b in zip(seqs, seqs[1:], strict=False)), (me, src)
             for c in got:
                 w = ends[src].get(c["sent_ns"])
-                if w is None and sent_late:
-                    # the last window end with a heartbeat before it was sent: its filler
-                    t = max((t for t in ends[src] if t <= c["sent_ns"]), default=None)
-                    w = ends[src][t] if t is not None and c["sent_ns"] - t <= sent_late else None
+                if sent_late:
+                    # the sender's seq-th window with a heartbeat filled it (a fresh rack
+                    # loses none, and the gateway counts the sender's own numbers)
+                    t = sorted(ends[src])[c["seq"] - 1] if c["seq"] <= len(ends[src]) else None
+                    w = ends[src][t] if t is not None and abs(c["sent_ns"] - t) <= sent_late \
+                        else None
                 assert w is not None, ("heartbeat not stamped at a window end", me, c)
                 assert c["now"] >= c["sent_ns"]
                 assert (c["load"], c["queue_len"], c["rate"]) == (

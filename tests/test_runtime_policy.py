@@ -300,3 +300,29 @@ def test_a_peer_that_falls_silent_is_stale_on_a_real_server_and_fresh_when_it_re
         rep = srv.stop(grace_s=0.5)
         peer.close()
     assert rep["stuck_threads"] == []
+
+
+def test_the_hop_is_measured_between_hosts_whose_clocks_differ():
+    """CLOCK_MONOTONIC on two hosts differs by their boot times, so one heartbeat's
+    ``now - sent_ns`` there is no delay at all, and Malcolm ignored it (outside 0-10
+    windows): across hosts its hop estimate stayed unknown, so the hop gate never opened and
+    no migration was charged a hop. Each heartbeat now echoes the delay its sender last
+    measured from the destination (wire v4 ``echo_ns``), and the gateway hands the policy
+    the mean of the two directions, in which the clocks' offset cancels. Here server 1's
+    gateway runs 1000 s ahead (``clock_offset_ns``): both servers still measure a hop of
+    at most a few ms (without the echo both stayed at 0)."""
+    n = 2
+    trs = [open_transport("udp", "127.0.0.1:0") for _ in range(n)]
+    addrs = [t.address for t in trs]
+    srvs = [Server(trs[i], addrs, i, make_policy("malcolm", n, i, 1), handler="echo",
+                   workers=1, window_us=1000.0) for i in range(n)]
+    srvs[1].gateway.clock_offset_ns = 10**12
+    try:
+        for s in srvs:
+            s.start()
+        time.sleep(0.4)
+        hops = [s.stats()["policy"]["hop_ns"] for s in srvs]
+    finally:
+        for s in srvs:
+            s.stop()
+    assert all(0 < h < 10_000_000 for h in hops), hops

@@ -93,7 +93,7 @@ def test_decoded_fields_round_trip():
 def test_the_clients_deadline_travels_in_a_task_and_a_move():
     """Wire version 3: a task carries its client's deadline as a relative budget (µs), and a
     forwarded or stolen task what is left of it; a version-2 task is refused."""
-    assert wire.VERSION == 3
+    assert wire.VERSION >= 3
     t = native.encode_task(7, 8, budget_us=250_000)
     assert len(t) == 48 + wire.AUTH_LEN
     assert native.decode(t)["budget_us"] == wire.decode(t)["budget_us"] == 250_000
@@ -105,6 +105,25 @@ def test_the_clients_deadline_travels_in_a_task_and_a_move():
         (99, 4, 1, 5, REPLY)
     old = bytearray(t)
     old[2] = 2
+    assert _code(_reseal(old))[1] == _code_py(_reseal(old))[1] == "unsupported version"
+
+
+def test_a_heartbeat_carries_the_delay_its_sender_measured_from_the_destination():
+    """Wire version 4: ``echo_ns`` (i64 at 64, theta after it at 72), what the sender's clock
+    read when it took in the destination's last heartbeat less that heartbeat's ``sent_ns``:
+    negative where the destination's clock is ahead. Both codecs agree byte for byte; a
+    version-3 heartbeat is refused."""
+    assert wire.VERSION == 4
+    for echo in (0, 1, -5_000_000_000_000, 2**62):
+        kw = dict(seq=3, sent_ns=7, load=1.0, theta=[0.5, 0.25], echo_ns=echo, epoch=5,
+                  auth_seq=6)
+        b = native.encode_heartbeat(2, **kw)
+        assert b == wire.encode_heartbeat(2, **kw)
+        assert len(b) == 72 + 16 + wire.AUTH_LEN
+        assert native.decode(b)["echo_ns"] == wire.decode(b)["echo_ns"] == echo
+        assert native.decode(b)["theta"] == [0.5, 0.25]
+    old = bytearray(native.encode_heartbeat(2, seq=3))
+    old[2] = 3
     assert _code(_reseal(old))[1] == _code_py(_reseal(old))[1] == "unsupported version"
 
 

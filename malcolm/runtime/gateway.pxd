@@ -99,6 +99,12 @@ cdef class Gateway:
     cdef uint64_t hb_top[MAX_SERVERS]      # trailer seq of the last heartbeat applied
     cdef uint32_t hb_local_seq[MAX_SERVERS]
     cdef uint32_t hb_wire_seq[MAX_SERVERS]  # the sender's number of that heartbeat (0: none)
+    # our clock when we took in each peer's last heartbeat less its sent_ns: its one-way delay
+    # plus our clock's offset from its (0: none yet); echoed to it in our heartbeats
+    cdef int64_t hb_delay_in[MAX_SERVERS]
+    # added to the clock this gateway stamps heartbeats with and takes them in by: 0, or in
+    # tests a host whose clock is not its peers' (set before start)
+    cdef public int64_t clock_offset_ns
     cdef ClientReplay* cli_replay
     # state
     cdef uint32_t* free_slots      # a LIFO stack, so the hottest slot is reused

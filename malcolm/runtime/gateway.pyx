@@ -121,6 +121,7 @@ cdef class Gateway:
         memset(self.hb_top, 0, sizeof(self.hb_top))
         memset(self.hb_local_seq, 0, sizeof(self.hb_local_seq))
         memset(self.hb_wire_seq, 0, sizeof(self.hb_wire_seq))
+        memset(self.hb_delay_in, 0, sizeof(self.hb_delay_in))
         memset(self.peer_up, 0, sizeof(self.peer_up))
         memset(self.cli_replay, 0, sizeof(ClientReplay) * CLIENT_SLOTS)
 
@@ -500,10 +501,19 @@ cdef class Gateway:
                            uint64_t aseq) noexcept nogil:
         """A peer's heartbeat, into the policy thread's inbox in the order it was sent, with
         the time it was taken in: read here, after the receive (the pass's clock is read
-        before it, and may precede the sender's stamp)."""
+        before it, and may precede the sender's stamp).
+
+        The one-way delay the policy measures (``now - sent_ns``: Malcolm's hop estimate)
+        must not depend on the hosts' clocks agreeing, and CLOCK_MONOTONIC on two hosts
+        differs by their boot times. As NTP does with a two-way exchange: our d = rx -
+        sent_ns is the hop plus our clock's offset from the peer's, and the peer's echo of the
+        same for our heartbeats (``echo_ns``) the hop less it, so their mean is the hop
+        whatever the offset. The policy is handed sent_ns = rx - that mean (on one host the
+        mean of the two directions' delays). Before the peer's first echo, its own stamp."""
         cdef Heartbeat* hb
         cdef int rc
         cdef uint32_t d
+        cdef int64_t rx = mc_now_ns() + self.clock_offset_ns, echo = 0, din
         if self.pt.hb_tail - mc_load_acq(&self.pt.hb_head) >= HB_RING:
             self.count.hb_dropped += 1
             return
@@ -512,11 +522,15 @@ cdef class Gateway:
             self.count.hb_stale += 1
             return
         hb = &self.pt.hb_in[self.pt.hb_tail % HB_RING]
-        rc = wire_get_heartbeat(m.data, blen, hb)
+        rc = wire_get_heartbeat(m.data, blen, hb, &echo)
         if rc < 0:
             self.bad(m, rc)
             return
         self.hb_top[src] = aseq
+        din = <int64_t>(<uint64_t>rx - <uint64_t>hb.sent_ns)     # wraps, never overflows
+        self.hb_delay_in[src] = din if din != 0 else 1           # 0 means none
+        if echo != 0:
+            hb.sent_ns = <int64_t>(<uint64_t>rx - <uint64_t>((din >> 1) + (echo >> 1)))
         # The policies drop a heartbeat whose seq is not newer than the last; the order
         # is ours to keep (above, across the sender's restarts too), so they get a count
         # of this peer's heartbeats, which a forged or restarted seq cannot freeze. It
@@ -527,7 +541,7 @@ cdef class Gateway:
         self.hb_wire_seq[src] = hb.seq
         hb.seq = self.hb_local_seq[src]
         self.count.hb_theta_recv += hb.n_theta
-        self.pt.hb_rx_ns[self.pt.hb_tail % HB_RING] = mc_now_ns()
+        self.pt.hb_rx_ns[self.pt.hb_tail % HB_RING] = rx
         mc_store_rel(&self.pt.hb_tail, self.pt.hb_tail + 1)
         self.count.hb_recv += 1
 
@@ -615,7 +629,8 @@ cdef class Gateway:
             if j == self.me:
                 continue
             b = self.tr.tx_next(&self.peers[j])
-            n = self.seal(b, wire_put_heartbeat(b.data, b.cap, self.me, self.pt.hb_out), j)
+            n = self.seal(b, wire_put_heartbeat(b.data, b.cap, self.me, self.pt.hb_out,
+                                                self.hb_delay_in[j]), j)
             b.len = n
             if n:
                 self.count.hb_sent += 1
@@ -683,7 +698,7 @@ cdef class Gateway:
             k = self.completions(now)
             self.check_members(now)
             worked = n > 0 or k > 0
-            self.heartbeat_out(mc_now_ns())
+            self.heartbeat_out(mc_now_ns() + self.clock_offset_ns)
             steal_gate_expire(&self.steals, now)
             if self.draining:
                 self.drain_waiting()
