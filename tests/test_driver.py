@@ -128,22 +128,28 @@ def test_simulator_protocol_with_lost_heartbeats():
     check_protocol(logs, strict_seq=False, from_one=False)
 
 
-def test_runtime_runs_the_same_window_protocol():
-    """Three real servers on loopback UDP, 2 ms windows, for about 0.2 s."""
-    n = 3
-    trs = [open_transport("udp", "127.0.0.1:0") for _ in range(n)]
+def _idle_rack(pols, workers, window_us, seconds):
+    """Real servers on loopback UDP, one per policy, left to their windows for ``seconds``;
+    each stops within its grace with no thread stuck."""
+    trs = [open_transport("udp", "127.0.0.1:0") for _ in pols]
     addrs = [t.address for t in trs]
-    pols = [RecordingPolicy(n, i, 1) for i in range(n)]
-    workers = [2, 1, 0]         # 0: the gateway runs the tasks itself, one at a time
-    servers = [Server(trs[i], addrs, i, pols[i], handler="spin", workers=workers[i],
-                      window_us=2000.0) for i in range(n)]
+    servers = [Server(trs[i], addrs, i, p, handler="spin", workers=workers[i],
+                      window_us=window_us) for i, p in enumerate(pols)]
     try:
         for s in servers:
             s.start()
-        time.sleep(0.25)
+        time.sleep(seconds)
     finally:
         reps = [s.stop(grace_s=1.0) for s in servers]
     assert all(r["stuck_threads"] == [] for r in reps)
+
+
+def test_runtime_runs_the_same_window_protocol():
+    """Three real servers on loopback UDP, 2 ms windows, for about 0.2 s."""
+    n = 3
+    pols = [RecordingPolicy(n, i, 1) for i in range(n)]
+    # 0 workers: the gateway runs the tasks itself, one at a time
+    _idle_rack(pols, [2, 1, 0], 2000.0, 0.25)
     for p in pols:
         assert p.overflow == 0
     # A window's heartbeat is skipped at runtime when the gateway has not sent the last one
@@ -159,19 +165,8 @@ def test_runtime_heartbeat_delay_is_the_gateways_not_the_policy_threads():
     thread is busy for 10 ms in every 20 ms window: the sender's heartbeat waits that long
     for its gateway, and a receiver busy then takes its inbox up to 10 ms late. The
     stamps before this gave 10-20 ms."""
-    n = 2
-    trs = [open_transport("udp", "127.0.0.1:0") for _ in range(n)]
-    addrs = [t.address for t in trs]
-    pols = [RecordingPolicy(n, i, 1, busy_us=10_000.0) for i in range(n)]
-    servers = [Server(trs[i], addrs, i, pols[i], handler="spin", workers=1,
-                      window_us=20_000.0) for i in range(n)]
-    try:
-        for s in servers:
-            s.start()
-        time.sleep(0.5)
-    finally:
-        reps = [s.stop(grace_s=1.0) for s in servers]
-    assert all(r["stuck_threads"] == [] for r in reps)
+    pols = [RecordingPolicy(2, i, 1, busy_us=10_000.0) for i in range(2)]
+    _idle_rack(pols, [1, 1], 20_000.0, 0.5)
     delays = [c["now"] - c["sent_ns"] for p in pols for c in p.calls()
               if c["call"] == "observe_peer"]
     assert len(delays) >= 20
