@@ -17,40 +17,26 @@ import os
 import statistics
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
 from malcolm import _argparse as g  # noqa: E402
+
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+# the same rack and load options as the idle-CPU bench
+from window_cpu import loaded_rack, rack_load_options  # noqa: E402
 
 
 def measure(n, tasks, service_us, rate):
     """One rack: every server's ``hop_ns`` after the run (µs)."""
-    from malcolm.net.transport import open_transport
-    from malcolm.runtime.server import Server
-
-    from malcolm.net.client import Client
-    from malcolm.policy.registry import make_policy
-
-    trs = [open_transport("udp", "127.0.0.1:0") for _ in range(n)]
-    addrs = [t.address for t in trs]
-    servers = [Server(trs[i], addrs, i, make_policy("malcolm", n, i, 1), handler="spin",
-                      workers=1, window_us=100.0).start() for i in range(n)]
-    try:
-        with Client("udp", addrs) as c:
-            c.run(tasks, service_ns=int(service_us * 1000), rate=rate)
+    with loaded_rack(n, tasks, service_us, rate) as servers:
         return [s.stats()["policy"]["hop_ns"] / 1000.0 for s in servers]
-    finally:
-        for s in servers:
-            s.stop(grace_s=1.0)
 
 
 def main(argv=None):
     ap = g.parser(__doc__, """
         python3 bench/hop_estimate.py --count 2 --rate 2k/s --tasks 600""")
-    ap.add_argument("--count", type=int, default=3, help="servers (default 3)")
-    ap.add_argument("--tasks", type=int, default=600, help="tasks sent (default 600)")
-    ap.add_argument("--service", type=g.duration("us", positive=True), default=50.0,
-                    help="a task's service time (bare number: µs; default 50)")
-    ap.add_argument("--rate", type=g.rate, default=2_000.0,
-                    help="tasks a second, e.g. 2k/s (default 2000)")
+    rack_load_options(ap, tasks=600, service_us=50.0, rate=2_000.0)
     a = ap.parse_args(argv)
     if not 2 <= a.count <= 16 or a.tasks < 1 or not a.rate > 0:
         ap.error("--count must be 2-16, --tasks >= 1, --rate > 0")

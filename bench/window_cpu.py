@@ -13,6 +13,7 @@ thirty-third sessions)::
     python3 bench/window_cpu.py
     python3 bench/window_cpu.py --service 50us --rate 20k/s
 """
+import contextlib
 import os
 import sys
 import time
@@ -21,8 +22,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from malcolm import _argparse as g  # noqa: E402
 
 
-def measure(n, tasks, service_us, rate, idle_s, window_tasks):
-    """One rack: (the servers' windows in µs, windows a second per server, idle CPU cores)."""
+@contextlib.contextmanager
+def loaded_rack(n, tasks, service_us, rate, window_tasks=5.0):
+    """``n`` local udp servers of one worker each (Malcolm, ``window_us = 100``), after
+    ``tasks`` tasks of ``service_us`` µs (spin) at ``rate`` tasks a second: yields the
+    servers, and stops them (``bench/hop_estimate.py`` too)."""
     from malcolm.net.transport import open_transport
     from malcolm.runtime.server import Server
 
@@ -37,6 +41,26 @@ def measure(n, tasks, service_us, rate, idle_s, window_tasks):
     try:
         with Client("udp", addrs) as c:
             c.run(tasks, service_ns=int(service_us * 1000), rate=rate)
+        yield servers
+    finally:
+        for s in servers:
+            s.stop(grace_s=1.0)
+
+
+def rack_load_options(ap, tasks, service_us, rate):
+    """``--count``, ``--tasks``, ``--service`` and ``--rate`` of ``loaded_rack``, with these
+    defaults."""
+    ap.add_argument("--count", type=int, default=3, help="servers (default 3)")
+    ap.add_argument("--tasks", type=int, default=tasks, help=f"tasks sent (default {tasks})")
+    ap.add_argument("--service", type=g.duration("us", positive=True), default=service_us,
+                    help=f"a task's service time (bare number: µs; default {service_us:g})")
+    ap.add_argument("--rate", type=g.rate, default=rate,
+                    help=f"tasks a second, e.g. {rate / 1000:g}k/s (default {rate:.0f})")
+
+
+def measure(n, tasks, service_us, rate, idle_s, window_tasks):
+    """One rack: (the servers' windows in µs, windows a second per server, idle CPU cores)."""
+    with loaded_rack(n, tasks, service_us, rate, window_tasks) as servers:
         st = [s.stats() for s in servers]
         w0, t0, c0 = sum(x["windows"] for x in st), time.monotonic(), time.process_time()
         time.sleep(idle_s)
@@ -44,20 +68,12 @@ def measure(n, tasks, service_us, rate, idle_s, window_tasks):
         span = time.monotonic() - t0
         return ([x["window_us"] for x in st], (sum(x["windows"] for x in st) - w0) / n / span,
                 (time.process_time() - c0) / span)
-    finally:
-        for s in servers:
-            s.stop(grace_s=1.0)
 
 
 def main(argv=None):
     ap = g.parser(__doc__, """
         python3 bench/window_cpu.py --count 2 --idle 1s""")
-    ap.add_argument("--count", type=int, default=3, help="servers (default 3)")
-    ap.add_argument("--tasks", type=int, default=3000, help="tasks sent (default 3000)")
-    ap.add_argument("--service", type=g.duration("us", positive=True), default=5.0,
-                    help="a task's service time (bare number: µs; default 5)")
-    ap.add_argument("--rate", type=g.rate, default=100_000.0,
-                    help="tasks a second, e.g. 100k/s (default 100000)")
+    rack_load_options(ap, tasks=3000, service_us=5.0, rate=100_000.0)
     ap.add_argument("--idle", type=g.duration("s", positive=True), default=2.0,
                     help="how long the rack idles (bare number: s; default 2)")
     a = ap.parse_args(argv)
