@@ -7,8 +7,9 @@ second, then leaves the rack idle for ``--idle`` seconds and reports each server
 process used while idle, with ``window_tasks`` = 5 (the default) and 0 (fixed windows).
 Windows follow the mean of the last completions; an idle server goes back to the configured
 window after 5 idle windows (thirty-third session; before it, it kept the windows its last
-tasks set). Not part of CI; the figures are in docs/performance.md (thirty-second and
-thirty-third sessions)::
+tasks set), and a rack with no task anywhere lengthens them to ``idle_window_us`` (forty-eighth
+session: "A quiet rack sleeps"). Not part of CI; the figures are in docs/performance.md
+(thirty-second, thirty-third and forty-eighth sessions)::
 
     python3 bench/window_cpu.py
     python3 bench/window_cpu.py --service 50us --rate 20k/s

@@ -79,6 +79,7 @@ def test_an_shm_ring_is_bounded(cap):
     (dict(task_timeout_ms=math.nan), "task_timeout_ms=nan"),
     (dict(grace_s=math.nan), "grace_s=nan"),                   # failed only at stop()
     (dict(peer_timeout_ms=-5.0), "or -1: 20 windows, at least 100 ms"),
+    (dict(idle_window_us=-5.0), "or -1: 32 windows, at most 5 ms"),
     (dict(max_service_ms=math.inf), "max_service_ms=inf"),
 ])
 def test_a_servers_settings_are_checked_as_a_rack_files_are(kw, msg):

@@ -305,7 +305,7 @@ def test_fuzz_rack_files():
     def sane(cfg):
         for k, (lo, hi) in C.RACK_RANGES.items():
             v = getattr(cfg, k, lo)
-            if not (lo <= v <= hi or (k == "peer_timeout_ms" and v == -1)):
+            if not (lo <= v <= hi or (k in C.AUTO_DEFAULTS and v == -1)):
                 return k
         if not all(s.address and 0 <= s.workers <= 1024 for s in cfg.servers):
             return "server"

@@ -30,8 +30,9 @@ cdef extern from "net/_netc.h" nogil:
 
 cdef enum:
     WIRE_MAGIC = 0x4C4D          # bytes "ML"
-    WIRE_VERSION = 4             # 3: a task carries the client's deadline (budget_us);
-    #                              4: a heartbeat carries echo_ns (the hop without clocks)
+    WIRE_VERSION = 5             # 3: a task carries the client's deadline (budget_us);
+    #                              4: a heartbeat carries echo_ns (the hop without clocks);
+    #                              5: ... and window_us (when its sender's next one is due)
     HDR_LEN = 8
     AUTH_LEN = 24                # trailer on every message: u64 epoch, u64 seq, u64 MAC
     TASK_LEN = 48                # fixed part of a task
@@ -39,7 +40,8 @@ cdef enum:
     STEAL_REQ_LEN = 24
     STEAL_EMPTY_LEN = 16
     RESP_LEN = 56                # fixed part of a response
-    HB_LEN = 72                  # fixed part of a heartbeat (theta follows)
+    HB_LEN = 80                  # fixed part of a heartbeat (theta follows)
+    MAX_HB_WINDOW_US = 60000000  # a heartbeat's window_us: at most idle_window_us's bound
     MAX_PAYLOAD = 1024           # bytes of task or response payload
     MAX_MSG = 4032               # the largest message any transport must carry
     CLIENT_SRC = 0xFFFF          # header src of a message sent by a client
@@ -170,7 +172,7 @@ cdef int wire_get_steal_req(const uint8_t* buf, uint32_t n, uint32_t* seq,
 cdef int wire_get_steal_reply(const uint8_t* buf, uint32_t n, WireTask* t) noexcept nogil
 cdef int wire_get_resp(const uint8_t* buf, uint32_t n, WireResp* r) noexcept nogil
 cdef int wire_get_heartbeat(const uint8_t* buf, uint32_t n, Heartbeat* hb,
-                            int64_t* echo_ns) noexcept nogil
+                            int64_t* echo_ns, uint32_t* window_us) noexcept nogil
 
 cdef uint32_t wire_put_task(uint8_t* buf, uint32_t cap, const WireTask* t) noexcept nogil
 cdef uint32_t wire_put_move(uint8_t* buf, uint32_t cap, uint16_t src, uint8_t kind,
@@ -182,6 +184,7 @@ cdef uint32_t wire_put_steal_empty(uint8_t* buf, uint32_t cap, uint16_t src,
 cdef uint32_t wire_put_resp(uint8_t* buf, uint32_t cap, uint16_t src,
                             const WireResp* r) noexcept nogil
 cdef uint32_t wire_put_heartbeat(uint8_t* buf, uint32_t cap, uint16_t src,
-                                 const Heartbeat* hb, int64_t echo_ns) noexcept nogil
+                                 const Heartbeat* hb, int64_t echo_ns,
+                                 uint32_t window_us) noexcept nogil
 
 cdef const char* wire_error_name(int code) noexcept nogil

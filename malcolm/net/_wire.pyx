@@ -258,9 +258,11 @@ cdef int wire_get_resp(const uint8_t* buf, uint32_t n, WireResp* r) noexcept nog
 
 
 cdef int wire_get_heartbeat(const uint8_t* buf, uint32_t n, Heartbeat* hb,
-                            int64_t* echo_ns) noexcept nogil:
-    """A heartbeat into ``hb``, and ``echo_ns``: the one-way delay the sender last measured
-    from the receiver's heartbeats, on its clock against the receiver's (0: none yet)."""
+                            int64_t* echo_ns, uint32_t* window_us) noexcept nogil:
+    """A heartbeat into ``hb``; ``echo_ns``: the one-way delay the sender last measured from
+    the receiver's heartbeats, on its clock against the receiver's (0: none yet);
+    ``window_us``: the sender's window when it sent it, its next heartbeat's gap (0: not
+    said; at most MAX_HB_WINDOW_US)."""
     cdef uint32_t k, nt
     if n < HB_LEN:
         return E_LENGTH
@@ -280,6 +282,9 @@ cdef int wire_get_heartbeat(const uint8_t* buf, uint32_t n, Heartbeat* hb,
     hb.migrations = mc_ld64(buf + 48)
     hb.steals = mc_ld64(buf + 56)
     echo_ns[0] = <int64_t>mc_ld64(buf + 64)
+    window_us[0] = mc_ld32(buf + 72)
+    if window_us[0] > MAX_HB_WINDOW_US or mc_ld32(buf + 76) != 0:
+        return E_FIELD
     if not (mc_isfinite(hb.load) and mc_isfinite(hb.queue_len) and mc_isfinite(hb.rate)):
         return E_FIELD
     if hb.load < 0 or hb.queue_len < 0 or hb.rate < 0 or hb.svc_lg > MAX_SVC_LG:
@@ -367,7 +372,8 @@ cdef uint32_t wire_put_resp(uint8_t* buf, uint32_t cap, uint16_t src,
 
 
 cdef uint32_t wire_put_heartbeat(uint8_t* buf, uint32_t cap, uint16_t src,
-                                 const Heartbeat* hb, int64_t echo_ns) noexcept nogil:
+                                 const Heartbeat* hb, int64_t echo_ns,
+                                 uint32_t window_us) noexcept nogil:
     cdef int32_t k, nt = hb.n_theta
     cdef uint32_t n
     if nt < 0 or nt > MAX_THETA:
@@ -386,6 +392,8 @@ cdef uint32_t wire_put_heartbeat(uint8_t* buf, uint32_t cap, uint16_t src,
     mc_st64(buf + 48, hb.migrations)
     mc_st64(buf + 56, hb.steals)
     mc_st64(buf + 64, <uint64_t>echo_ns)
+    mc_st32(buf + 72, window_us if window_us <= MAX_HB_WINDOW_US else MAX_HB_WINDOW_US)
+    mc_st32(buf + 76, 0)
     for k in range(nt):
         mc_stf64(buf + HB_LEN + 8 * k, hb.theta[k])
     return n
@@ -598,12 +606,14 @@ def encode_response(uint16_t src, uint32_t client_id, uint64_t request_id,
 def encode_heartbeat(uint16_t src, uint32_t seq=0, int64_t sent_ns=0, double load=0.0,
                      double queue_len=0.0, double rate=0.0, uint64_t migrations=0,
                      uint64_t steals=0, theta=(), key=None, uint64_t epoch=1,
-                     auth_seq=None, int svc_lg=0, int64_t echo_ns=0):
+                     auth_seq=None, int svc_lg=0, int64_t echo_ns=0, uint32_t window_us=0):
     cdef uint8_t buf[MAX_MSG]
     cdef Heartbeat hb
+    if window_us > MAX_HB_WINDOW_US:
+        raise ValueError(f"window_us={window_us} must be in 0..{MAX_HB_WINDOW_US}")
     heartbeat_init(&hb, src, seq, sent_ns, load, queue_len, rate, migrations, steals, theta,
                    svc_lg)
-    cdef uint32_t n = wire_put_heartbeat(buf, MAX_MSG, src, &hb, echo_ns)
+    cdef uint32_t n = wire_put_heartbeat(buf, MAX_MSG, src, &hb, echo_ns, window_us)
     return _sealed(buf, n, key, epoch, auth_seq)
 
 
@@ -628,6 +638,7 @@ def decode(const uint8_t[::1] data not None, key=None):
     cdef Heartbeat hb
     cdef uint32_t seq
     cdef int64_t sent, echo = 0
+    cdef uint32_t hb_window = 0
     cdef int rc
     if n == 0:
         buf = empty
@@ -672,12 +683,13 @@ def decode(const uint8_t[::1] data not None, key=None):
                    queue_len=r.queue_len, server=r.server, status=r.status, flags=r.flags,
                    payload=bytes(r.payload[:r.payload_len]))
     else:
-        rc = wire_get_heartbeat(buf, n, &hb, &echo)
+        rc = wire_get_heartbeat(buf, n, &hb, &echo, &hb_window)
         if rc < 0:
             _raise(rc)
         out.update(seq=hb.seq, sent_ns=hb.sent_ns, load=hb.load, queue_len=hb.queue_len,
                    rate=hb.rate, migrations=hb.migrations, steals=hb.steals, svc_lg=hb.svc_lg,
-                   echo_ns=echo, theta=[hb.theta[k] for k in range(hb.n_theta)])
+                   echo_ns=echo, window_us=hb_window,
+                   theta=[hb.theta[k] for k in range(hb.n_theta)])
     return out
 
 

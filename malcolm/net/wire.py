@@ -9,8 +9,8 @@ Every message starts with an 8-byte header and ends with a 24-byte trailer::
 
     off size field
     0   2    magic    0x4C4D (bytes "ML")
-    2   1    version  4 (3: tasks carry the client's deadline, ``budget_us``; 4: heartbeats
-                      carry ``echo_ns``)
+    2   1    version  5 (3: tasks carry the client's deadline, ``budget_us``; 4: heartbeats
+                      carry ``echo_ns``; 5: and ``window_us``)
     3   1    kind     1 task, 2 response, 3 forward, 4 steal request, 5 steal reply, 6 heartbeat
     4   2    src      sender's server index in the rack; 0xFFFF for a client
     6   2    length   whole message in bytes, trailer included; must equal the bytes received
@@ -43,14 +43,16 @@ Kinds (offsets from the start of the message)::
       8 u32 client_id   12 u16 task_type   14 u16 payload_len   16 u64 request_id
      24 i64 send_ns (echoed)   32 i64 service_ns (measured)   40 f64 load (ns)
      48 u32 queue_len   52 u16 server   54 u8 status   55 u8 flags   56 payload
-    HEARTBEAT (72 + 8 * n_theta)   server -> server, once per window
+    HEARTBEAT (80 + 8 * n_theta)   server -> server, once per window
       8 u32 seq   12 u16 n_theta (<= 256)   14 u16 svc_lg (<= 12288; 0: not known)
      16 i64 sent_ns   24 f64 load   32 f64 queue_len   40 f64 rate   48 u64 migrations
-     56 u64 steals   64 i64 echo_ns   72 f64 theta[n_theta]
+     56 u64 steals   64 i64 echo_ns   72 u32 window_us (<= 60 000 000; 0: not said)
+     76 u32 0   80 f64 theta[n_theta]
     (svc_lg: 256 log2 of the sender's geometric-mean service time in ns, for the hop gate;
     echo_ns: the sender's clock when it last took in one of the destination's heartbeats less
     that heartbeat's sent_ns, 0 before the first: with the destination's own such delay it
-    gives the hop without synchronized clocks, as NTP does)
+    gives the hop without synchronized clocks, as NTP does; window_us: the sender's window
+    when it sent it, so its next heartbeat's gap: a quiet rack's are long)
 
 An address (``reply``) is 24 bytes: u16 family (2 IPv4, 10 IPv6, 0x5348 shm), u16 port,
 u32 extra (IPv6 scope id), 16 bytes of address (IPv4 in the first 4; an shm endpoint name).
@@ -82,7 +84,7 @@ ReplayWindow = _native.ReplayWindow
 new_epoch = _native.new_epoch
 
 MAGIC = 0x4C4D
-VERSION = 4
+VERSION = 5
 AUTH_LEN = 24
 ZERO_KEY = bytes(16)
 E_MAC, E_REPLAY, E_EPOCH, E_STALE = -12, -13, -14, -15
@@ -91,6 +93,8 @@ MAX_PAYLOAD = 1024
 MAX_MSG = 4032
 MAX_THETA = 256
 MAX_SVC_LG = 12288      # a heartbeat's speed code: 256 log2 of the service time in ns
+HB_LEN = 80             # a heartbeat's fixed part (theta follows)
+MAX_HB_WINDOW_US = 60_000_000   # a heartbeat's window_us: at most idle_window_us's bound
 FAM_SHM = 0x5348
 
 
@@ -123,7 +127,7 @@ _CORE = struct.Struct("<IHHQqqII")
 _ADDR = struct.Struct("<HHI16s")
 _MOVE_TAIL = struct.Struct("<HHI")
 _RESP = struct.Struct("<IHHQqqdIHBB")
-_HB = struct.Struct("<IHHqdddQQq")
+_HB = struct.Struct("<IHHqdddQQqII")
 
 
 def _hdr(kind, src, length):
@@ -260,15 +264,17 @@ def encode_response(src, client_id, request_id, task_type=0, send_ns=0, service_
 
 def encode_heartbeat(src, seq=0, sent_ns=0, load=0.0, queue_len=0.0, rate=0.0, migrations=0,
                      steals=0, theta=(), key=None, epoch=1, auth_seq=None, svc_lg=0,
-                     echo_ns=0):
+                     echo_ns=0, window_us=0):
     if len(theta) > MAX_THETA:
         raise ValueError(f"at most {MAX_THETA} critic parameters")
     if not 0 <= svc_lg <= MAX_SVC_LG:
         raise ValueError(f"svc_lg={svc_lg} must be in 0..{MAX_SVC_LG}")
-    n = 72 + 8 * len(theta)
+    if not 0 <= window_us <= MAX_HB_WINDOW_US:
+        raise ValueError(f"window_us={window_us} must be in 0..{MAX_HB_WINDOW_US}")
+    n = HB_LEN + 8 * len(theta)
     return seal(_hdr(Kind.HEARTBEAT, src, n)
                 + _HB.pack(seq, len(theta), svc_lg, sent_ns, load, queue_len, rate, migrations,
-                           steals, echo_ns)
+                           steals, echo_ns, window_us, 0)
                 + struct.pack(f"<{len(theta)}d", *theta), key, epoch, auth_seq)
 
 
@@ -345,19 +351,22 @@ def decode(data: bytes, key=None) -> dict:
                    load=load, queue_len=ql, server=server, status=status, flags=flags,
                    payload=bytes(data[56:]))
     else:
-        if n < 72:
+        if n < HB_LEN:
             bad(-5)
-        seq, nt, svc_lg, sent, load, ql, rate, mig, st, echo = _HB.unpack_from(data, 8)
+        seq, nt, svc_lg, sent, load, ql, rate, mig, st, echo, win, zero = \
+            _HB.unpack_from(data, 8)
         if nt > MAX_THETA:
             bad(-8)
-        if n != 72 + 8 * nt:
+        if n != HB_LEN + 8 * nt:
             bad(-5)
-        theta = list(struct.unpack_from(f"<{nt}d", data, 72))
+        theta = list(struct.unpack_from(f"<{nt}d", data, HB_LEN))
         if svc_lg > MAX_SVC_LG or not all(math.isfinite(v) and v >= 0
                                            for v in (load, ql, rate)):
+            bad(-7)
+        if win > MAX_HB_WINDOW_US or zero != 0:
             bad(-7)
         if not all(math.isfinite(v) for v in theta):
             bad(-7)
         out.update(seq=seq, sent_ns=sent, load=load, queue_len=ql, rate=rate, migrations=mig,
-                   steals=st, svc_lg=svc_lg, echo_ns=echo, theta=theta)
+                   steals=st, svc_lg=svc_lg, echo_ns=echo, window_us=win, theta=theta)
     return out

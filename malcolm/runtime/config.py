@@ -52,6 +52,8 @@ RACK_KEYS = {
     "est_alpha": (float, EST_ALPHA), "prior_service_us": (float, EST_PRIOR_SERVICE_US),
     "shm_capacity": (int, 1024),
     "peer_timeout_ms": (float, -1.0), "key_file": (str, None), "max_wait_ms": (float, 200.0),
+    # a quiet rack's longest window (malcolm/runtime/policy_thread.pyx); 0: never longer
+    "idle_window_us": (float, -1.0),
     # network emulation in every endpoint's transport (malcolm/net/delay.pyx): what netem
     # would add per hop, for dilated runs and fault tests; 0 on a real network
     "hop_delay_us": (float, 0.0), "hop_jitter_us": (float, 0.0), "hop_reorder": (float, 0.0),
@@ -67,21 +69,25 @@ RACK_RANGES = {
     "steal_timeout_us": (1.0, 60_000_000.0), "max_service_ms": (0.001, 3_600_000.0),
     "grace_s": (0.0, 3600.0), "est_alpha": (1e-6, 1.0), "prior_service_us": (0.001, 1e9),
     "shm_capacity": (2, MAX_SHM_CAPACITY), "peer_timeout_ms": (1.0, 3_600_000.0),
+    "idle_window_us": (0.0, 60_000_000.0),
     "max_wait_ms": (0.0, 3_600_000.0), "hop_delay_us": (0.0, 60_000_000.0),
     "hop_jitter_us": (0.0, 60_000_000.0), "hop_reorder": (0.0, 1.0), "hop_loss": (0.0, 1.0),
 }
 SERVER_KEYS = {"address", "workers", "handler", "transport", "cpus"}
+# The keys whose default, -1, is derived from the window (malcolm/runtime/server.pyx).
+AUTO_DEFAULTS = {"peer_timeout_ms": "20 windows, at least 100 ms",
+                 "idle_window_us": "32 windows, at most 5 ms and a quarter of peer_timeout_ms"}
 
 
 def range_error(key: str, v) -> str | None:
     """What is wrong with ``v`` for the numeric setting ``key`` (:data:`RACK_RANGES`), or
     None: the rack file's check, and ``Server``'s for the same settings given in Python."""
     lo, hi = RACK_RANGES[key]
-    if key == "peer_timeout_ms" and v == -1.0:
-        return None                     # the default: 20 windows, at least 100 ms
+    if key in AUTO_DEFAULTS and v == -1.0:
+        return None                     # the default, derived from the window
     if math.isfinite(v) and lo <= v <= hi:
         return None
-    extra = " (or -1: 20 windows, at least 100 ms)" if key == "peer_timeout_ms" else ""
+    extra = f" (or -1: {AUTO_DEFAULTS[key]})" if key in AUTO_DEFAULTS else ""
     return f"must be a finite number in {lo:g}..{hi:g}{extra}"
 
 
@@ -146,6 +152,7 @@ class RackConfig:
     prior_service_us: float
     shm_capacity: int
     peer_timeout_ms: float
+    idle_window_us: float
     key_file: str | None
     max_wait_ms: float
     hop_delay_us: float
@@ -669,6 +676,7 @@ def build_server(cfg: RackConfig, k: int, handler=None):
                       max_service_ms=cfg.max_service_ms, clients=cfg.clients,
                       est_alpha=cfg.est_alpha, prior_service_us=cfg.prior_service_us,
                       grace_s=cfg.grace_s, peer_timeout_ms=cfg.peer_timeout_ms,
+                      idle_window_us=cfg.idle_window_us,
                       cpus=s.cpus, key=checked["key"], max_wait_ms=cfg.max_wait_ms)
     except BaseException:
         tr.close()

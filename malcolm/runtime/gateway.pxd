@@ -69,6 +69,9 @@ cdef class Gateway:
     cdef int64_t max_service_ns, peer_timeout_ns
     cdef int64_t timeout_ns         # task_timeout_ms: a task's deadline when its client gives none
     cdef int64_t suspect_ns         # silent this long: no migrations to it, no steals from it
+    # ... or, for a peer whose heartbeats come further apart (a quiet rack's long windows),
+    # 3 of the windows its last heartbeat gave, at most peer_timeout_ns (on_heartbeat)
+    cdef int64_t peer_suspect[MAX_SERVERS]
     cdef uint64_t mig_to[MAX_SERVERS]       # tasks migrated to each peer
     cdef int64_t mig_last_ns[MAX_SERVERS]   # when the last one went (0: never)
     cdef int64_t max_wait_ns        # admission control: 0 off

@@ -81,6 +81,8 @@ cdef class Gateway:
         # a peer that is only slow for a moment from flapping in and out of the rack.
         self.suspect_ns = min(self.peer_timeout_ns,
                               SUSPECT_WINDOWS * <int64_t>(window_us * 1000))
+        for i in range(MAX_SERVERS):
+            self.peer_suspect[i] = self.suspect_ns
         memset(self.mig_to, 0, sizeof(self.mig_to))
         memset(self.mig_last_ns, 0, sizeof(self.mig_last_ns))
         steal_gate_init(&self.steals, STEALS_IN_FLIGHT, <int64_t>(steal_timeout_us * 1000))
@@ -181,6 +183,8 @@ cdef class Gateway:
         d["migrated_to"] = [int(self.mig_to[j]) for j in range(self.n)]
         d["last_migrated_to_ns"] = [int(self.mig_last_ns[j]) for j in range(self.n)]
         d["suspect_ms"] = self.suspect_ns / 1e6
+        # per peer: the silence after which it is suspected now (more for a sleeping one)
+        d["peer_suspect_ms"] = [self.peer_suspect[j] / 1e6 for j in range(self.n)]
         d["peer_timeout_ms"] = self.peer_timeout_ns / 1e6
         d["last_bad"] = (wire_error_name(self.last_bad_code).decode(),
                          addr_py(&self.last_bad_addr)) if self.last_bad_code else None
@@ -364,7 +368,7 @@ cdef class Gateway:
             return 0
         dst = self.policy.decide_arrival(now, t.task_type)
         if 0 <= dst < self.n and dst != self.me and now - self.peer_seen[dst] > \
-                self.suspect_ns:
+                self.peer_suspect[dst]:
             self.count.kept_for_silent += 1
             dst = self.me
         if 0 <= dst < self.n and dst != self.me:
@@ -411,6 +415,7 @@ cdef class Gateway:
             # A new epoch: the peer (re)started. Its heartbeats are applied from the first.
             self.hb_top[src] = 0
             self.hb_wire_seq[src] = 0
+            self.peer_suspect[src] = self.suspect_ns
             self.ep_seen[src][self.ep_next[src] & 7] = ep
             self.ep_next[src] += 1
             if known or self.peer_up[src]:
@@ -514,6 +519,7 @@ cdef class Gateway:
         cdef int rc
         cdef uint32_t d
         cdef int64_t rx = mc_now_ns() + self.clock_offset_ns, echo = 0, din
+        cdef uint32_t win_us = 0
         if self.pt.hb_tail - mc_load_acq(&self.pt.hb_head) >= HB_RING:
             self.count.hb_dropped += 1
             return
@@ -522,11 +528,17 @@ cdef class Gateway:
             self.count.hb_stale += 1
             return
         hb = &self.pt.hb_in[self.pt.hb_tail % HB_RING]
-        rc = wire_get_heartbeat(m.data, blen, hb, &echo)
+        rc = wire_get_heartbeat(m.data, blen, hb, &echo, &win_us)
         if rc < 0:
             self.bad(m, rc)
             return
         self.hb_top[src] = aseq
+        # A quiet rack's servers send a heartbeat every few ms (policy_thread.pyx), each
+        # saying its window: such a peer is suspected only after 3 of those (the next may
+        # be twice it), at most peer_timeout_ms. One that beats every window keeps the 5
+        # windows (issue 13).
+        self.peer_suspect[src] = min(max(3000 * <int64_t>win_us, self.suspect_ns),
+                                     self.peer_timeout_ns)
         din = <int64_t>(<uint64_t>rx - <uint64_t>hb.sent_ns)     # wraps, never overflows
         self.hb_delay_in[src] = din if din != 0 else 1           # 0 means none
         if echo != 0:
@@ -581,7 +593,7 @@ cdef class Gateway:
         cdef int v = self.policy.decide_steal(now)
         if not (0 <= v < self.n and v != self.me):
             return
-        if now - self.peer_seen[v] > self.suspect_ns:
+        if now - self.peer_seen[v] > self.peer_suspect[v]:
             self.count.steals_to_silent += 1
             return
         seq = steal_gate_open(&self.steals, now)
@@ -622,15 +634,18 @@ cdef class Gateway:
         cdef int j
         cdef MsgBuf* b
         cdef uint32_t n
+        cdef uint32_t win_us
         if not mc_load_acq(&self.pt.hb_out_pending):
             return
         self.pt.hb_out.sent_ns = now
+        # the window that follows it (published with it): when the next one is due
+        win_us = <uint32_t>min(self.pt.window_now // 1000, MAX_HB_WINDOW_US)
         for j in range(self.n):
             if j == self.me:
                 continue
             b = self.tr.tx_next(&self.peers[j])
             n = self.seal(b, wire_put_heartbeat(b.data, b.cap, self.me, self.pt.hb_out,
-                                                self.hb_delay_in[j]), j)
+                                                self.hb_delay_in[j], win_us), j)
             b.len = n
             if n:
                 self.count.hb_sent += 1
@@ -684,6 +699,7 @@ cdef class Gateway:
             self.tr.rx_release(n)
             if tasks:
                 mc_bell_ring_n(&self.pool.bell, tasks)    # one sleeping worker per task
+                self.pt.wake()          # after the ring's fence: a quiet rack's long window
             if self.pool.n_workers == 0 and not self.draining:
                 # Inline mode (no worker threads): tasks run back to back, each timed from
                 # the end of the one before, until INLINE_BUDGET_NS have passed, so that the

@@ -1,6 +1,6 @@
 # cython: language_level=3
 cimport cython
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int64_t, uint32_t, uint64_t
 
 from malcolm.net.transport cimport Transport
 from malcolm.policy.base cimport Heartbeat, Policy
@@ -11,6 +11,7 @@ from malcolm.workers.pool cimport WorkerPool
 
 cdef enum:
     HB_RING = 64                 # heartbeats in flight from the gateway to the policy thread
+    QUIET_WINDOWS = 50           # window ends of a quiet rack before the windows lengthen
 
 
 # final: calls between the hot methods are direct C calls, not through the vtable
@@ -31,7 +32,18 @@ cdef class PolicyThread:
     cdef WindowState win            # the window protocol (policy/driver.pxd)
     cdef uint64_t stop_flag
     cdef uint64_t windows, hb_observed, hb_skipped
+    # A quiet rack (this server empty, no peer reporting a task) lengthens its windows up
+    # to sleep_ns, which cuts the idle rack's wake-ups; a task in or a busy peer ends the
+    # long window at once (module docstring).
+    cdef int64_t sleep_ns           # the longest window of a quiet rack; <= window_ns: off
+    cdef uint32_t quiet             # window ends in a row with the rack quiet
+    cdef bint peer_busy             # a heartbeat since the last window end reported tasks
+    cdef uint64_t sleeping          # 1 while the window is longer than window_ns (gateway)
+    cdef uint64_t wake_req          # set by the gateway: a task came in during a long window
+    cdef uint64_t idle_windows, idle_wakes
     cdef object thread
 
-    cdef void observe_heartbeats(self) noexcept nogil
+    cdef void wake(self) noexcept nogil
+    cdef bint observe_heartbeats(self) noexcept nogil
     cdef void loop(self) noexcept nogil
+    cdef void next_window(self) noexcept nogil
