@@ -11,6 +11,7 @@ import time
 from malcolm.net.transport import open_transport
 from malcolm.policy.driver import RecordingPolicy
 from malcolm.runtime.server import Server
+from test_security import _wait as _until
 
 from malcolm.net.client import Client
 from malcolm.policy.registry import make_policy
@@ -30,15 +31,6 @@ def _rack(pols, idle_window_us=SLEEP_US, workers=1):
 def _stop(servers):
     reps = [s.stop(grace_s=1.0) for s in servers]
     assert all(r["stuck_threads"] == [] for r in reps)
-
-
-def _until(cond, seconds):
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.005)
-    return cond()
 
 
 def _asleep(servers):
