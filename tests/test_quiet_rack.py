@@ -1,27 +1,31 @@
 """A quiet rack's windows lengthen, and its first task wakes it (runtime/policy_thread.pyx).
 
-Real servers on loopback udp with 2 ms windows (slow enough for a loaded 2-core machine): a
-rack with no task anywhere lengthens each server's windows, up to ``idle_window_us``, after
-QUIET_WINDOWS quiet window ends; a task in, or a peer's heartbeat reporting one, ends the
-long window at once; a sleeping peer, whose heartbeats come a long window apart, is neither
-suspected (its heartbeats say its window) nor dropped from the membership.
+Real servers over udp and shm (one suite for the transports), with 2 ms windows, slow
+enough for a loaded 2-core machine. A rack with no task anywhere lengthens each server's
+windows, up to ``idle_window_us``, after QUIET_WINDOWS quiet window ends. A task in, or a
+peer's heartbeat reporting one, ends the long window at once. A sleeping peer, whose
+heartbeats come a long window apart, is neither suspected (its heartbeats say its window)
+nor dropped from the membership.
 """
 import time
 
-from malcolm.net.transport import open_transport
+import pytest
+from malcolm.net.transport import available_transports, open_transport
 from malcolm.policy.driver import RecordingPolicy
 from malcolm.runtime.server import Server
 from test_security import _wait as _until
+from test_transport import _addr
 
 from malcolm.net.client import Client
 from malcolm.policy.registry import make_policy
 
 WINDOW_US = 2000.0
 SLEEP_US = 16_000.0
+LOCAL = [k for k in available_transports()[0] if k in ("udp", "shm")]
 
 
-def _rack(pols, idle_window_us=SLEEP_US, workers=1):
-    trs = [open_transport("udp", "127.0.0.1:0") for _ in pols]
+def _rack(pols, idle_window_us=SLEEP_US, workers=1, kind="udp"):
+    trs = [open_transport(kind, _addr(kind)) for _ in pols]
     addrs = [t.address for t in trs]
     return addrs, [Server(trs[i], addrs, i, p, handler="spin", workers=workers,
                           window_us=WINDOW_US, idle_window_us=idle_window_us).start()
@@ -37,11 +41,12 @@ def _asleep(servers):
     return all(s.stats()["window_us"] == SLEEP_US for s in servers)
 
 
-def test_a_quiet_rack_sleeps_and_its_first_task_wakes_the_server_and_its_peer():
+@pytest.mark.parametrize("kind", LOCAL)
+def test_a_quiet_rack_sleeps_and_its_first_task_wakes_the_server_and_its_peer(kind):
     """50 quiet windows (100 ms) and a few doublings: 16 ms windows, none suspected or left.
     A 50 ms task at server 0 (RecordingPolicy keeps every task): its gateway ends the long
     window at once, and that window's heartbeat, which reports the task, ends the peer's."""
-    addrs, servers = _rack([RecordingPolicy(2, i, 1) for i in range(2)])
+    addrs, servers = _rack([RecordingPolicy(2, i, 1) for i in range(2)], kind=kind)
     try:
         assert _until(lambda: _asleep(servers), 3.0), [s.stats() for s in servers]
         before = [s.stats() for s in servers]
@@ -52,7 +57,7 @@ def test_a_quiet_rack_sleeps_and_its_first_task_wakes_the_server_and_its_peer():
         assert _until(lambda: all(
             2.5 * SLEEP_US / 1000 <= s.stats()["peer_suspect_ms"][1 - k] <= 100.0
             for k, s in enumerate(servers)), 1.0), [s.stats() for s in servers]
-        with Client("udp", [addrs[0]]) as c:
+        with Client(kind, [addrs[0]]) as c:
             acc = c.run(1, service_ns=50_000_000, rate=100)
         assert len(acc.answered) == 1
         after = [s.stats() for s in servers]
@@ -64,15 +69,16 @@ def test_a_quiet_rack_sleeps_and_its_first_task_wakes_the_server_and_its_peer():
         _stop(servers)
 
 
-def test_a_sleeping_peer_still_gets_migrations_and_is_not_suspected():
+@pytest.mark.parametrize("kind", LOCAL)
+def test_a_sleeping_peer_still_gets_migrations_and_is_not_suspected(kind):
     """Malcolm at server 0 under a burst that its one worker cannot hold: tasks go to the
     sleeping peer (its heartbeats 16 ms apart must not make it a suspect), whose arrivals
     wake it; no task is lost and no peer leaves."""
     pols = [make_policy("malcolm", 2, i, 1) for i in range(2)]
-    addrs, servers = _rack(pols)
+    addrs, servers = _rack(pols, kind=kind)
     try:
         assert _until(lambda: _asleep(servers), 3.0), [s.stats() for s in servers]
-        with Client("udp", [addrs[0]]) as c:
+        with Client(kind, [addrs[0]]) as c:
             acc = c.run(200, service_ns=1_000_000, rate=2000)
         assert acc.lost == 0 and len(acc.answered) == 200
         st = [s.stats() for s in servers]
