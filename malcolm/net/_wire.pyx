@@ -261,7 +261,7 @@ cdef int wire_get_heartbeat(const uint8_t* buf, uint32_t n, Heartbeat* hb,
                             int64_t* echo_ns, uint32_t* window_us) noexcept nogil:
     """A heartbeat into ``hb``; ``echo_ns``: the one-way delay the sender last measured from
     the receiver's heartbeats, on its clock against the receiver's (0: none yet);
-    ``window_us``: the sender's window when it sent it, its next heartbeat's gap (0: not
+    ``window_us``: the sender's window after it, so when its next heartbeat is due (0: not
     said; at most MAX_HB_WINDOW_US)."""
     cdef uint32_t k, nt
     if n < HB_LEN:

@@ -52,7 +52,7 @@ Kinds (offsets from the start of the message)::
     echo_ns: the sender's clock when it last took in one of the destination's heartbeats less
     that heartbeat's sent_ns, 0 before the first: with the destination's own such delay it
     gives the hop without synchronized clocks, as NTP does; window_us: the sender's window
-    when it sent it, so its next heartbeat's gap: a quiet rack's are long)
+    after it, so when its next heartbeat is due: a quiet rack's are long)
 
 An address (``reply``) is 24 bytes: u16 family (2 IPv4, 10 IPv6, 0x5348 shm), u16 port,
 u32 extra (IPv6 scope id), 16 bytes of address (IPv4 in the first 4; an shm endpoint name).

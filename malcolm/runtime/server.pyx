@@ -85,6 +85,10 @@ cdef class Server:
         (or over ``cpus[0]`` if there is only one); the policy thread, which mostly sleeps,
         shares ``cpus[1]`` (or ``cpus[0]``).
         Busy polling wants one core per gateway and worker thread.
+    idle_window_us : float
+        The longest window of a quiet rack, whose windows lengthen while no task is in it
+        (``policy_thread.pyx``): -1 (default) 32 windows, at most 5 ms; 0 never; at most a
+        quarter of the peer timeout either way.
     """
     cdef readonly int n, me, n_workers, n_types
     cdef readonly object handler_obj
