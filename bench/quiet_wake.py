@@ -16,7 +16,6 @@ docs/performance.md ("A quiet rack sleeps")::
     python3 bench/quiet_wake.py
     python3 bench/quiet_wake.py --count 4 --trials 20
 """
-import argparse
 import logging
 import os
 import statistics
@@ -24,6 +23,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from malcolm import _argparse as g  # noqa: E402
 
 
 def trial(servers, pols, client):
@@ -62,13 +62,14 @@ def _summary(xs):
             f"({len(xs)} values)")
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None):
+    ap = g.parser(__doc__, """
+        python3 bench/quiet_wake.py --count 2 --trials 5""")
     ap.add_argument("--count", type=int, default=3, help="servers (default 3)")
     ap.add_argument("--trials", type=int, default=12, help="wakes measured (default 12)")
-    a = ap.parse_args()
-    if a.count < 2 or a.trials < 1:
-        ap.error("--count must be >= 2 and --trials >= 1")
+    a = ap.parse_args(argv)
+    if not 2 <= a.count <= 16 or a.trials < 1:
+        ap.error("--count must be 2-16, --trials >= 1")
     logging.disable(logging.WARNING)        # "no rack key", once per server
     from malcolm.net.transport import open_transport
     from malcolm.policy.driver import RecordingPolicy

@@ -26,7 +26,7 @@ SCRIPTS = sorted(
                                                "light_load.py", "policy_room.py",
                                                "rocksdb_pad.py", "verbs_first_batch.py",
                                                "scale.py", "window_cpu.py", "hop_estimate.py",
-                                               "settle_sweep.py",
+                                               "quiet_wake.py", "settle_sweep.py",
                                                "reconverge_sweep.py")])
 
 

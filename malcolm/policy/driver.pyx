@@ -148,10 +148,12 @@ cdef class RecordingPolicy(Policy):
             r.rate = hb.rate
 
     cdef void end_window(self, int64_t now) noexcept nogil:
-        cdef int64_t until = mc_now_ns() + self.busy_ns
+        cdef int64_t until
         self._rec(CALL_END_WINDOW, now)
-        while self.busy_ns > 0 and mc_now_ns() < until:
-            pass
+        if self.busy_ns > 0:
+            until = mc_now_ns() + self.busy_ns
+            while mc_now_ns() < until:
+                pass
 
     cdef void fill_heartbeat(self, Heartbeat* hb) noexcept nogil:
         Policy.fill_heartbeat(self, hb)

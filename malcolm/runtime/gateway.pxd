@@ -149,7 +149,7 @@ cdef class Gateway:
     cdef void check_members(self, int64_t now) noexcept nogil
     cdef void maybe_steal(self, int64_t now) noexcept nogil
     cdef int completions(self, int64_t now) noexcept nogil
-    cdef void heartbeat_out(self, int64_t now) noexcept nogil
+    cdef void heartbeat_out(self) noexcept nogil
     cdef void drain_waiting(self) noexcept nogil
     cdef int64_t idle_timeout(self, int64_t now) noexcept nogil
     cdef void loop(self) noexcept nogil

@@ -625,19 +625,20 @@ cdef class Gateway:
                 self.maybe_steal(now)
         return k
 
-    cdef void heartbeat_out(self, int64_t now) noexcept nogil:
-        """The policy thread filled a heartbeat: send it to every peer, stamped ``now``.
+    cdef void heartbeat_out(self) noexcept nogil:
+        """The policy thread filled a heartbeat: send it to every peer, stamped now.
 
         The policy stamped it at its window's end; it leaves when this thread next runs, so
         the receivers' one-way delay (their hop estimate: what a migration costs) is counted
-        from here, as a migrated task's is from the pass that forwards it."""
+        from here, as a migrated task's is from the pass that forwards it. The clock is read
+        only when a heartbeat is pending, not on every pass."""
         cdef int j
         cdef MsgBuf* b
         cdef uint32_t n
         cdef uint32_t win_us
         if not mc_load_acq(&self.pt.hb_out_pending):
             return
-        self.pt.hb_out.sent_ns = now
+        self.pt.hb_out.sent_ns = mc_now_ns() + self.clock_offset_ns
         # the window that follows it (published with it): when the next one is due
         win_us = <uint32_t>min(self.pt.window_now // 1000, MAX_HB_WINDOW_US)
         for j in range(self.n):
@@ -714,7 +715,7 @@ cdef class Gateway:
             k = self.completions(now)
             self.check_members(now)
             worked = n > 0 or k > 0
-            self.heartbeat_out(mc_now_ns() + self.clock_offset_ns)
+            self.heartbeat_out()
             steal_gate_expire(&self.steals, now)
             if self.draining:
                 self.drain_waiting()
