@@ -160,6 +160,31 @@ def test_a_task_whose_budget_ran_out_is_answered_with_the_reason_not_run():
     assert rep["timed_out"] + rep["overloaded"] == 1, rep
 
 
+def test_a_task_behind_a_running_one_that_its_budget_cannot_wait_for_is_refused_at_once():
+    """Nothing queued, but the one worker busy with a long task (the server's tasks known
+    to take 100 ms): a task whose client allows 40 ms (half of it for the wait) would wait a
+    task time for the worker, so it is refused ``overloaded`` on arrival, not admitted to
+    time out in the queue. Counting only the queued tasks (0) admitted it."""
+    from malcolm.net import wire
+    from malcolm.net.client import Client
+
+    srv, addr = _server(handler="sleep", workers=1, window_us=1000, max_wait_ms=0.0,
+                        prior_service_us=100_000.0)
+    try:
+        with Client("udp", [addr]) as c:
+            busy = c.send(0, service_ns=300_000_000)      # the one worker: 0.3 s
+            time.sleep(0.05)                              # it has started
+            late = c.send(0, service_ns=1_000, timeout=0.04)
+            acc = c.collect(10.0)
+    finally:
+        rep = srv.stop()
+    assert acc.lost == 0 and acc.duplicates == 0, acc.summary()
+    a = acc.answered
+    assert a[busy]["status"] == wire.Status.OK
+    assert a[late]["status"] == wire.Status.OVERLOADED, a[late]
+    assert rep["overloaded"] == 1 and rep["timed_out"] == 0, rep
+
+
 # ------------------------------------------------------------------ real server processes
 
 def test_impostor_on_a_dead_members_port_gets_nothing(tmp_path):

@@ -273,6 +273,15 @@ cdef class Gateway:
             deadline = now + self.timeout_ns
         if allowed > 0 and not (flags & F_STOLEN):
             waiting = <double>pool_waiting(self.pool)
+            # With every worker busy the task also waits for one to free: M/M/c's mean wait
+            # is (waiting + 1) / rate, not waiting / rate. Only a task time over the workers,
+            # but where that is longer than the client's budget allows (long tasks, short
+            # timeouts) the task behind a running one was admitted with nothing queued and
+            # then timed out; now it is refused at once. (held counts the running tasks, and
+            # the finished ones not yet answered: a worker may have just freed.)
+            if (self.pool.n_workers > 0
+                    and self.pool.held - <int64_t>waiting >= self.pool.n_workers):
+                waiting += 1.0
             if waiting > 0 and waiting > self.adm_rate * <double>allowed:
                 self.respond_now(t, reply, ST_OVERLOADED, flags)
                 return False
