@@ -100,3 +100,24 @@ def test_without_idle_windows_the_windows_stay_as_configured():
         assert all(x["window_us"] == WINDOW_US and x["idle_windows"] == 0 for x in st), st
     finally:
         _stop(servers)
+
+
+@pytest.mark.parametrize("kind", LOCAL)
+def test_a_sleeping_policy_thread_wakes_for_its_windows_not_for_each_idle_heartbeat(kind):
+    """Three sleeping servers: each takes in two idle peers' heartbeats a long window, and
+    observes them at its window's end; its policy thread wakes about once a window (a ring
+    for each heartbeat was three wakes a window). No heartbeat is lost on the way."""
+    _, servers = _rack([RecordingPolicy(3, i, 1) for i in range(3)], kind=kind)
+    try:
+        assert _until(lambda: _asleep(servers), 3.0), [s.stats() for s in servers]
+        before = [s.stats() for s in servers]
+        time.sleep(1.2)                                 # about 6 windows of 200 ms
+        after = [s.stats() for s in servers]
+        for b, a in zip(before, after, strict=True):
+            windows = a["windows"] - b["windows"]
+            assert windows >= 3, (b, a)
+            assert a["policy_wakeups"] - b["policy_wakeups"] <= windows + 2, (b, a)
+            assert a["hb_observed"] - b["hb_observed"] >= windows, (b, a)
+            assert a["hb_dropped"] == 0 and a["idle_wakes"] == 0, a
+    finally:
+        _stop(servers)

@@ -105,6 +105,9 @@ cdef class Gateway:
     # our clock when we took in each peer's last heartbeat less its sent_ns: its one-way delay
     # plus our clock's offset from its (0: none yet); echoed to it in our heartbeats
     cdef int64_t hb_delay_in[MAX_SERVERS]
+    # a heartbeat taken in this pass reported tasks (queue_len > 0): the policy thread is
+    # rung for it even in a quiet rack's long window, which it ends (policy_thread.pyx)
+    cdef bint hb_busy
     # added to the clock this gateway stamps heartbeats with and takes them in by: 0, or in
     # tests a host whose clock is not its peers' (set before start)
     cdef public int64_t clock_offset_ns

@@ -41,6 +41,7 @@ cdef class PolicyThread:
     cdef uint64_t sleeping          # 1 while the window is longer than window_ns (gateway)
     cdef uint64_t wake_req          # set by the gateway: a task came in during a long window
     cdef uint64_t idle_windows, idle_wakes
+    cdef uint64_t wakeups           # waits that ended (a window's end or a ring)
     cdef object thread
 
     cdef void wake(self) noexcept nogil

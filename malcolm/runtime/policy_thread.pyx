@@ -18,9 +18,11 @@ peer's heartbeat reports one: the heartbeat that window end sends wakes the peer
 so a rack wakes within about a hop of its first task. Tasks never wait for this thread (the
 gateway queues them and wakes the workers); what waits is the first heartbeat. Each
 heartbeat says the window after it (wire version 5), so the peers suspect a sleeping server
-only after 3 of its long windows, and still send it tasks, which wake it. No task is in the
-rack while it sleeps, so the simulator, which always has tasks in flight, has no such
-windows to model.
+only after 3 of its long windows, and still send it tasks, which wake it. An idle peer's
+heartbeat does not ring this thread in a long window: it is observed at the window's end,
+with the time the gateway took it in (the gateway rings for a busy peer's at once, and
+when the inbox is half full). No task is in the rack while it sleeps, so the simulator,
+which always has tasks in flight, has no such windows to model.
 """
 import threading
 
@@ -75,6 +77,7 @@ cdef class PolicyThread:
         self.wake_req = 0
         self.idle_windows = 0
         self.idle_wakes = 0
+        self.wakeups = 0
         self.hb_in = <Heartbeat*>mc_aligned_alloc(64, sizeof(Heartbeat) * HB_RING)
         self.hb_rx_ns = <int64_t*>mc_aligned_alloc(64, sizeof(int64_t) * HB_RING)
         self.hb_out = <Heartbeat*>mc_aligned_alloc(64, sizeof(Heartbeat))
@@ -102,7 +105,8 @@ cdef class PolicyThread:
     def counters(self):
         return {"hb_observed": self.hb_observed, "hb_skipped": self.hb_skipped,
                 "windows": self.windows, "window_us": self.window_now / 1000.0,
-                "idle_windows": self.idle_windows, "idle_wakes": self.idle_wakes}
+                "idle_windows": self.idle_windows, "idle_wakes": self.idle_wakes,
+                "policy_wakeups": self.wakeups}
 
     cdef void wake(self) noexcept nogil:
         """The gateway, after it queued a task and rang the workers (a full fence): end a
@@ -186,6 +190,7 @@ cdef class PolicyThread:
                 mc_bell_cancel(&self.bell)
                 continue
             mc_bell_wait(&self.bell, ticket, end - now)
+            self.wakeups += 1
         # The gateway has stopped: hand the policy what it received last.
         self.observe_heartbeats()
 
