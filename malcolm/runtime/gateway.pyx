@@ -36,7 +36,7 @@ from malcolm.policy.driver cimport (
     steal_gate_expire, steal_gate_init, steal_gate_open, steal_gate_reply,
 )
 from malcolm.runtime.clients cimport clients_allow, clients_set
-from malcolm.runtime.policy_thread cimport HB_RING
+from malcolm.runtime.policy_thread cimport HB_RING, hb_reports_tasks
 from malcolm._native cimport mc_bell_ring, mc_bell_ring_n
 from malcolm.workers.pool cimport (
     IDLE_WAIT_NS, budget_left_us, pool_pop, pool_waiting, slot_from_task, slot_to_task,
@@ -562,7 +562,7 @@ cdef class Gateway:
         self.hb_wire_seq[src] = hb.seq
         hb.seq = self.hb_local_seq[src]
         self.count.hb_theta_recv += hb.n_theta
-        self.hb_busy |= hb.queue_len > 0.0
+        self.hb_busy |= hb_reports_tasks(hb)
         self.pt.hb_rx_ns[self.pt.hb_tail % HB_RING] = rx
         mc_store_rel(&self.pt.hb_tail, self.pt.hb_tail + 1)
         self.count.hb_recv += 1

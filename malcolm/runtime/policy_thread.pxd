@@ -14,6 +14,12 @@ cdef enum:
     QUIET_WINDOWS = 50           # window ends of a quiet rack before the windows lengthen
 
 
+cdef inline bint hb_reports_tasks(const Heartbeat* hb) noexcept nogil:
+    """A peer's heartbeat that reports tasks: it ends a quiet rack's long window. The one
+    rule for both threads: the gateway rings for it at once, the policy thread cuts."""
+    return hb.queue_len > 0.0
+
+
 # final: calls between the hot methods are direct C calls, not through the vtable
 @cython.final
 cdef class PolicyThread:

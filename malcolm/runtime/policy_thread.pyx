@@ -128,7 +128,7 @@ cdef class PolicyThread:
         cdef uint64_t head = self.hb_head
         cdef bint busy = False
         while head != mc_load_acq(&self.hb_tail):
-            busy |= self.hb_in[head % HB_RING].queue_len > 0.0
+            busy |= hb_reports_tasks(&self.hb_in[head % HB_RING])
             # At the time the gateway received it: the delay it measures (the hop estimate,
             # sent_ns being when the sender's gateway sent it) is then what a migrated task
             # pays, the network and the receiving gateway, not also this thread's wake-up.
